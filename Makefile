@@ -1,0 +1,42 @@
+# tracer: build, test, demo. `make test` is what CI runs (see .ci/run).
+GO        ?= go
+BIN       := bin/tracer
+PKGS      := ./...
+# Packages whose tests include the privileged tier (real programs, namespaces, rules).
+PRIV_PKGS ?= ./internal/loader/...
+
+.PHONY: all build generate test test-unit test-priv test-vm demo bench clean check-generated
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/tracer
+
+# Regenerate the bpf2go output (needs clang); the output is committed.
+generate:
+	$(GO) generate ./internal/loader/...
+
+# Fails when the committed bpf2go output is stale (only when clang is present).
+check-generated:
+	@if command -v clang >/dev/null 2>&1; then \
+		$(GO) generate ./internal/loader/... && \
+		git diff --exit-code --stat -- internal/loader/ || { echo "bpf2go output is stale: run make generate and commit"; exit 1; }; \
+	else echo "check-generated: clang not installed, skipped"; fi
+
+test-unit:
+	$(GO) vet $(PKGS)
+	$(GO) test -short -count=1 $(PKGS)
+
+# Privileged tier on this machine's kernel: needs root.
+test-priv:
+	$(GO) test -count=1 -p 1 $(PRIV_PKGS)
+
+test: check-generated test-unit test-priv test-vm
+
+demo: build
+	./$(BIN) lab
+
+clean:
+	rm -rf bin
+
+include tests/vm/vm.mk
