@@ -1,0 +1,229 @@
+// Package trace is the tracer's recorded and streamed format (schema
+// tracer/v1): NDJSON with a header, then flows (or raw events), then a
+// summary. docs/trace-format.md is the user-facing description; keep the
+// two in step. Every optional field is omitted when unknown, never invented.
+package trace
+
+import "time"
+
+// Schema identifies this format in the header.
+const Schema = "tracer/v1"
+
+// Record types, the "type" field of every line.
+const (
+	TypeHeader  = "header"
+	TypeFlow    = "flow"
+	TypeEvent   = "event"
+	TypeSummary = "summary"
+)
+
+// Header is the first line of every trace.
+type Header struct {
+	Type     string     `json:"type"`
+	Schema   string     `json:"schema"`
+	Node     string     `json:"node,omitempty"`
+	Kernel   string     `json:"kernel,omitempty"`
+	Started  time.Time  `json:"started"`
+	Command  string     `json:"command,omitempty"`
+	Filter   string     `json:"filter,omitempty"`
+	Hooks    []Hook     `json:"hooks"`
+	Snapshot *Snapshot  `json:"snapshot,omitempty"`
+	Warnings []string   `json:"warnings,omitempty"`
+	Netns    *NetnsInfo `json:"netns,omitempty"`
+}
+
+// NetnsInfo names the network namespace that was observed.
+type NetnsInfo struct {
+	Path  string `json:"path,omitempty"`
+	Inode uint32 `json:"inode"`
+}
+
+// Hook is one logical kernel hook and how it was attached.
+type Hook struct {
+	Hook string `json:"hook"`
+	// Via is fentry, kprobe, tracepoint, netfilter or none.
+	Via    string `json:"via"`
+	Target string `json:"target,omitempty"`
+	// Error says why Via is none, or why the better methods failed.
+	Error    string    `json:"error,omitempty"`
+	Attempts []Attempt `json:"attempts,omitempty"`
+}
+
+// Attempt is one rung of a hook's attach ladder.
+type Attempt struct {
+	Via    string `json:"via"`
+	Target string `json:"target"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Snapshot is the node state the diagnosis used, so a trace can be
+// re-diagnosed anywhere. Its parts are filled by the enrich stage.
+type Snapshot struct {
+	Addresses []Address         `json:"addresses,omitempty"`
+	Rules     map[string]string `json:"rules,omitempty"`  // table -> iptables-save text
+	Ipsets    string            `json:"ipsets,omitempty"` // ipset save text
+	IPVS      []IPVSService     `json:"ipvs,omitempty"`
+	Listeners []Listener        `json:"listeners,omitempty"`
+	Pods      []Pod             `json:"pods,omitempty"`
+	Services  []Service         `json:"services,omitempty"`
+}
+
+// Address is one address on one interface of the node.
+type Address struct {
+	Interface string `json:"interface"`
+	Address   string `json:"address"` // CIDR form
+	Up        bool   `json:"up"`
+}
+
+// IPVSService is one IPVS virtual server and its real servers.
+type IPVSService struct {
+	Proto     string   `json:"proto"`
+	Address   string   `json:"address"` // IP:PORT
+	Scheduler string   `json:"scheduler,omitempty"`
+	Reals     []string `json:"reals,omitempty"` // IP:PORT
+}
+
+// Listener is a listening socket on the node.
+type Listener struct {
+	Proto   string `json:"proto"`
+	Address string `json:"address"` // IP:PORT
+	Process string `json:"process,omitempty"`
+}
+
+// Pod is the part of a pod's metadata the tracer uses.
+type Pod struct {
+	Namespace   string   `json:"namespace"`
+	Name        string   `json:"name"`
+	IPs         []string `json:"ips,omitempty"`
+	Node        string   `json:"node,omitempty"`
+	HostNetwork bool     `json:"host_network,omitempty"`
+	ContainerID string   `json:"container_id,omitempty"`
+	HostPorts   []string `json:"host_ports,omitempty"` // proto/port
+}
+
+// Service is the part of a Service's metadata the tracer uses.
+type Service struct {
+	Namespace  string        `json:"namespace"`
+	Name       string        `json:"name"`
+	Type       string        `json:"type,omitempty"`
+	ClusterIPs []string      `json:"cluster_ips,omitempty"`
+	External   []string      `json:"external_ips,omitempty"`
+	LBIPs      []string      `json:"lb_ips,omitempty"`
+	Ports      []ServicePort `json:"ports,omitempty"`
+	ETP        string        `json:"external_traffic_policy,omitempty"`
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name     string `json:"name,omitempty"`
+	Proto    string `json:"proto"`
+	Port     uint16 `json:"port"`
+	NodePort uint16 `json:"node_port,omitempty"`
+	Target   string `json:"target,omitempty"`
+}
+
+// Endpoint is a source or destination of a five-tuple, as "IP:PORT"
+// (ICMP uses the ICMP id as port, as conntrack does).
+type Tuple struct {
+	Src string `json:"src"`
+	Dst string `json:"dst"`
+}
+
+// Event is one decision the kernel made, as the capture stage decoded it.
+// Kinds: dnat, snat, ipvs, ipvs-no-dest, reject, reset, drop.
+type Event struct {
+	Type  string    `json:"type,omitempty"` // "event" when streamed alone
+	Kind  string    `json:"kind"`
+	Time  time.Time `json:"time"`
+	Hook  string    `json:"hook"`
+	Via   string    `json:"via"`
+	Proto string    `json:"proto,omitempty"`
+	Netns uint32    `json:"netns,omitempty"`
+	// Packet is the five-tuple of the packet the decision was about
+	// (reject, reset, drop), or the connection's original tuple (NAT, IPVS).
+	Packet *Tuple `json:"packet,omitempty"`
+	// Orig and Reply are the conntrack tuples, where the kernel had them.
+	Orig  *Tuple `json:"orig,omitempty"`
+	Reply *Tuple `json:"reply,omitempty"`
+	// To is the NAT range chosen (IP[-IP][:PORT[-PORT]]) or the IPVS real server.
+	To string `json:"to,omitempty"`
+	// Virtual is the IPVS virtual server (IP:PORT).
+	Virtual string `json:"virtual,omitempty"`
+	// Forward is the IPVS forwarding method (masq, local, tunnel, route, bypass).
+	Forward string `json:"forward,omitempty"`
+	// Netfilter hook where a netfilter-tier program saw it.
+	NFHook   string   `json:"nf_hook,omitempty"`
+	ICMPType *uint8   `json:"icmp_type,omitempty"`
+	ICMPCode *uint8   `json:"icmp_code,omitempty"`
+	Reason   string   `json:"reason,omitempty"`
+	CTStatus []string `json:"ct_status,omitempty"`
+	CTMark   uint32   `json:"ct_mark,omitempty"`
+	CTZone   uint16   `json:"ct_zone,omitempty"`
+	By       string   `json:"by,omitempty"` // reset: "netfilter" (REJECT) or "stack"
+}
+
+// Flow is one connection with everything the tracer knows about it.
+type Flow struct {
+	Type        string      `json:"type"`
+	Time        time.Time   `json:"time"`
+	Proto       string      `json:"proto"`
+	Orig        Tuple       `json:"orig"`
+	Reply       *Tuple      `json:"reply,omitempty"`
+	Events      []Event     `json:"events"`
+	Rule        *Rule       `json:"rule,omitempty"`
+	Conntrack   *Conntrack  `json:"conntrack,omitempty"`
+	SrcPod      *PodRef     `json:"src_pod,omitempty"`
+	DstPod      *PodRef     `json:"dst_pod,omitempty"`
+	Service     *ServiceRef `json:"service,omitempty"`
+	Verdict     string      `json:"verdict,omitempty"`
+	Explanation string      `json:"explanation,omitempty"`
+}
+
+// Rule is the netfilter rule that made a flow's decision.
+type Rule struct {
+	Table      string   `json:"table"`
+	Chain      string   `json:"chain"`
+	EntryChain string   `json:"entry_chain,omitempty"`
+	Path       []string `json:"path,omitempty"`
+	Text       string   `json:"text"`
+	Owner      *Owner   `json:"owner,omitempty"`
+	Uncertain  string   `json:"uncertain,omitempty"`
+}
+
+// Owner is whose rule it is (a hostPort's pod).
+type Owner struct {
+	ContainerID string  `json:"container_id,omitempty"`
+	Pod         *PodRef `json:"pod,omitempty"`
+}
+
+// Conntrack is the connection's conntrack entry.
+type Conntrack struct {
+	State   string   `json:"state,omitempty"`
+	Status  []string `json:"status,omitempty"`
+	Mark    uint32   `json:"mark,omitempty"`
+	Replied bool     `json:"replied"`
+}
+
+// PodRef names a pod.
+type PodRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// ServiceRef names the Service a client addressed.
+type ServiceRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Port      string `json:"port,omitempty"`
+}
+
+// Summary is the last line of a complete trace.
+type Summary struct {
+	Type       string            `json:"type"`
+	Ended      time.Time         `json:"ended"`
+	Flows      int               `json:"flows"`
+	Events     int               `json:"events"`
+	LostEvents uint64            `json:"lost_events"`
+	Verdicts   map[string]int    `json:"verdicts,omitempty"`
+	LostByHook map[string]uint64 `json:"lost_by_hook,omitempty"`
+}
