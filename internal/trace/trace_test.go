@@ -1,0 +1,236 @@
+package trace
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const incidentTrace = "../../testdata/traces/node2-incident.ndjson"
+
+func TestReadFileIncidentTrace(t *testing.T) {
+	tr, err := ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Header.Node != "node-2" || tr.Summary == nil || len(tr.Warnings) != 0 {
+		t.Fatalf("header node %q, summary %v, warnings %v", tr.Header.Node, tr.Summary, tr.Warnings)
+	}
+	if tr.Summary.Flows != len(tr.Flows) {
+		t.Errorf("summary says %d flows, read %d", tr.Summary.Flows, len(tr.Flows))
+	}
+	seen := map[string]bool{}
+	for _, f := range tr.Flows {
+		seen[f.Verdict] = true
+	}
+	for _, v := range []string{VerdictOK, VerdictHostportHijack, VerdictIPVSFilterReject, VerdictIPVSNoEndpoint, VerdictReturnPathMismatch, VerdictReset, VerdictDropped} {
+		if !seen[v] {
+			t.Errorf("incident trace has no %s flow", v)
+		}
+	}
+}
+
+func TestWriterRoundTrip(t *testing.T) {
+	in, err := ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "out.ndjson")
+	w, err := Create(path, in.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range in.Flows {
+		if err := w.WriteFlow(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("trace visible at its path before Close: %v", err)
+	}
+	w.SetLost(3, map[string]uint64{"kfree_skb": 3})
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(out.Flows, in.Flows) {
+		t.Error("flows differ after a write and read")
+	}
+	if out.Summary.LostEvents != 3 || out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 {
+		t.Errorf("summary %+v", out.Summary)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".*.tmp"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
+
+func TestWriterAbortLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Create(filepath.Join(dir, "x.ndjson"), Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Abort()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("abort left %v", ents)
+	}
+}
+
+func TestWriterOneWritePerLine(t *testing.T) {
+	var writes countingWriter
+	w, err := NewWriter(&writes, Header{Node: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Flow{Time: time.Unix(1, 0).UTC(), Proto: "tcp", Orig: Tuple{"10.0.0.1:1", "10.0.0.2:2"}, Verdict: VerdictOK}
+	w.WriteFlow(f)
+	w.Close()
+	if writes.n != 3 || strings.Count(writes.buf.String(), "\n") != 3 {
+		t.Errorf("%d writes for 3 lines:\n%s", writes.n, writes.buf.String())
+	}
+	if !strings.Contains(writes.buf.String(), `"events":[]`) {
+		t.Errorf("flow without events must write events:[]: %s", writes.buf.String())
+	}
+}
+
+type countingWriter struct {
+	n   int
+	buf bytes.Buffer
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) { c.n++; return c.buf.Write(p) }
+
+func TestReaderErrorsNameFileAndLine(t *testing.T) {
+	const hdr = `{"type":"header","schema":"tracer/v1","started":"2026-01-01T00:00:00Z","hooks":[]}` + "\n"
+	const flow = `{"type":"flow","time":"2026-01-01T00:00:01Z","proto":"tcp","orig":{"src":"10.0.0.1:1","dst":"10.0.0.2:80"},"events":[]}` + "\n"
+	cases := []struct{ name, in, want string }{
+		{"empty", "", "t.ndjson:0: empty file"},
+		{"not json", "hello\n", "t.ndjson:1: first line is not valid JSON"},
+		{"flow first", flow, "t.ndjson:1: first line is unknown record type \"flow\", not a header"},
+		{"schema", `{"type":"header","schema":"tracer/v9","hooks":[]}` + "\n", `t.ndjson:1: schema "tracer/v9" is not "tracer/v1"`},
+		{"bad tuple", hdr + strings.Replace(flow, "10.0.0.2:80", "10.0.0.2", 1), `t.ndjson:2: bad flow: orig.dst "10.0.0.2" is not IP:PORT`},
+		{"bad proto", hdr + "\n" + strings.Replace(flow, `"tcp"`, `"tpc"`, 1), `t.ndjson:3: bad flow: proto "tpc"`},
+		{"bad verdict", hdr + strings.Replace(flow, `"events":[]`, `"events":[],"verdict":"hijack"`, 1), `t.ndjson:2: bad flow: unknown verdict "hijack"`},
+		{"bad kind", hdr + strings.Replace(flow, `"events":[]`, `"events":[{"kind":"nat","time":"2026-01-01T00:00:01Z"}]`, 1), `t.ndjson:2: bad flow: events[0]: unknown kind "nat"`},
+		{"wrong type", hdr + strings.Replace(flow, `"proto":"tcp"`, `"proto":6`, 1), `t.ndjson:2: bad flow: field "proto": number is not a string`},
+		{"unknown type", hdr + `{"type":"packet"}` + "\n", `t.ndjson:2: unknown record type "packet"`},
+		{"two headers", hdr + hdr, "t.ndjson:2: a second header"},
+		{"after summary", hdr + `{"type":"summary","flows":0}` + "\n" + flow, "t.ndjson:3: flow line after the summary"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ReadAll(strings.NewReader(c.in), "t.ndjson")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one containing %q", err, c.want)
+			}
+			var pe *ParseError
+			if !errors.As(err, &pe) {
+				t.Errorf("%T is not a *ParseError", err)
+			}
+		})
+	}
+}
+
+func TestReaderCutOffTrace(t *testing.T) {
+	data, err := os.ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	// No summary: the last 2 entries are the summary and "" after it.
+	noSummary := strings.Join(lines[:len(lines)-2], "")
+	tr, err := ReadAll(strings.NewReader(noSummary), "cut.ndjson")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Summary != nil || len(tr.Flows) != 11 || len(tr.Warnings) != 1 || !strings.Contains(tr.Warnings[0], "cut off") {
+		t.Fatalf("summary %v, %d flows, warnings %q", tr.Summary, len(tr.Flows), tr.Warnings)
+	}
+	// Cut in the middle of the last flow line: that line is dropped.
+	midLine := noSummary[:len(noSummary)-40]
+	tr, err = ReadAll(strings.NewReader(midLine), "cut.ndjson")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Flows) != 10 || len(tr.Warnings) != 2 || !strings.Contains(tr.Warnings[0], "cut.ndjson:12: incomplete last line") {
+		t.Fatalf("%d flows, warnings %q", len(tr.Flows), tr.Warnings)
+	}
+}
+
+func TestStoreSharesAndCounts(t *testing.T) {
+	tr, err := ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStore()
+	for _, f := range tr.Flows {
+		s.Append(f)
+	}
+	if s.Len() != len(tr.Flows) {
+		t.Fatalf("len %d", s.Len())
+	}
+	for i, f := range tr.Flows {
+		if !reflect.DeepEqual(s.At(i), f) {
+			t.Errorf("flow %d changed in the store:\n got %+v\nwant %+v", i, s.At(i), f)
+		}
+	}
+	events, verdicts := s.Counts()
+	if events != tr.Summary.Events || !reflect.DeepEqual(verdicts, tr.Summary.Verdicts) {
+		t.Errorf("counts %d %v, summary %d %v", events, verdicts, tr.Summary.Events, tr.Summary.Verdicts)
+	}
+	a, b := s.At(1), s.At(9) // the two hijack flows
+	if a.Rule.Text != b.Rule.Text || a.SrcPod != b.SrcPod || a.Service != b.Service {
+		t.Error("repeated pods and services are not shared")
+	}
+	if a.Events[0].Packet != &a.Orig {
+		t.Error("an event's packet equal to the flow's orig tuple is not shared")
+	}
+	view := s.Snapshot()
+	s.Append(tr.Flows[0])
+	if view.Len() != len(tr.Flows) || s.Len() != len(tr.Flows)+1 || view.At(0) != s.At(0) {
+		t.Error("a snapshot must keep its length and share flows")
+	}
+}
+
+func FuzzReader(f *testing.F) {
+	data, err := os.ReadFile(incidentTrace)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	f.Add(bytes.Join(lines[:3], nil))
+	f.Add(append(append([]byte{}, lines[0]...), `{"type":"flow","events":[{"kind":"drop"}]}`...))
+	f.Add([]byte(`{"type":"header","schema":"tracer/v1","hooks":[{}]}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r, err := NewReader(bytes.NewReader(in), "fuzz")
+		if err != nil {
+			return
+		}
+		for {
+			rec, err := r.Next()
+			if err != nil {
+				if err != io.EOF {
+					var pe *ParseError
+					if !errors.As(err, &pe) {
+						t.Fatalf("error %v is not a ParseError", err)
+					}
+				}
+				return
+			}
+			if rec.Flow == nil && rec.Event == nil && rec.Summary == nil {
+				t.Fatal("empty record without error")
+			}
+		}
+	})
+}

@@ -1,0 +1,61 @@
+package trace
+
+// Verdict identifiers (SPEC.md "Verdicts"). They are stable: filters,
+// scripts and recorded traces name them.
+const (
+	VerdictOK                 = "ok"
+	VerdictHostportHijack     = "hostport-hijack"
+	VerdictIPVSFilterReject   = "ipvs-filter-reject"
+	VerdictIPVSNoEndpoint     = "ipvs-no-endpoint"
+	VerdictReturnPathMismatch = "return-path-mismatch"
+	VerdictRejected           = "rejected"
+	VerdictReset              = "reset"
+	VerdictDropped            = "dropped"
+)
+
+// Verdicts lists every verdict, problems first in the order an on-call
+// engineer looks for them, ok last. Adding a verdict means adding it here.
+var Verdicts = []string{
+	VerdictHostportHijack,
+	VerdictIPVSFilterReject,
+	VerdictIPVSNoEndpoint,
+	VerdictReturnPathMismatch,
+	VerdictRejected,
+	VerdictReset,
+	VerdictDropped,
+	VerdictOK,
+}
+
+// KnownVerdict reports whether v is one of Verdicts.
+func KnownVerdict(v string) bool {
+	for _, k := range Verdicts {
+		if k == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Event kinds (Event.Kind).
+const (
+	KindDNAT       = "dnat"
+	KindSNAT       = "snat"
+	KindIPVS       = "ipvs"
+	KindIPVSNoDest = "ipvs-no-dest"
+	KindReject     = "reject"
+	KindReset      = "reset"
+	KindDrop       = "drop"
+)
+
+// Kinds lists every event kind.
+var Kinds = []string{KindDNAT, KindSNAT, KindIPVS, KindIPVSNoDest, KindReject, KindReset, KindDrop}
+
+// KnownKind reports whether k is one of Kinds.
+func KnownKind(k string) bool {
+	for _, x := range Kinds {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,180 @@
+package trace
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Writer writes one trace: the header at creation, then flows and events,
+// then the summary on Close. Every line is written with a single Write as
+// soon as it is produced, so a reader of a stream (`tracer trace -o json`)
+// sees each flow at once. Writer is safe for concurrent use.
+type Writer struct {
+	mu      sync.Mutex
+	out     io.Writer
+	file    *os.File // set when writing to a file via Create
+	tmpPath string   // the temporary file renamed to path on Close
+	path    string
+	summary Summary
+	closed  bool
+	// Now stamps the summary's end time; tests replace it.
+	Now func() time.Time
+}
+
+// NewWriter writes a trace to w, starting with h. The header's Type and
+// Schema are filled in; Hooks is written as [] when empty.
+func NewWriter(w io.Writer, h Header) (*Writer, error) {
+	tw := &Writer{out: w, Now: time.Now}
+	tw.summary = Summary{Type: TypeSummary, Verdicts: map[string]int{}}
+	h.Type, h.Schema = TypeHeader, Schema
+	if h.Hooks == nil {
+		h.Hooks = []Hook{}
+	}
+	if err := tw.writeLine(&h); err != nil {
+		return nil, fmt.Errorf("write trace header: %w", err)
+	}
+	return tw, nil
+}
+
+// Create writes a trace to path. It writes to a temporary file in the same
+// directory and renames it to path on Close, so path never holds a
+// half-written trace: it appears complete, with its summary, or not at all.
+// Abort removes the temporary file instead.
+func Create(path string, h Header) (*Writer, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return nil, fmt.Errorf("create trace %s: %w", path, err)
+	}
+	w, err := NewWriter(f, h)
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("create trace %s: %w", path, err)
+	}
+	w.file, w.tmpPath, w.path = f, f.Name(), path
+	return w, nil
+}
+
+// WriteFlow writes one flow and counts it for the summary.
+func (w *Writer) WriteFlow(f *Flow) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return fmt.Errorf("write flow: trace already closed")
+	}
+	rec := *f
+	rec.Type = TypeFlow
+	if rec.Events == nil {
+		rec.Events = []Event{}
+	}
+	if err := w.writeLine(&rec); err != nil {
+		return fmt.Errorf("write flow: %w", err)
+	}
+	w.summary.Flows++
+	w.summary.Events += len(f.Events)
+	if f.Verdict != "" {
+		w.summary.Verdicts[f.Verdict]++
+	}
+	return nil
+}
+
+// WriteEvent writes one raw event (a decision not joined into a flow).
+func (w *Writer) WriteEvent(e *Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return fmt.Errorf("write event: trace already closed")
+	}
+	rec := *e
+	rec.Type = TypeEvent
+	if err := w.writeLine(&rec); err != nil {
+		return fmt.Errorf("write event: %w", err)
+	}
+	w.summary.Events++
+	return nil
+}
+
+// SetLost records the events the kernel could not deliver, in total and by
+// hook, for the summary. The capture stage calls it before Close.
+func (w *Writer) SetLost(total uint64, byHook map[string]uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.summary.LostEvents = total
+	w.summary.LostByHook = byHook
+}
+
+// Close writes the summary and, for a file from Create, syncs it and
+// renames it into place. A trace cut short by SIGINT or SIGTERM is
+// complete as long as the caller reaches Close.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	w.summary.Ended = w.Now().UTC()
+	if len(w.summary.Verdicts) == 0 {
+		w.summary.Verdicts = nil
+	}
+	if err := w.writeLine(&w.summary); err != nil {
+		w.discard()
+		return fmt.Errorf("write trace summary: %w", err)
+	}
+	if w.file == nil {
+		return nil
+	}
+	if err := w.file.Sync(); err != nil {
+		w.discard()
+		return fmt.Errorf("sync trace %s: %w", w.path, err)
+	}
+	if err := w.file.Close(); err != nil {
+		os.Remove(w.tmpPath)
+		return fmt.Errorf("close trace %s: %w", w.path, err)
+	}
+	if err := os.Rename(w.tmpPath, w.path); err != nil {
+		os.Remove(w.tmpPath)
+		return fmt.Errorf("rename trace into %s: %w", w.path, err)
+	}
+	return nil
+}
+
+// Abort drops a trace from Create without writing it to its path.
+func (w *Writer) Abort() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	w.discard()
+}
+
+// Summary returns the counts so far.
+func (w *Writer) Summary() Summary {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.summary
+	return s
+}
+
+func (w *Writer) discard() {
+	if w.file != nil {
+		w.file.Close()
+		os.Remove(w.tmpPath)
+	}
+}
+
+// writeLine marshals v and writes it with its newline in one Write, so
+// concurrent readers of a pipe never see half a line.
+func (w *Writer) writeLine(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	_, err = w.out.Write(b)
+	return err
+}
