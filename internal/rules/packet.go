@@ -1,0 +1,122 @@
+package rules
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// Protocol numbers the matches and ipsets know by name.
+const (
+	ProtoICMP    uint8 = 1
+	ProtoTCP     uint8 = 6
+	ProtoUDP     uint8 = 17
+	ProtoICMPv6  uint8 = 58
+	ProtoSCTP    uint8 = 132
+	ProtoUDPLite uint8 = 136
+)
+
+var protoNames = map[string]uint8{
+	"all": 0, "icmp": 1, "igmp": 2, "tcp": 6, "udp": 17, "gre": 47, "esp": 50,
+	"ah": 51, "icmpv6": 58, "ipv6-icmp": 58, "sctp": 132, "udplite": 136, "dccp": 33,
+}
+
+// ProtoName is the name iptables uses for a protocol number, or "".
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoICMP:
+		return "icmp"
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	case ProtoICMPv6:
+		return "ipv6-icmp"
+	case ProtoSCTP:
+		return "sctp"
+	case ProtoUDPLite:
+		return "udplite"
+	}
+	return ""
+}
+
+func hasPorts(p uint8) bool {
+	return p == ProtoTCP || p == ProtoUDP || p == ProtoSCTP || p == ProtoUDPLite || p == 33
+}
+
+// CTState is a set of conntrack states, as --ctstate takes them.
+type CTState uint8
+
+const (
+	CTInvalid CTState = 1 << iota
+	CTNew
+	CTEstablished
+	CTRelated
+	CTUntracked
+	// CTSNAT and CTDNAT are the virtual states of --ctstate: the connection
+	// is (or is not) source/destination translated.
+	CTSNAT
+	CTDNAT
+)
+
+var ctStateNames = []struct {
+	s    CTState
+	name string
+}{
+	{CTInvalid, "INVALID"}, {CTNew, "NEW"}, {CTEstablished, "ESTABLISHED"},
+	{CTRelated, "RELATED"}, {CTUntracked, "UNTRACKED"}, {CTSNAT, "SNAT"}, {CTDNAT, "DNAT"},
+}
+
+func (s CTState) String() string {
+	var parts []string
+	for _, n := range ctStateNames {
+		if s&n.s != 0 {
+			parts = append(parts, n.name)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Packet is what the evaluator matches rules against: the packet as the
+// given hook sees it.
+type Packet struct {
+	Proto uint8 // ProtoTCP, ProtoUDP, ...
+	Src   netip.AddrPort
+	Dst   netip.AddrPort
+	// ICMPType and ICMPCode are used when Proto is ICMP or ICMPv6 and
+	// ICMPKnown is set; ipsets see them as the port dimension, as the
+	// kernel does.
+	ICMPType, ICMPCode uint8
+	ICMPKnown          bool
+	// InIface and OutIface are the interface names; "" means unknown (or
+	// none at this hook), which makes -i/-o matches uncertain.
+	InIface, OutIface string
+	// State is the conntrack state of the packet: exactly one of CTNew,
+	// CTEstablished, CTRelated, CTInvalid, CTUntracked. Zero means unknown.
+	State CTState
+	// NATed may add CTSNAT/CTDNAT when the caller knows the connection's
+	// translation (for --ctstate SNAT/DNAT); KnowNAT says it does.
+	NATed   CTState
+	KnowNAT bool
+	// OrigDst is the conntrack original-direction destination for
+	// --ctorigdst; invalid means unknown.
+	OrigDst netip.Addr
+	// Mark is the packet mark on entry; MARK targets change it as the walk
+	// goes on and the Result reports the mark on exit.
+	Mark uint32
+}
+
+// port returns the value ipset and port matches see for one side of the
+// packet: the port for port protocols, type<<8|code for ICMP (as ipset's
+// ip_set_get_ip4_port does).
+func (p *Packet) port(d Dir) (uint16, bool) {
+	switch {
+	case hasPorts(p.Proto):
+		if d == DirSrc {
+			return p.Src.Port(), true
+		}
+		return p.Dst.Port(), true
+	case p.Proto == ProtoICMP || p.Proto == ProtoICMPv6:
+		return uint16(p.ICMPType)<<8 | uint16(p.ICMPCode), p.ICMPKnown
+	}
+	return 0, true
+}
