@@ -1,0 +1,746 @@
+//go:build ignore
+
+/* Kernel side of tracer: every NAT, IPVS, ICMP-error, reset and drop
+ * decision the kernel makes becomes one struct event in the ring buffer.
+ * Each logical hook has several programs (fentry, kprobe, raw tracepoint,
+ * netfilter); the loader attaches the first that works on this kernel. */
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "ipvs.h"
+#include "tracer.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define IPPROTO_ICMPV6 58
+#define NFCT_PTRMASK ~7UL
+#define NF_ACCEPT 1
+#define NF_INET_NONE 0xff
+#define NF_NAT_RANGE_MAP_IPS 1
+#define NF_NAT_RANGE_PROTO_SPECIFIED 2
+#define TCP_FLAG_RST 0x04
+
+/* Load-time configuration (rodata): the in-kernel filters. */
+const volatile __u32 cfg_netns = 0; /* 0: every namespace */
+const volatile __u32 cfg_proto_mask = 0; /* bit (1 << proto class); 0: all */
+const volatile __u32 cfg_nports = 0;
+const volatile __u16 cfg_ports[MAX_FILTER_PORTS] = {};
+const volatile __u32 cfg_nprefixes = 0;
+const volatile struct prefix cfg_prefixes[MAX_FILTER_PREFIXES] = {};
+const volatile __u32 cfg_nf_roles = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} events SEC(".maps");
+
+/* Events that did not fit in the ring buffer, per hook: read by userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HOOK_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+/* Packets of the connections the tracer reported on, in both directions:
+ * a drop is worth reporting only for these (or when netfilter dropped it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, __u8);
+} followed SEC(".maps");
+
+/* Forces BTF for the types userspace decodes. */
+const struct event *unused_event __attribute__((unused));
+
+static __always_inline __u32 proto_class(__u8 proto)
+{
+	switch (proto) {
+	case IPPROTO_TCP: return 1;
+	case IPPROTO_UDP: return 2;
+	case IPPROTO_ICMP: return 4;
+	case IPPROTO_ICMPV6: return 4;
+	case IPPROTO_SCTP: return 8;
+	}
+	return 16;
+}
+
+static __always_inline bool addr_in(const __u8 *addr, __u8 family)
+{
+	for (int i = 0; i < MAX_FILTER_PREFIXES; i++) {
+		if (i >= cfg_nprefixes)
+			break;
+		if (cfg_prefixes[i].family != family)
+			continue;
+		bool ok = true;
+		for (int b = 0; b < 16; b++) {
+			if ((addr[b] & cfg_prefixes[i].mask[b]) != cfg_prefixes[i].addr[b]) {
+				ok = false;
+				break;
+			}
+		}
+		if (ok)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool port_in(__be16 port)
+{
+	__u16 p = bpf_ntohs(port);
+	for (int i = 0; i < MAX_FILTER_PORTS; i++) {
+		if (i >= cfg_nports)
+			break;
+		if (cfg_ports[i] == p)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool tuple_has_addr(const struct tuple *t)
+{
+	return t->family && (addr_in(t->src, t->family) || addr_in(t->dst, t->family));
+}
+
+static __always_inline bool tuple_has_port(const struct tuple *t)
+{
+	return t->family && (port_in(t->sport) || port_in(t->dport));
+}
+
+/* The load-time filter: every configured term must match some part of the
+ * event (packet, conntrack tuples or NAT target). */
+static __always_inline bool wanted(const struct event *e)
+{
+	if (cfg_netns && e->netns != cfg_netns)
+		return false;
+	if (cfg_proto_mask) {
+		__u8 proto = e->pkt.family ? e->pkt.proto : e->orig.proto;
+		if (!(cfg_proto_mask & proto_class(proto)))
+			return false;
+	}
+	if (cfg_nports && !tuple_has_port(&e->pkt) && !tuple_has_port(&e->orig) &&
+	    !tuple_has_port(&e->reply) && !tuple_has_port(&e->to))
+		return false;
+	if (cfg_nprefixes && !tuple_has_addr(&e->pkt) && !tuple_has_addr(&e->orig) &&
+	    !tuple_has_addr(&e->reply) && !tuple_has_addr(&e->to))
+		return false;
+	return true;
+}
+
+static __always_inline void count_lost(__u32 hook)
+{
+	__u64 *n = bpf_map_lookup_elem(&lost, &hook);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline struct event *reserve(__u8 kind, __u8 hook, __u8 via)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost(hook);
+		return NULL;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts_ns = bpf_ktime_get_ns();
+	e->kind = kind;
+	e->hook = hook;
+	e->via = via;
+	e->nf_hook = NF_INET_NONE;
+	return e;
+}
+
+static __always_inline void follow_tuple(const struct tuple *t)
+{
+	if (!t->family)
+		return;
+	struct flow_key k = {};
+	__builtin_memcpy(k.src, t->src, 16);
+	__builtin_memcpy(k.dst, t->dst, 16);
+	k.sport = t->sport;
+	k.dport = t->dport;
+	k.proto = t->proto;
+	__u8 one = 1;
+	bpf_map_update_elem(&followed, &k, &one, BPF_ANY);
+}
+
+/* Submits the event if it passes the filters, and follows its packets. */
+static __always_inline void finish(struct event *e)
+{
+	if (!wanted(e)) {
+		bpf_ringbuf_discard(e, 0);
+		return;
+	}
+	follow_tuple(&e->pkt);
+	follow_tuple(&e->orig);
+	follow_tuple(&e->reply);
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline __u32 net_inum(struct net *net)
+{
+	return net ? BPF_CORE_READ(net, ns.inum) : 0;
+}
+
+/* The namespace a packet is in: its device's, else its route's device's,
+ * else its socket's (locally generated packets before routing). */
+static __always_inline __u32 skb_netns(struct sk_buff *skb)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	if (!dev) {
+		unsigned long refdst = BPF_CORE_READ(skb, _skb_refdst);
+		struct dst_entry *dst = (struct dst_entry *)(refdst & ~1UL);
+		if (dst)
+			dev = BPF_CORE_READ(dst, dev);
+	}
+	if (dev)
+		return net_inum(BPF_CORE_READ(dev, nd_net.net));
+	struct sock *sk = BPF_CORE_READ(skb, sk);
+	if (sk)
+		return net_inum(BPF_CORE_READ(sk, __sk_common.skc_net.net));
+	return 0;
+}
+
+/* Reads the L4 ports (or ICMP id and type/code) at l4 into t. */
+static __always_inline void read_l4(struct tuple *t, const void *l4)
+{
+	if (t->proto == IPPROTO_TCP || t->proto == IPPROTO_UDP || t->proto == IPPROTO_SCTP) {
+		bpf_probe_read_kernel(&t->sport, 2, l4);
+		bpf_probe_read_kernel(&t->dport, 2, l4 + 2);
+	} else if (t->proto == IPPROTO_ICMP || t->proto == IPPROTO_ICMPV6) {
+		__u8 tc[2] = {};
+		bpf_probe_read_kernel(tc, 2, l4);
+		__builtin_memcpy(&t->dport, tc, 2);
+		bpf_probe_read_kernel(&t->sport, 2, l4 + 4);
+	}
+}
+
+/* Parses an IPv4 or IPv6 header at nh (no extension headers) into t and
+ * returns the L4 header's address, or NULL. */
+static __always_inline const void *read_l3(struct tuple *t, const void *nh)
+{
+	__u8 vihl = 0;
+	bpf_probe_read_kernel(&vihl, 1, nh);
+	if ((vihl >> 4) == 4) {
+		struct iphdr iph = {};
+		bpf_probe_read_kernel(&iph, sizeof(iph), nh);
+		t->family = AF_INET;
+		t->proto = iph.protocol;
+		__builtin_memcpy(t->src, &iph.saddr, 4);
+		__builtin_memcpy(t->dst, &iph.daddr, 4);
+		if (bpf_ntohs(iph.frag_off) & 0x1fff)
+			return NULL; /* not the first fragment: no L4 header */
+		return nh + (vihl & 0xf) * 4;
+	}
+	if ((vihl >> 4) == 6) {
+		struct ipv6hdr ip6 = {};
+		bpf_probe_read_kernel(&ip6, sizeof(ip6), nh);
+		t->family = AF_INET6;
+		t->proto = ip6.nexthdr;
+		__builtin_memcpy(t->src, &ip6.saddr, 16);
+		__builtin_memcpy(t->dst, &ip6.daddr, 16);
+		return nh + sizeof(ip6);
+	}
+	return NULL;
+}
+
+/* Reads the five-tuple of the packet in skb from its network header. */
+static __always_inline bool read_skb(struct tuple *t, struct sk_buff *skb)
+{
+	__u16 proto = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	if (proto != ETH_P_IP && proto != ETH_P_IPV6)
+		return false;
+	unsigned char *head = BPF_CORE_READ(skb, head);
+	__u16 nhoff = BPF_CORE_READ(skb, network_header);
+	if (!head || nhoff == (__u16)~0U)
+		return false;
+	const void *l4 = read_l3(t, head + nhoff);
+	if (!t->family)
+		return false;
+	if (l4)
+		read_l4(t, l4);
+	return true;
+}
+
+static __always_inline void read_ct_tuple(struct tuple *t, struct nf_conn *ct, int dir)
+{
+	struct nf_conntrack_tuple ctt = {};
+	bpf_core_read(&ctt, sizeof(ctt), &ct->tuplehash[dir].tuple);
+	t->family = ctt.src.l3num;
+	t->proto = ctt.dst.protonum;
+	__builtin_memcpy(t->src, &ctt.src.u3, 16);
+	__builtin_memcpy(t->dst, &ctt.dst.u3, 16);
+	t->sport = ctt.src.u.all;
+	t->dport = ctt.dst.u.all;
+	if (t->family == AF_INET) {
+		__builtin_memset(t->src + 4, 0, 12);
+		__builtin_memset(t->dst + 4, 0, 12);
+	}
+}
+
+static __always_inline void read_ct(struct event *e, struct nf_conn *ct)
+{
+	read_ct_tuple(&e->orig, ct, 0);
+	read_ct_tuple(&e->reply, ct, 1);
+	e->ct_status = (__u32)BPF_CORE_READ(ct, status);
+	if (bpf_core_field_exists(ct->mark))
+		e->ct_mark = BPF_CORE_READ(ct, mark);
+	if (bpf_core_field_exists(ct->zone))
+		e->ct_zone = BPF_CORE_READ(ct, zone.id);
+	e->netns = net_inum(BPF_CORE_READ(ct, ct_net.net));
+}
+
+/* ---- nf_nat_setup_info: every DNAT and SNAT chosen ---- */
+
+static __always_inline bool same_addr(const union nf_inet_addr *a, const union nf_inet_addr *b)
+{
+	return a->all[0] == b->all[0] && a->all[1] == b->all[1] &&
+	       a->all[2] == b->all[2] && a->all[3] == b->all[3];
+}
+
+static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2 *range,
+				  int manip, __u8 via)
+{
+	if (!ct || !range)
+		return 0;
+	struct nf_nat_range2 r = {};
+	bpf_core_read(&r, sizeof(r), range);
+
+	/* Null bindings (every new connection without a NAT rule gets one)
+	 * map the address to itself and are not decisions worth reporting. */
+	union nf_inet_addr cur = {};
+	if (manip == NF_NAT_MANIP_SRC)
+		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[1].tuple.dst.u3);
+	else
+		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[1].tuple.src.u3);
+	if (r.flags == NF_NAT_RANGE_MAP_IPS && same_addr(&r.min_addr, &r.max_addr) &&
+	    same_addr(&r.min_addr, &cur))
+		return 0;
+
+	struct event *e = reserve(manip == NF_NAT_MANIP_DST ? KIND_DNAT : KIND_SNAT, HOOK_NF_NAT, via);
+	if (!e)
+		return 0;
+	read_ct(e, ct);
+	e->range_flags = r.flags;
+	e->to.family = e->orig.family;
+	e->to.proto = e->orig.proto;
+	if (r.flags & NF_NAT_RANGE_MAP_IPS) {
+		__builtin_memcpy(e->to.src, &r.min_addr, 16);
+		__builtin_memcpy(e->to.dst, &r.max_addr, 16);
+	}
+	if (r.flags & NF_NAT_RANGE_PROTO_SPECIFIED) {
+		e->to.sport = r.min_proto.all;
+		e->to.dport = r.max_proto.all;
+	}
+	finish(e);
+	return 0;
+}
+
+SEC("fentry/nf_nat_setup_info")
+int BPF_PROG(tr_nat_fentry, struct nf_conn *ct, const struct nf_nat_range2 *range, int manip)
+{
+	return on_nat(ct, range, manip, VIA_FENTRY);
+}
+
+SEC("kprobe/nf_nat_setup_info")
+int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *range, int manip)
+{
+	return on_nat(ct, range, manip, VIA_KPROBE);
+}
+
+/* ---- ip_vs_conn_new: every IPVS scheduling decision ---- */
+
+static __always_inline void read_inet(__u8 *dst, const union nf_inet_addr *a, __u16 af)
+{
+	bpf_probe_read_kernel(dst, af == AF_INET ? 4 : 16, a);
+}
+
+static __always_inline int on_ipvs_conn_new(const struct ip_vs_conn_param *p, int dest_af,
+					    const union nf_inet_addr *daddr, __be16 dport,
+					    unsigned int flags, __u8 via)
+{
+	if (!p || (flags & IP_VS_CONN_F_TEMPLATE))
+		return 0; /* persistence templates are not connections */
+	struct event *e = reserve(KIND_IPVS, HOOK_IPVS_CONN_NEW, via);
+	if (!e)
+		return 0;
+	__u16 af = BPF_CORE_READ(p, af);
+	e->orig.family = af;
+	e->orig.proto = BPF_CORE_READ(p, protocol);
+	read_inet(e->orig.src, BPF_CORE_READ(p, caddr), af);
+	read_inet(e->orig.dst, BPF_CORE_READ(p, vaddr), af);
+	e->orig.sport = BPF_CORE_READ(p, cport);
+	e->orig.dport = BPF_CORE_READ(p, vport);
+	e->to.family = dest_af;
+	e->to.proto = e->orig.proto;
+	read_inet(e->to.src, daddr, dest_af);
+	e->to.sport = dport;
+	e->reason = flags;
+	e->netns = net_inum(BPF_CORE_READ(p, ipvs, net));
+	finish(e);
+	return 0;
+}
+
+SEC("fentry/ip_vs_conn_new")
+int BPF_PROG(tr_ipvs_fentry, const struct ip_vs_conn_param *p, int dest_af,
+	     const union nf_inet_addr *daddr, __be16 dport, unsigned int flags)
+{
+	return on_ipvs_conn_new(p, dest_af, daddr, dport, flags, VIA_FENTRY);
+}
+
+SEC("kprobe/ip_vs_conn_new")
+int BPF_KPROBE(tr_ipvs_kprobe, const struct ip_vs_conn_param *p, int dest_af,
+	       const union nf_inet_addr *daddr, __be16 dport, unsigned int flags)
+{
+	return on_ipvs_conn_new(p, dest_af, daddr, dport, flags, VIA_KPROBE);
+}
+
+/* ---- ip_vs_leave: a virtual server found no real server ---- */
+
+static __always_inline int on_ipvs_leave(struct ip_vs_service *svc, struct sk_buff *skb, __u8 via)
+{
+	if (!svc || !skb)
+		return 0;
+	struct event *e = reserve(KIND_IPVS_NO_DEST, HOOK_IPVS_LEAVE, via);
+	if (!e)
+		return 0;
+	read_skb(&e->pkt, skb);
+	__u16 af = BPF_CORE_READ(svc, af);
+	e->orig.family = af;
+	e->orig.proto = BPF_CORE_READ(svc, protocol);
+	bpf_core_read(e->orig.dst, af == AF_INET ? 4 : 16, &svc->addr);
+	e->orig.dport = BPF_CORE_READ(svc, port);
+	__builtin_memcpy(e->orig.src, e->pkt.src, 16);
+	e->orig.sport = e->pkt.sport;
+	e->netns = net_inum(BPF_CORE_READ(svc, ipvs, net));
+	finish(e);
+	return 0;
+}
+
+SEC("fentry/ip_vs_leave")
+int BPF_PROG(tr_ipvsl_fentry, struct ip_vs_service *svc, struct sk_buff *skb)
+{
+	return on_ipvs_leave(svc, skb, VIA_FENTRY);
+}
+
+SEC("kprobe/ip_vs_leave")
+int BPF_KPROBE(tr_ipvsl_kprobe, struct ip_vs_service *svc, struct sk_buff *skb)
+{
+	return on_ipvs_leave(svc, skb, VIA_KPROBE);
+}
+
+/* ---- __icmp_send: REJECT and every other ICMP error ---- */
+
+static __always_inline int on_icmp_send(struct sk_buff *skb, int type, int code, __u8 via)
+{
+	if (!skb)
+		return 0;
+	struct event *e = reserve(KIND_REJECT, HOOK_ICMP_SEND, via);
+	if (!e)
+		return 0;
+	read_skb(&e->pkt, skb);
+	e->icmp_type = type;
+	e->icmp_code = code;
+	e->netns = skb_netns(skb);
+	finish(e);
+	return 0;
+}
+
+SEC("fentry/__icmp_send")
+int BPF_PROG(tr_icmp_fentry, struct sk_buff *skb, int type, int code)
+{
+	return on_icmp_send(skb, type, code, VIA_FENTRY);
+}
+
+SEC("kprobe/__icmp_send")
+int BPF_KPROBE(tr_icmp_kprobe, struct sk_buff *skb, int type, int code)
+{
+	return on_icmp_send(skb, type, code, VIA_KPROBE);
+}
+
+/* icmp:icmp_send (6.13+): TP_PROTO(const struct sk_buff *skb, int type, int code) */
+SEC("raw_tracepoint/icmp_send")
+int tr_icmp_tp(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_icmp_send((struct sk_buff *)ctx->args[0], (int)ctx->args[1],
+			    (int)ctx->args[2], VIA_TRACEPOINT);
+}
+
+/* ---- nf_send_reset: REJECT --reject-with tcp-reset ---- */
+
+static __always_inline int on_nf_send_reset(struct net *net, struct sk_buff *skb, int hook, __u8 via)
+{
+	if (!skb)
+		return 0;
+	struct event *e = reserve(KIND_RESET, HOOK_NF_SEND_RESET, via);
+	if (!e)
+		return 0;
+	read_skb(&e->pkt, skb);
+	e->nf_hook = hook;
+	e->netns = net ? net_inum(net) : skb_netns(skb);
+	finish(e);
+	return 0;
+}
+
+SEC("fentry/nf_send_reset")
+int BPF_PROG(tr_nfrst_fentry, struct net *net, struct sock *sk, struct sk_buff *skb, int hook)
+{
+	return on_nf_send_reset(net, skb, hook, VIA_FENTRY);
+}
+
+SEC("kprobe/nf_send_reset")
+int BPF_KPROBE(tr_nfrst_kprobe, struct net *net, struct sock *sk, struct sk_buff *skb, int hook)
+{
+	return on_nf_send_reset(net, skb, hook, VIA_KPROBE);
+}
+
+/* ---- the stack's RSTs: tcp_v4_send_reset, tcp:tcp_send_reset ---- */
+
+/* The packet a RST answers: the incoming skb, or for an active reset the
+ * socket's connection as the peer sends it. */
+static __always_inline void read_rst_packet(struct tuple *t, const struct sock *sk, struct sk_buff *skb)
+{
+	if (skb && read_skb(t, skb))
+		return;
+	if (!sk)
+		return;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	t->family = family;
+	t->proto = IPPROTO_TCP;
+	if (family == AF_INET) {
+		bpf_core_read(t->src, 4, &sk->__sk_common.skc_daddr);
+		bpf_core_read(t->dst, 4, &sk->__sk_common.skc_rcv_saddr);
+	} else {
+		bpf_core_read(t->src, 16, &sk->__sk_common.skc_v6_daddr);
+		bpf_core_read(t->dst, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+	}
+	t->sport = BPF_CORE_READ(sk, __sk_common.skc_dport);
+	t->dport = bpf_htons(BPF_CORE_READ(sk, __sk_common.skc_num));
+}
+
+static __always_inline int on_tcp_reset(const struct sock *sk, struct sk_buff *skb, __u32 reason,
+					bool has_reason, __u8 via)
+{
+	struct event *e = reserve(KIND_RESET, HOOK_TCP_SEND_RESET, via);
+	if (!e)
+		return 0;
+	read_rst_packet(&e->pkt, sk, skb);
+	e->reason = reason;
+	e->has_reason = has_reason;
+	if (skb)
+		e->netns = skb_netns(skb);
+	if (!e->netns && sk)
+		e->netns = net_inum(BPF_CORE_READ(sk, __sk_common.skc_net.net));
+	finish(e);
+	return 0;
+}
+
+/* 6.10+ passes enum sk_rst_reason as a third argument. */
+SEC("fentry/tcp_v4_send_reset")
+int BPF_PROG(tr_rst_fentry3, const struct sock *sk, struct sk_buff *skb, int reason)
+{
+	return on_tcp_reset(sk, skb, reason, true, VIA_FENTRY);
+}
+
+SEC("fentry/tcp_v4_send_reset")
+int BPF_PROG(tr_rst_fentry, const struct sock *sk, struct sk_buff *skb)
+{
+	return on_tcp_reset(sk, skb, 0, false, VIA_FENTRY);
+}
+
+SEC("kprobe/tcp_v4_send_reset")
+int BPF_KPROBE(tr_rst_kprobe, const struct sock *sk, struct sk_buff *skb)
+{
+	__u32 reason = 0;
+	bool has = bpf_core_enum_value_exists(enum sk_rst_reason, SK_RST_REASON_NOT_SPECIFIED);
+	if (has)
+		reason = (__u32)PT_REGS_PARM3(ctx);
+	return on_tcp_reset(sk, skb, reason, has, VIA_KPROBE);
+}
+
+/* tcp:tcp_send_reset: (sk, skb) until 6.9, (sk, skb, reason) since. A raw
+ * tracepoint may not read past its arguments, hence two programs. */
+SEC("raw_tracepoint/tcp_send_reset")
+int tr_rst_tp3(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_tcp_reset((const struct sock *)ctx->args[0], (struct sk_buff *)ctx->args[1],
+			    (__u32)ctx->args[2], true, VIA_TRACEPOINT);
+}
+
+SEC("raw_tracepoint/tcp_send_reset")
+int tr_rst_tp(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_tcp_reset((const struct sock *)ctx->args[0], (struct sk_buff *)ctx->args[1],
+			    0, false, VIA_TRACEPOINT);
+}
+
+/* ---- skb:kfree_skb: drops, for followed packets or netfilter's ---- */
+
+static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool has_reason)
+{
+	if (!skb)
+		return 0;
+	struct tuple t = {};
+	if (!read_skb(&t, skb))
+		return 0;
+	bool nf_drop = has_reason &&
+		       bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP) &&
+		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP);
+	if (!nf_drop) {
+		struct flow_key k = {};
+		__builtin_memcpy(k.src, t.src, 16);
+		__builtin_memcpy(k.dst, t.dst, 16);
+		k.sport = t.sport;
+		k.dport = t.dport;
+		k.proto = t.proto;
+		if (!bpf_map_lookup_elem(&followed, &k))
+			return 0;
+	}
+	__u32 ns = skb_netns(skb);
+	if (cfg_netns && ns != cfg_netns)
+		return 0;
+	struct event *e = reserve(KIND_DROP, HOOK_KFREE_SKB, VIA_TRACEPOINT);
+	if (!e)
+		return 0;
+	e->pkt = t;
+	e->netns = ns;
+	e->reason = reason;
+	e->has_reason = has_reason;
+	if (!wanted(e)) {
+		bpf_ringbuf_discard(e, 0);
+		return 0;
+	}
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* skb:kfree_skb: (skb, location) until 5.16, (skb, location, reason, ...) since. */
+SEC("raw_tracepoint/kfree_skb")
+int tr_drop_tp3(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_kfree_skb((struct sk_buff *)ctx->args[0], (__u32)ctx->args[2], true);
+}
+
+SEC("raw_tracepoint/kfree_skb")
+int tr_drop_tp(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_kfree_skb((struct sk_buff *)ctx->args[0], 0, false);
+}
+
+/* ---- BPF netfilter tier (6.4+): conntrack as NAT left it ---- */
+
+static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb, __u8 *ctinfo)
+{
+	unsigned long nfct = BPF_CORE_READ(skb, _nfct);
+	*ctinfo = nfct & 7;
+	return (struct nf_conn *)(nfct & NFCT_PTRMASK);
+}
+
+/* A new, still unconfirmed entry that NAT translated: seen once per
+ * connection, right after the nat hook that translated it. */
+static __always_inline void nf_nat_event(struct sk_buff *skb, __u8 hook, __u32 nat_bit, __u8 kind)
+{
+	__u8 ctinfo;
+	struct nf_conn *ct = skb_ct(skb, &ctinfo);
+	if (!ct || ctinfo != IP_CT_NEW)
+		return;
+	__u32 status = (__u32)BPF_CORE_READ(ct, status);
+	if ((status & IPS_CONFIRMED) || !(status & nat_bit))
+		return;
+	struct event *e = reserve(kind, HOOK_NF_NAT, VIA_NETFILTER);
+	if (!e)
+		return;
+	read_ct(e, ct);
+	e->nf_hook = hook;
+	e->ctinfo = ctinfo;
+	read_skb(&e->pkt, skb);
+	/* The target is what the reply tuple now says. */
+	e->to.family = e->reply.family;
+	e->to.proto = e->reply.proto;
+	if (kind == KIND_DNAT) {
+		__builtin_memcpy(e->to.src, e->reply.src, 16);
+		__builtin_memcpy(e->to.dst, e->reply.src, 16);
+		e->to.sport = e->reply.sport;
+		e->to.dport = e->reply.sport;
+	} else {
+		__builtin_memcpy(e->to.src, e->reply.dst, 16);
+		__builtin_memcpy(e->to.dst, e->reply.dst, 16);
+		e->to.sport = e->reply.dport;
+		e->to.dport = e->reply.dport;
+	}
+	e->range_flags = NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED;
+	finish(e);
+}
+
+/* Locally generated packets that conntrack marked RELATED to another
+ * connection: the RST of REJECT --reject-with tcp-reset, and ICMP errors.
+ * Reports the packet they answer, read from the connection's entry. */
+static __always_inline void nf_local_out_related(struct sk_buff *skb)
+{
+	__u8 ctinfo;
+	struct nf_conn *ct = skb_ct(skb, &ctinfo);
+	if (!ct || (ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY))
+		return;
+	struct tuple t = {};
+	if (!read_skb(&t, skb))
+		return;
+	__u8 kind = 0;
+	if ((cfg_nf_roles & NF_ROLE_RESET) && t.proto == IPPROTO_TCP) {
+		unsigned char *head = BPF_CORE_READ(skb, head);
+		__u16 th = BPF_CORE_READ(skb, transport_header);
+		__u8 flags = 0;
+		bpf_probe_read_kernel(&flags, 1, head + th + 13);
+		if (flags & TCP_FLAG_RST)
+			kind = KIND_RESET;
+	} else if ((cfg_nf_roles & NF_ROLE_ICMP) && (t.proto == IPPROTO_ICMP || t.proto == IPPROTO_ICMPV6)) {
+		kind = KIND_REJECT;
+	}
+	if (!kind)
+		return;
+	struct event *e = reserve(kind, kind == KIND_RESET ? HOOK_NF_SEND_RESET : HOOK_ICMP_SEND,
+				  VIA_NETFILTER);
+	if (!e)
+		return;
+	read_ct(e, ct);
+	e->ctinfo = ctinfo;
+	e->nf_hook = NF_INET_LOCAL_OUT;
+	/* The packet answered travelled in the direction opposite to ours. */
+	e->pkt = ctinfo == IP_CT_RELATED ? e->reply : e->orig;
+	if (kind == KIND_REJECT) {
+		__u8 tc[2] = {};
+		__builtin_memcpy(tc, &t.dport, 2);
+		e->icmp_type = tc[0];
+		e->icmp_code = tc[1];
+	}
+	finish(e);
+}
+
+/* PRE_ROUTING and LOCAL_OUT, priority -99: just after DNAT. */
+SEC("netfilter")
+int tr_nf_dnat(struct bpf_nf_ctx *ctx)
+{
+	struct sk_buff *skb = ctx->skb;
+	__u8 hook = BPF_CORE_READ(ctx->state, hook);
+	if (cfg_nf_roles & NF_ROLE_NAT)
+		nf_nat_event(skb, hook, IPS_DST_NAT, KIND_DNAT);
+	if (hook == NF_INET_LOCAL_OUT && (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP)))
+		nf_local_out_related(skb);
+	return NF_ACCEPT;
+}
+
+/* POST_ROUTING and LOCAL_IN, priority 101: just after SNAT. */
+SEC("netfilter")
+int tr_nf_snat(struct bpf_nf_ctx *ctx)
+{
+	if (cfg_nf_roles & NF_ROLE_NAT)
+		nf_nat_event(ctx->skb, BPF_CORE_READ(ctx->state, hook), IPS_SRC_NAT, KIND_SNAT);
+	return NF_ACCEPT;
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/loader"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+func init() {
+	commands["doctor"] = command{
+		summary: "kernel, BTF, and for every hook the attach method it will use, or why none",
+		run:     runDoctor,
+	}
+}
+
+// doctorReport is what doctor prints (and -o json emits).
+type doctorReport struct {
+	Kernel string       `json:"kernel"`
+	BTF    bool         `json:"btf"`
+	Hooks  []trace.Hook `json:"hooks"`
+	Error  string       `json:"error,omitempty"`
+}
+
+func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("doctor", stderr)
+	output := fs.String("o", "text", "output format: text or json")
+	only := fs.String("only", "", "try only these attach methods, comma-separated (fentry,kprobe,tracepoint,netfilter)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *output != "text" && *output != "json" {
+		return usagef("-o %q: want text or json", *output)
+	}
+	vias, err := parseVias(*only)
+	if err != nil {
+		return err
+	}
+	rep := doctorReport{Kernel: kernelRelease()}
+	_, statErr := os.Stat("/sys/kernel/btf/vmlinux")
+	rep.BTF = statErr == nil
+	if err := preflight(); err != nil {
+		return err
+	}
+	t, err := loader.Open(loader.Config{Only: vias})
+	if t != nil {
+		rep.Hooks = hookRecords(t.Plan)
+		if cerr := t.Close(); cerr != nil {
+			return fmt.Errorf("detach: %w", cerr)
+		}
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if eerr := enc.Encode(rep); eerr != nil {
+			return eerr
+		}
+	} else {
+		printDoctor(stdout, rep, err)
+	}
+	if err != nil {
+		return fmt.Errorf("doctor: %w", err)
+	}
+	return nil
+}
+
+func printDoctor(w io.Writer, rep doctorReport, err error) {
+	fmt.Fprintf(w, "kernel  %s\n", rep.Kernel)
+	btf := "present (/sys/kernel/btf/vmlinux)"
+	if !rep.BTF {
+		btf = "MISSING: tracer needs CONFIG_DEBUG_INFO_BTF"
+	}
+	fmt.Fprintf(w, "BTF     %s\n", btf)
+	if err != nil {
+		fmt.Fprintf(w, "\n%v\n", err)
+		return
+	}
+	n := 0
+	for _, h := range rep.Hooks {
+		if h.Via != "none" {
+			n++
+		}
+	}
+	fmt.Fprintf(w, "hooks   %d of %d attach\n\n", n, len(rep.Hooks))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOOK\tVIA\tTARGET\tWHY NOT BETTER / WHY NONE")
+	for _, h := range rep.Hooks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", h.Hook, h.Via, h.Target, h.Error)
+	}
+	tw.Flush()
+}
+
+// hookRecords turns the attach plan into the trace header's hook list.
+func hookRecords(p loader.Plan) []trace.Hook {
+	out := make([]trace.Hook, 0, len(p))
+	for _, h := range p {
+		rec := trace.Hook{Hook: h.Hook.String(), Via: h.Via.String(), Target: h.Target}
+		var why, plain []string
+		for _, a := range h.Attempts {
+			ar := trace.Attempt{Via: a.Via.String(), Target: a.Target}
+			if a.Err != nil {
+				ar.Error = a.Err.Error()
+				e := loader.Explain(a.Via, a.Target, a.Err)
+				why = append(why, a.Via.String()+": "+e)
+				plain = append(plain, e)
+			}
+			rec.Attempts = append(rec.Attempts, ar)
+		}
+		if len(dedup(plain)) == 1 {
+			why = plain[:1] // every method failed for the same reason
+		}
+		rec.Error = strings.Join(dedup(why), "; ")
+		out = append(out, rec)
+	}
+	return out
+}
+
+func dedup(s []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func parseVias(s string) ([]event.Via, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []event.Via
+	for _, name := range strings.Split(s, ",") {
+		found := false
+		for v := event.ViaFentry; v <= event.ViaNetfilter; v++ {
+			if v.String() == strings.TrimSpace(name) {
+				out = append(out, v)
+				found = true
+			}
+		}
+		if !found {
+			return nil, usagef("--only: unknown attach method %q (want fentry, kprobe, tracepoint or netfilter)", name)
+		}
+	}
+	return out, nil
+}
+
+// preflight maps missing BTF or privileges to exit code 2.
+func preflight() error {
+	if err := loader.Preflight(); err != nil {
+		if errors.Is(err, loader.ErrNoBTF) || errors.Is(err, loader.ErrNoPrivilege) {
+			return usageError{err}
+		}
+		return err
+	}
+	return nil
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}

@@ -1,0 +1,81 @@
+package loader
+
+import (
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// rung is one way to attach one hook: a program of the object and how to
+// attach it. Rungs of a ladder are tried in order; the first that loads and
+// attaches wins.
+type rung struct {
+	via    event.Via
+	prog   string // program name in bpf/tracer.c
+	target string // kernel function or tracepoint, for messages
+	// attach is nil for the netfilter tier, which the loader attaches once
+	// for every hook that falls through to it (see nfRole).
+	attach func(p *ebpf.Program, target string) (link.Link, error)
+	nfRole uint32
+}
+
+// Netfilter roles, as in enum nf_role of bpf/tracer.h.
+const (
+	nfRoleNAT   = 1
+	nfRoleReset = 2
+	nfRoleICMP  = 4
+)
+
+func fentry(p *ebpf.Program, _ string) (link.Link, error) {
+	return link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceFEntry})
+}
+
+func kprobe(p *ebpf.Program, fn string) (link.Link, error) {
+	return link.Kprobe(fn, p, nil)
+}
+
+func rawTracepoint(p *ebpf.Program, name string) (link.Link, error) {
+	return link.AttachRawTracepoint(link.RawTracepointOptions{Name: name, Program: p})
+}
+
+// ladders gives each hook its attach methods, best first: fentry (cheapest,
+// typed), kprobe, tracepoint, then the BPF netfilter hook, which sees
+// conntrack as NAT left it on kernels with neither fentry nor kprobes.
+var ladders = map[event.Hook][]rung{
+	event.HookNFNat: {
+		{via: event.ViaFentry, prog: "tr_nat_fentry", target: "nf_nat_setup_info", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_nat_kprobe", target: "nf_nat_setup_info", attach: kprobe},
+		{via: event.ViaNetfilter, target: "conntrack after nat hooks", nfRole: nfRoleNAT},
+	},
+	event.HookIPVSConnNew: {
+		{via: event.ViaFentry, prog: "tr_ipvs_fentry", target: "ip_vs_conn_new", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_ipvs_kprobe", target: "ip_vs_conn_new", attach: kprobe},
+	},
+	event.HookIPVSLeave: {
+		{via: event.ViaFentry, prog: "tr_ipvsl_fentry", target: "ip_vs_leave", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_ipvsl_kprobe", target: "ip_vs_leave", attach: kprobe},
+	},
+	event.HookICMPSend: {
+		{via: event.ViaFentry, prog: "tr_icmp_fentry", target: "__icmp_send", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_icmp_kprobe", target: "__icmp_send", attach: kprobe},
+		{via: event.ViaTracepoint, prog: "tr_icmp_tp", target: "icmp_send", attach: rawTracepoint},
+		{via: event.ViaNetfilter, target: "related ICMP at OUTPUT", nfRole: nfRoleICMP},
+	},
+	event.HookNFSendReset: {
+		{via: event.ViaFentry, prog: "tr_nfrst_fentry", target: "nf_send_reset", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset", attach: kprobe},
+		{via: event.ViaNetfilter, target: "related RST at OUTPUT", nfRole: nfRoleReset},
+	},
+	event.HookTCPSendReset: {
+		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v4_send_reset", attach: fentry},
+		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v4_send_reset", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v4_send_reset", attach: kprobe},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint},
+	},
+	event.HookKfreeSkb: {
+		{via: event.ViaTracepoint, prog: "tr_drop_tp3", target: "kfree_skb", attach: rawTracepoint},
+		{via: event.ViaTracepoint, prog: "tr_drop_tp", target: "kfree_skb", attach: rawTracepoint},
+	},
+}

@@ -1,0 +1,374 @@
+// Package loader loads bpf/tracer.c, attaches every hook by the best method
+// this kernel allows (each hook has its own ladder, tried by really loading
+// and attaching), and reads the ring buffer. It is the only importer of
+// cilium/ebpf.
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// Config selects what the kernel side reports.
+type Config struct {
+	// Netns is the inode of the network namespace to observe; 0 means all.
+	// Kernel-wide hooks are filtered to it in the kernel.
+	Netns uint32
+	// NetnsPath is where netfilter-tier links attach (they are per
+	// namespace); "" means the caller's namespace.
+	NetnsPath string
+	// In-kernel filters: an event is kept when some tuple of it has one
+	// of Ports, one address in Prefixes, and its protocol in Protos.
+	Ports    []uint16
+	Prefixes []netip.Prefix
+	Protos   []uint8
+	// Only restricts every ladder to these methods (to test one tier on a
+	// kernel that supports several, like pwru's --backend).
+	Only []event.Via
+}
+
+const (
+	maxPorts    = 8 // MAX_FILTER_PORTS
+	maxPrefixes = 4 // MAX_FILTER_PREFIXES
+)
+
+// Validate checks the filters fit the kernel side.
+func (c Config) Validate() error {
+	if len(c.Ports) > maxPorts {
+		return fmt.Errorf("at most %d ports can be filtered in the kernel, got %d", maxPorts, len(c.Ports))
+	}
+	if len(c.Prefixes) > maxPrefixes {
+		return fmt.Errorf("at most %d address prefixes can be filtered in the kernel, got %d", maxPrefixes, len(c.Prefixes))
+	}
+	return nil
+}
+
+// Attempt is one rung tried.
+type Attempt struct {
+	Via    event.Via
+	Target string
+	Err    error
+}
+
+// HookPlan records how one hook is attached and why better methods failed.
+type HookPlan struct {
+	Hook     event.Hook
+	Via      event.Via // ViaNone when nothing attached
+	Target   string
+	Attempts []Attempt
+}
+
+// Plan is the attach outcome of every hook, in event.Hooks order.
+type Plan []HookPlan
+
+// Attached counts the hooks that have a method.
+func (p Plan) Attached() int {
+	n := 0
+	for _, h := range p {
+		if h.Via != event.ViaNone {
+			n++
+		}
+	}
+	return n
+}
+
+// ErrNothingAttached is returned when no hook could attach at all.
+var ErrNothingAttached = errors.New("no hook could be attached")
+
+// Tracer is the loaded, attached kernel side.
+type Tracer struct {
+	Plan Plan
+
+	spec   *ebpf.CollectionSpec
+	maps   map[string]*ebpf.Map
+	colls  []*ebpf.Collection
+	links  []link.Link
+	reader *ringbuf.Reader
+	clock  event.Clock
+	names  *ReasonNames
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open loads and attaches every hook. One hook failing never stops the
+// others; the plan says what happened to each. It fails only when nothing
+// attached or the shared maps cannot be created.
+func Open(cfg Config) (*Tracer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raise memlock limit: %w", err)
+	}
+	spec, err := loadTracer()
+	if err != nil {
+		return nil, fmt.Errorf("load bpf object: %w", err)
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, err
+	}
+	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}}
+	if err := t.createMaps(); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.attachAll(cfg)
+	if t.Plan.Attached() == 0 {
+		err := fmt.Errorf("attach: %w:\n%s", ErrNothingAttached, t.Plan.Reasons())
+		t.Close()
+		return nil, err
+	}
+	if t.reader, err = ringbuf.NewReader(t.maps["events"]); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("open ring buffer: %w", err)
+	}
+	if t.clock, err = monotonicClock(); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.names = LoadReasonNames()
+	return t, nil
+}
+
+// configure writes the load-time filters into the object's rodata.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	set := func(name string, v any) error {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("configure: variable %s missing from object", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("configure %s: %w", name, err)
+		}
+		return nil
+	}
+	var ports [maxPorts]uint16
+	copy(ports[:], cfg.Ports)
+	var prefixes [maxPrefixes]tracerPrefix
+	for i, p := range cfg.Prefixes {
+		prefixes[i] = prefixFilter(p)
+	}
+	var protoMask uint32
+	for _, p := range cfg.Protos {
+		protoMask |= protoClass(p)
+	}
+	for name, v := range map[string]any{
+		"cfg_netns":      cfg.Netns,
+		"cfg_proto_mask": protoMask,
+		"cfg_nports":     uint32(len(cfg.Ports)),
+		"cfg_ports":      ports,
+		"cfg_nprefixes":  uint32(len(cfg.Prefixes)),
+		"cfg_prefixes":   prefixes,
+	} {
+		if err := set(name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// protoClass mirrors proto_class in bpf/tracer.c.
+func protoClass(p uint8) uint32 {
+	switch p {
+	case 6:
+		return 1
+	case 17:
+		return 2
+	case 1, 58:
+		return 4
+	case 132:
+		return 8
+	}
+	return 16
+}
+
+func prefixFilter(p netip.Prefix) tracerPrefix {
+	var f tracerPrefix
+	p = p.Masked()
+	a := p.Addr()
+	n := 16
+	f.Family = 10
+	if a.Is4() {
+		n, f.Family = 4, 2
+	}
+	raw := a.AsSlice()
+	bits := p.Bits()
+	for i := 0; i < n; i++ {
+		m := byte(0)
+		switch {
+		case bits >= 8:
+			m = 0xff
+		case bits > 0:
+			m = byte(0xff << (8 - bits))
+		}
+		bits -= 8
+		f.Mask[i] = m
+		f.Addr[i] = raw[i] & m
+	}
+	return f
+}
+
+// sharedMaps are created once and handed to every program's collection.
+var sharedMaps = []string{"events", "lost", "followed"}
+
+func (t *Tracer) createMaps() error {
+	for _, name := range sharedMaps {
+		ms, ok := t.spec.Maps[name]
+		if !ok {
+			return fmt.Errorf("create map %s: missing from object", name)
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			return fmt.Errorf("create map %s: %w", name, err)
+		}
+		t.maps[name] = m
+	}
+	return nil
+}
+
+// loadProgram loads one program of the object on its own, sharing the maps,
+// so that a program this kernel rejects costs only its own rung.
+func (t *Tracer) loadProgram(name string, rodata map[string]any) (*ebpf.Program, error) {
+	ps, ok := t.spec.Programs[name]
+	if !ok {
+		return nil, fmt.Errorf("program %s missing from object", name)
+	}
+	s := t.spec.Copy()
+	s.Programs = map[string]*ebpf.ProgramSpec{name: ps}
+	for k, v := range rodata {
+		if err := s.Variables[k].Set(v); err != nil {
+			return nil, fmt.Errorf("configure %s: %w", k, err)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{MapReplacements: t.maps})
+	if err != nil {
+		return nil, err
+	}
+	t.colls = append(t.colls, coll)
+	return coll.Programs[name], nil
+}
+
+// attachAll walks every ladder; hooks that fall through to the netfilter
+// tier share one pair of netfilter programs attached at the end.
+func (t *Tracer) attachAll(cfg Config) {
+	var nfHooks []int
+	var roles uint32
+	for _, h := range event.Hooks {
+		hp := HookPlan{Hook: h}
+		for _, r := range ladders[h] {
+			if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, r.via) {
+				continue
+			}
+			if r.attach == nil {
+				roles |= r.nfRole
+				nfHooks = append(nfHooks, len(t.Plan))
+				hp.Target = r.target
+				break
+			}
+			err := t.tryRung(r)
+			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err})
+			if err == nil {
+				hp.Via, hp.Target = r.via, r.target
+				break
+			}
+		}
+		t.Plan = append(t.Plan, hp)
+	}
+	if roles == 0 {
+		return
+	}
+	err := t.attachNetfilter(cfg.NetnsPath, roles)
+	for _, i := range nfHooks {
+		hp := &t.Plan[i]
+		hp.Attempts = append(hp.Attempts, Attempt{Via: event.ViaNetfilter, Target: hp.Target, Err: err})
+		if err == nil {
+			hp.Via = event.ViaNetfilter
+		} else {
+			hp.Target = ""
+		}
+	}
+}
+
+func (t *Tracer) tryRung(r rung) error {
+	p, err := t.loadProgram(r.prog, nil)
+	if err != nil {
+		return fmt.Errorf("load %s %s: %w", r.via, r.target, err)
+	}
+	l, err := r.attach(p, r.target)
+	if err != nil {
+		return fmt.Errorf("attach %s %s: %w", r.via, r.target, err)
+	}
+	t.links = append(t.links, l)
+	return nil
+}
+
+// Lost returns, per hook, the events the kernel could not queue because
+// the ring buffer was full.
+func (t *Tracer) Lost() (map[event.Hook]uint64, error) {
+	out := map[event.Hook]uint64{}
+	var perCPU []uint64
+	for _, h := range event.Hooks {
+		if err := t.maps["lost"].Lookup(uint32(h), &perCPU); err != nil {
+			return nil, fmt.Errorf("read lost counter of %s: %w", h, err)
+		}
+		var sum uint64
+		for _, n := range perCPU {
+			sum += n
+		}
+		if sum > 0 {
+			out[h] = sum
+		}
+	}
+	return out, nil
+}
+
+// Next blocks for the next event. It returns os.ErrClosed after Close.
+// Records that do not decode are returned as errors, never dropped
+// silently.
+func (t *Tracer) Next(rec *ringbuf.Record) (event.Event, error) {
+	if err := t.reader.ReadInto(rec); err != nil {
+		if errors.Is(err, ringbuf.ErrClosed) {
+			return event.Event{}, os.ErrClosed
+		}
+		return event.Event{}, fmt.Errorf("read ring buffer: %w", err)
+	}
+	return event.Decode(rec.RawSample, t.clock)
+}
+
+// Reasons names drop and RST reasons for this kernel.
+func (t *Tracer) Reasons() *ReasonNames { return t.names }
+
+// Close detaches every link and frees everything. It is safe to call more
+// than once and from a signal path while Next blocks.
+func (t *Tracer) Close() error {
+	t.closeOnce.Do(func() {
+		var errs []error
+		for _, l := range t.links {
+			errs = append(errs, l.Close())
+		}
+		if t.reader != nil {
+			errs = append(errs, t.reader.Close())
+		}
+		for _, c := range t.colls {
+			c.Close()
+		}
+		for _, m := range t.maps {
+			errs = append(errs, m.Close())
+		}
+		t.closeErr = errors.Join(errs...)
+	})
+	return t.closeErr
+}

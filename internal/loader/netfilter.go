@@ -1,0 +1,98 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Priorities just after the kernel's nat hooks (NF_IP_PRI_NAT_DST = -100,
+// NF_IP_PRI_NAT_SRC = 100), where skb->_nfct already holds what NAT chose.
+const (
+	prioAfterDNAT = -99
+	prioAfterSNAT = 101
+)
+
+type nfAttach struct {
+	prog   string
+	hook   link.NetfilterInetHook
+	prio   int32
+	family link.NetfilterProtocolFamily
+}
+
+// nfAttachments lists where the netfilter-tier programs go for the roles
+// asked: NAT needs all four hooks; RST and ICMP detection only LOCAL_OUT.
+func nfAttachments(roles uint32) []nfAttach {
+	var out []nfAttach
+	for _, fam := range []link.NetfilterProtocolFamily{link.NetfilterProtoIPv4, link.NetfilterProtoIPv6} {
+		out = append(out, nfAttach{"tr_nf_dnat", link.NetfilterInetLocalOut, prioAfterDNAT, fam})
+		if roles&nfRoleNAT != 0 {
+			out = append(out,
+				nfAttach{"tr_nf_dnat", link.NetfilterInetPreRouting, prioAfterDNAT, fam},
+				nfAttach{"tr_nf_snat", link.NetfilterInetPostRouting, prioAfterSNAT, fam},
+				nfAttach{"tr_nf_snat", link.NetfilterInetLocalIn, prioAfterSNAT, fam})
+		}
+	}
+	return out
+}
+
+// attachNetfilter loads the netfilter programs with the roles the other
+// tiers could not fill, and attaches them in the observed namespace (a
+// netfilter link belongs to the namespace of the thread that makes it).
+func (t *Tracer) attachNetfilter(netnsPath string, roles uint32) error {
+	progs := map[string]*ebpf.Program{}
+	for _, name := range []string{"tr_nf_dnat", "tr_nf_snat"} {
+		p, err := t.loadProgram(name, map[string]any{"cfg_nf_roles": roles})
+		if err != nil {
+			return fmt.Errorf("load netfilter program %s: %w", name, err)
+		}
+		progs[name] = p
+	}
+	return inNetns(netnsPath, func() error {
+		for _, a := range nfAttachments(roles) {
+			l, err := link.AttachNetfilter(link.NetfilterOptions{
+				Program: progs[a.prog], ProtocolFamily: a.family, Hook: a.hook, Priority: a.prio,
+			})
+			if err != nil {
+				return fmt.Errorf("attach netfilter %s hook %d priority %d: %w", a.prog, a.hook, a.prio, err)
+			}
+			t.links = append(t.links, l)
+		}
+		return nil
+	})
+}
+
+// inNetns runs fn on a thread switched into the namespace at path ("" runs
+// it in place). The thread is switched back, or retired if that fails.
+func inNetns(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	defer unix.Close(target)
+	runtime.LockOSThread()
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open own network namespace: %w", err)
+	}
+	defer unix.Close(orig)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter network namespace %s: %w", path, err)
+	}
+	ferr := fn()
+	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		// Leave the thread locked: Go retires it when the goroutine ends.
+		return errors.Join(ferr, fmt.Errorf("return from network namespace %s: %w", path, err))
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}

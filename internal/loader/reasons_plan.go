@@ -1,0 +1,121 @@
+package loader
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// Reasons lists, one hook a line, why each hook did or did not attach.
+func (p Plan) Reasons() string {
+	var b strings.Builder
+	for _, h := range p {
+		fmt.Fprintf(&b, "  %s: %s\n", h.Hook, h.Summary())
+	}
+	return b.String()
+}
+
+// Summary says in a line how the hook is attached, or why it is not.
+func (h HookPlan) Summary() string {
+	if h.Via != event.ViaNone {
+		s := fmt.Sprintf("%s %s", h.Via, h.Target)
+		if len(h.Attempts) > 1 {
+			s += " (" + h.failures() + ")"
+		}
+		return s
+	}
+	if len(h.Attempts) == 0 {
+		return "not attached: no method selected"
+	}
+	return "not attached: " + h.failures()
+}
+
+func (h HookPlan) failures() string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, a := range h.Attempts {
+		if a.Err == nil {
+			continue
+		}
+		s := fmt.Sprintf("%s: %s", a.Via, Explain(a.Via, a.Target, a.Err))
+		if !seen[s] {
+			seen[s] = true
+			parts = append(parts, s)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Explain turns an attach error into words a user understands.
+func Explain(via event.Via, target string, err error) string {
+	msg := err.Error()
+	if (via == event.ViaFentry || via == event.ViaKprobe) && !kernelHasSymbol(target) {
+		return fmt.Sprintf("%s is not in the running kernel (its module is not loaded, or the kernel lacks it)", target)
+	}
+	switch {
+	case via == event.ViaFentry && strings.Contains(msg, "not found"):
+		return fmt.Sprintf("%s has no BTF here (the kernel lacks module BTF)", target)
+	case via == event.ViaFentry && (errors.Is(err, syscall.EPERM) || errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, syscall.Errno(524))):
+		return "this kernel does not allow fentry (BPF tracing) programs"
+	case via == event.ViaFentry && errors.Is(err, syscall.E2BIG):
+		return fmt.Sprintf("this kernel cannot trace %s with fentry (too many arguments for its BPF trampoline)", target)
+	case via == event.ViaKprobe && !hasKprobes():
+		return "this kernel has no kprobes (CONFIG_KPROBES off)"
+	case via == event.ViaTracepoint && (errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOENT)):
+		return fmt.Sprintf("tracepoint %s does not exist on this kernel", target)
+	case via == event.ViaTracepoint && errors.Is(err, syscall.EINVAL):
+		return fmt.Sprintf("tracepoint %s has fewer arguments on this kernel", target)
+	case via == event.ViaNetfilter && (errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EOPNOTSUPP)):
+		return "this kernel has no BPF netfilter hooks (needs 6.4+ with CONFIG_NETFILTER_BPF_LINK)"
+	case strings.Contains(msg, "bad CO-RE relocation"):
+		return fmt.Sprintf("the kernel lacks the types the %s program reads", target)
+	}
+	if i := strings.Index(msg, "\n"); i > 0 {
+		msg = msg[:i]
+	}
+	return msg
+}
+
+// hasKprobes: a kernel with kprobes has the kprobe PMU (4.17+) or the
+// tracefs kprobe_events file.
+func hasKprobes() bool {
+	for _, p := range []string{"/sys/bus/event_source/devices/kprobe", "/sys/kernel/tracing/kprobe_events", "/sys/kernel/debug/tracing/kprobe_events"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// kernelSymbols is the set of function names in /proc/kallsyms, read once.
+var kernelSymbols = sync.OnceValue(func() map[string]bool {
+	f, err := os.Open("/proc/kallsyms")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	syms := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 3 && (fields[1] == "t" || fields[1] == "T") {
+			syms[fields[2]] = true
+		}
+	}
+	return syms
+})
+
+// kernelHasSymbol reports whether a function exists (modules included);
+// when kallsyms cannot be read it does not claim a symbol is missing.
+func kernelHasSymbol(sym string) bool {
+	syms := kernelSymbols()
+	return syms == nil || syms[sym]
+}
