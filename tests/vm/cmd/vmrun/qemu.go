@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// bootConfig is one guest boot.
+type bootConfig struct {
+	Kernel     *kernel
+	Initramfs  string
+	ResultsDir string // host directory shared writable as /vmresults
+	Timeout    time.Duration
+	Memory     string
+	CPUs       int
+	Console    io.Writer // guest console, line by line with a prefix
+	Prefix     string
+}
+
+// bootResult says how a boot ended.
+type bootResult struct {
+	ExitStatus int  // the guest command's exit status, when HaveStatus
+	HaveStatus bool // the guest reported an exit status
+	TimedOut   bool
+	Panicked   bool
+	InitFailed bool
+	BootTime   time.Duration // qemu start until the command started
+	Total      time.Duration // qemu start until the result
+	QEMUErr    error
+}
+
+func (r bootResult) String() string {
+	switch {
+	case r.TimedOut:
+		return fmt.Sprintf("timed out after %s", r.Total.Round(time.Second))
+	case r.Panicked:
+		return "kernel panic"
+	case r.InitFailed:
+		return "guest init failed before running the command"
+	case !r.HaveStatus:
+		return fmt.Sprintf("guest stopped without reporting an exit status (qemu: %v)", r.QEMUErr)
+	default:
+		return fmt.Sprintf("exit status %d", r.ExitStatus)
+	}
+}
+
+// OK reports whether the guest ran the command and it exited 0.
+func (r bootResult) OK() bool { return r.HaveStatus && r.ExitStatus == 0 && !r.TimedOut && !r.Panicked }
+
+const (
+	markStarted = "TRACER_VM_STARTED"
+	markExit    = "TRACER_VM_EXIT="
+)
+
+func qemuArgs(c bootConfig) []string {
+	share := func(id, path, tag string, ro bool) []string {
+		fs := "local,id=" + id + ",path=" + path + ",security_model=none,multidevs=remap"
+		if ro {
+			fs += ",readonly=on"
+		}
+		return []string{"-fsdev", fs, "-device", "virtio-9p-pci,fsdev=" + id + ",mount_tag=" + tag}
+	}
+	args := []string{
+		"-accel", "tcg", "-cpu", "max",
+		"-m", c.Memory, "-smp", strconv.Itoa(c.CPUs),
+		"-nographic", "-no-reboot",
+		"-nic", "none", // no emulated network card: the guest only uses its own namespaces
+		"-kernel", c.Kernel.Vmlinuz, "-initrd", c.Initramfs,
+		"-append", "console=ttyS0 quiet panic=-1",
+	}
+	args = append(args, share("r", "/", "hostroot", true)...)
+	args = append(args, share("m", c.Kernel.Modules, "modules", true)...)
+	args = append(args, share("o", c.ResultsDir, "results", false)...)
+	return args
+}
+
+// boot runs one guest to completion or timeout, streaming its console.
+func boot(ctx context.Context, c bootConfig) (bootResult, error) {
+	var res bootResult
+	_ = os.Remove(filepath.Join(c.ResultsDir, "exit-status"))
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", qemuArgs(c)...)
+	cmd.Stdin = nil // /dev/null: qemu leaves the terminal alone
+	cmd.WaitDelay = 5 * time.Second
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	cmd.Stderr = pw
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("start qemu-system-x86_64: %w", err)
+	}
+	var (
+		mu       sync.Mutex
+		consoleS string
+		wg       sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for sc.Scan() {
+			line := strings.TrimRight(sc.Text(), "\r")
+			mu.Lock()
+			switch {
+			case strings.Contains(line, markStarted) && res.BootTime == 0:
+				res.BootTime = time.Since(start)
+			case strings.HasPrefix(line, markExit):
+				v := strings.TrimPrefix(line, markExit)
+				if n, err := strconv.Atoi(v); err == nil {
+					res.ExitStatus, res.HaveStatus = n, true
+				} else if v == "init-failed" {
+					res.InitFailed = true
+				}
+			case strings.Contains(line, "Kernel panic - not syncing"):
+				res.Panicked = true
+			}
+			consoleS = line
+			mu.Unlock()
+			fmt.Fprintf(c.Console, "%s%s\n", c.Prefix, line)
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	werr := cmd.Wait()
+	pw.Close()
+	wg.Wait()
+	_ = consoleS
+	res.Total = time.Since(start)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		res.TimedOut = true
+	}
+	res.QEMUErr = werr
+	// The results share is authoritative; the console marker is the fallback.
+	if b, err := os.ReadFile(filepath.Join(c.ResultsDir, "exit-status")); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			res.ExitStatus, res.HaveStatus = n, true
+		}
+	}
+	return res, nil
+}

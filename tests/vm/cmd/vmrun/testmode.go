@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// testPkg is one Go package whose test binary runs in the guests.
+type testPkg struct {
+	ImportPath string
+	Short      string // import path without the module prefix
+	Dir        string
+	Binary     string
+}
+
+// listTestPackages expands package patterns with go list and keeps the
+// packages that have test files.
+func listTestPackages(patterns []string) ([]testPkg, error) {
+	args := append([]string{"list", "-e", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{len .TestGoFiles}}\t{{len .XTestGoFiles}}\t{{.Module.Path}}"}, patterns...)
+	cmd := exec.Command("go", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list %s: %w\n%s", strings.Join(patterns, " "), err, stderr.Bytes())
+	}
+	if s := strings.TrimSpace(stderr.String()); s != "" {
+		logf("go list: %s", s)
+	}
+	var pkgs []testPkg
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		if len(f) != 5 {
+			continue
+		}
+		if f[2] == "0" && f[3] == "0" {
+			logf("%s: no test files, skipped", f[0])
+			continue
+		}
+		short := strings.TrimPrefix(strings.TrimPrefix(f[0], f[4]), "/")
+		if short == "" {
+			short = f[0]
+		}
+		pkgs = append(pkgs, testPkg{ImportPath: f[0], Short: short, Dir: f[1]})
+	}
+	return pkgs, nil
+}
+
+func buildTestBinaries(pkgs []testPkg, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create test binary dir: %w", err)
+	}
+	for i := range pkgs {
+		p := &pkgs[i]
+		p.Binary = filepath.Join(dir, strings.ReplaceAll(p.Short, "/", "_")+".test")
+		_ = os.Remove(p.Binary)
+		cmd := exec.Command("go", "test", "-c", "-o", p.Binary, p.ImportPath)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go test -c %s: %w", p.ImportPath, err)
+		}
+	}
+	return nil
+}
+
+// testBody is the guest shell code that runs every test binary in its
+// package directory, streams its output and keeps it on the results share.
+func testBody(pkgs []testPkg) string {
+	var b strings.Builder
+	b.WriteString(`rc=0
+run_pkg() {
+	echo "=== vmrun package $1: $4"
+	(cd "$2" && "$3" -test.v -test.count=1) 2>&1 | tee "/vmresults/pkg-$1.log"
+	s=${PIPESTATUS[0]}
+	echo "$s" > "/vmresults/pkg-$1.status"
+	echo "=== vmrun package $1: $4 exit status $s"
+	[ "$s" = 0 ] || rc=1
+}
+`)
+	for i, p := range pkgs {
+		fmt.Fprintf(&b, "run_pkg %d %s %s %s\n", i, shellQuote(p.Dir), shellQuote(p.Binary), shellQuote(p.ImportPath))
+	}
+	b.WriteString("exit $rc\n")
+	return b.String()
+}
+
+func testMode(ctx context.Context, o options) (int, error) {
+	if err := checkTools(); err != nil {
+		return 1, err
+	}
+	start := time.Now()
+	pkgs, err := listTestPackages(o.args)
+	if err != nil {
+		return 1, err
+	}
+	if len(pkgs) == 0 {
+		return 1, errNoTests
+	}
+	if err := buildTestBinaries(pkgs, filepath.Join(o.cache, "bin")); err != nil {
+		return 1, err
+	}
+	logf("built %d test binaries in %s", len(pkgs), since(start))
+
+	m := newMatrix(o.kernels)
+	var runs []*kernelRun
+	failed := false
+	for _, name := range o.kernels {
+		k, initrd, kr, err := prepare(o, name)
+		runs = append(runs, kr)
+		if err == nil {
+			var dir, script string
+			if dir, err = resultsDir(o, name); err == nil {
+				if script, err = runScript(o, name, testBody(pkgs)); err == nil {
+					kr.result, err = bootWith(ctx, o, k, initrd, dir, script)
+					if err == nil {
+						collect(m, name, dir, pkgs, kr.result)
+					}
+				}
+			}
+		}
+		kr.err = err
+		if err != nil {
+			m.note("kernel %s: %v", name, firstLine(err.Error()))
+		}
+		if err != nil || !kr.result.OK() {
+			failed = true
+		}
+		logf("[%s] boot-to-result %s: %s", name, kr.result.Total.Round(100*time.Millisecond), kr.result)
+		if ctx.Err() != nil {
+			m.note("interrupted")
+			break
+		}
+	}
+
+	fmt.Println()
+	fmt.Println("VM test matrix (kernel × test):")
+	m.write(os.Stdout)
+	printTimings(os.Stdout, runs)
+	pass, fail, skip := m.counts()
+	if fail > 0 {
+		failed = true
+	}
+	fmt.Printf("\nvm: %d passed, %d failed, %d skipped\n", pass, fail, skip)
+	if failed {
+		fmt.Println("vm: FAIL")
+		return 1, nil
+	}
+	fmt.Println("vm: ok")
+	return 0, nil
+}
+
+// collect parses the logs the guest left in dir for every package.
+func collect(m *matrix, kernelName, dir string, pkgs []testPkg, res bootResult) {
+	if !res.OK() {
+		m.note("kernel %s: %s", kernelName, res)
+	}
+	for i, p := range pkgs {
+		logPath := filepath.Join(dir, fmt.Sprintf("pkg-%d.log", i))
+		f, err := os.Open(logPath)
+		if err != nil {
+			m.add(kernelName, p.Short+" (package)", outcome{Status: "fail", Reason: "did not run: " + res.String()})
+			continue
+		}
+		results, err := parseTestOutput(f)
+		f.Close()
+		if err != nil {
+			m.note("kernel %s: %s: %v", kernelName, p.Short, err)
+		}
+		anyFail := false
+		for _, r := range results {
+			m.add(kernelName, p.Short+"."+r.Name, r.outcome)
+			anyFail = anyFail || r.Status == "fail"
+		}
+		st, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("pkg-%d.status", i)))
+		if err != nil {
+			m.add(kernelName, p.Short+" (package)", outcome{Status: "fail", Reason: "test binary did not finish: " + res.String()})
+			continue
+		}
+		code, _ := strconv.Atoi(strings.TrimSpace(string(st)))
+		if code != 0 && !anyFail {
+			// A panic outside a test, a failing TestMain or a crash.
+			m.add(kernelName, p.Short+" (package)", outcome{Status: "fail", Reason: fmt.Sprintf("test binary exited %d without a failing test; see %s", code, logPath)})
+		}
+	}
+}
