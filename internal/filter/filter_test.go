@@ -1,0 +1,172 @@
+package filter
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+func incidentFlows(t testing.TB) []*trace.Flow {
+	tr, err := trace.ReadFile("../../testdata/traces/node2-incident.ndjson")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Flows
+}
+
+// matching returns the indexes of the incident trace's flows that expr
+// matches. The trace's flows, in order: 0 dns ok, 1 mysql hijack, 2 api
+// server ok, 3 ping filter-reject, 4 cart no-endpoint, 5 LB
+// return-path-mismatch, 6 reset, 7 dropped, 8 shop/api ok, 9 mysql hijack,
+// 10 snat ok.
+func matching(t *testing.T, flows []*trace.Flow, expr string) []int {
+	t.Helper()
+	f, err := Parse(expr)
+	if err != nil {
+		t.Fatalf("parse %q: %v", expr, err)
+	}
+	var got []int
+	for i, fl := range flows {
+		if f.Match(fl) {
+			got = append(got, i)
+		}
+	}
+	return got
+}
+
+func TestMatch(t *testing.T) {
+	flows := incidentFlows(t)
+	cases := []struct {
+		expr string
+		want []int
+	}{
+		{"", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+		{"port:3306", []int{1, 9}},
+		{"port:8080", []int{4, 5, 8}},     // reply.src port 8080 for 5 and 8
+		{"ip:10.96.0.20", []int{1, 3, 9}}, // orig dst, ping dst
+		{"ip:10.244.1.5", []int{1, 9}},    // reply.src and the DNAT target
+		{"ip:192.168.1.20", []int{6, 10}}, // reset dst, SNAT target via reply.dst
+		{"ip:10.96.0.0/16", []int{0, 1, 2, 3, 4, 8, 9}},
+		{"ip:198.51.100.0/24 proto:tcp", []int{5}},
+		{"verdict:hostport-hijack", []int{1, 9}},
+		{"!verdict:ok", []int{1, 3, 4, 5, 6, 7, 9}},
+		{"proto:udp", []int{0}},
+		{"proto:icmp", []int{3}},
+		{"pod:db/mysql-b-0", []int{1, 9}}, // dst pod and rule owner
+		{"pod:mysql-b", []int{1, 9}},      // a StatefulSet's pods by prefix
+		{"pod:mysql", nil},                // no pod named mysql or mysql-*
+		{"pod:checkout", []int{0, 1, 2, 4, 6, 8, 9, 10}},
+		{"ns:db", []int{1, 3, 9}}, // dst pod, service namespace
+		{"ns:web", []int{5}},
+		{"kube-ipvs0", []int{1, 9}},    // explanation
+		{"KUBE-IPVS-FILTER", []int{3}}, // rule chain, any case
+		{"cni-dn-733b5c318e3a34b1f1ddf", []int{1, 9}},
+		{"invalid", []int{7}},
+		{"10.96.0.20:3306", []int{1, 9}}, // a free word with a colon
+		{"mysql-a !verdict:hostport-hijack", []int{3}},
+		{`"no real server"`, []int{4}},
+		{"port:3306 !pod:checkout", nil},
+		{"coredns ns:kube-system", []int{0}},
+	}
+	for _, c := range cases {
+		if got := matching(t, flows, c.expr); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%q matches %v, want %v", c.expr, got, c.want)
+		}
+	}
+}
+
+func TestParseErrorsNameTermAndColumn(t *testing.T) {
+	cases := []struct{ expr, want string }{
+		{"port:abc", "port:abc: not a port number (0-65535) (column 1)"},
+		{"proto:tcp port:99999", "port:99999: not a port number (0-65535) (column 11)"},
+		{"ip:10.0.0.300", "ip:10.0.0.300: not an IP address or CIDR (column 1)"},
+		{"ip:10.0.0.0/33", "not an IP address or CIDR"},
+		{"verdict:hijack", "verdict:hijack: unknown verdict: use one of hostport-hijack,"},
+		{"proto:gre", "proto:gre: unknown protocol"},
+		{"  prot:tcp", `prot:tcp: unknown field "prot"`},
+		{"pod:/x", "pod:/x: not a pod"},
+		{"ns:", "ns:: empty value after ns:"},
+		{"a ! b", "!: nothing after !: write !term"},
+		{`x "open`, `"open: unclosed quote (column 3)`},
+	}
+	for _, c := range cases {
+		_, err := Parse(c.expr)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse(%q) error %v, want %q", c.expr, err, c.want)
+		}
+	}
+}
+
+func TestKernelTerms(t *testing.T) {
+	ports, pfx, protos, ok := MustParse("proto:tcp port:3306 ip:10.96.0.0/12").KernelTerms()
+	if !ok || !reflect.DeepEqual(ports, []uint16{3306}) || !reflect.DeepEqual(protos, []uint8{6}) ||
+		!reflect.DeepEqual(pfx, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}) {
+		t.Errorf("got %v %v %v %v", ports, pfx, protos, ok)
+	}
+	if _, _, _, ok := MustParse("").KernelTerms(); !ok {
+		t.Error("the empty filter is an open kernel filter")
+	}
+	for _, expr := range []string{"!port:53", "port:53 port:80", "pod:x port:53", "verdict:ok", "mysql"} {
+		if _, _, _, ok := MustParse(expr).KernelTerms(); ok {
+			t.Errorf("%q cannot be a kernel filter", expr)
+		}
+	}
+}
+
+func TestMatchDoesNotAllocate(t *testing.T) {
+	flows := incidentFlows(t)
+	for _, expr := range []string{"port:3306", "ip:10.96.0.20", "ip:10.96.0.0/16", "pod:db/mysql-b-0", "ns:db", "verdict:ok", "kube-ipvs0 !proto:udp"} {
+		f := MustParse(expr)
+		allocs := testing.AllocsPerRun(10, func() {
+			for _, fl := range flows {
+				f.Match(fl)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%q: %v allocations per pass", expr, allocs)
+		}
+	}
+}
+
+func TestContainsFold(t *testing.T) {
+	cases := []struct {
+		h, n string
+		want bool
+	}{
+		{"KUBE-IPVS-FILTER", "ipvs-f", true},
+		{"abc", "abcd", false},
+		{"aXbAxB", "axb", true},
+		{"xxxxA", "a", true},
+		{"10.96.0.20:3306", "0.20:33", true},
+		{"", "", true},
+		{"Bba", "ba", true},
+	}
+	for _, c := range cases {
+		if got := containsFold(c.h, c.n); got != c.want {
+			t.Errorf("containsFold(%q, %q) = %v", c.h, c.n, got)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"port:3306", "!verdict:ok pod:db/x", `"a b" ip:10.0.0.0/8`, "!", `"`, "ns:", "ip:::1"} {
+		f.Add(s)
+	}
+	flows := incidentFlows(f)
+	f.Fuzz(func(t *testing.T, expr string) {
+		flt, err := Parse(expr)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %T is not *Error", err)
+			}
+			return
+		}
+		for _, fl := range flows {
+			flt.Match(fl)
+		}
+		flt.KernelTerms()
+	})
+}
