@@ -57,11 +57,11 @@ func TestMatch(t *testing.T) {
 		{"proto:icmp", []int{3}},
 		{"pod:db/mysql-b-0", []int{1, 9}}, // dst pod and rule owner
 		{"pod:mysql-b", []int{1, 9}},      // a StatefulSet's pods by prefix
-		{"pod:mysql", nil},                // no pod named mysql or mysql-*
+		{"pod:mysq", nil},                 // a prefix must end at a dash
 		{"pod:checkout", []int{0, 1, 2, 4, 6, 8, 9, 10}},
 		{"ns:db", []int{1, 3, 9}}, // dst pod, service namespace
 		{"ns:web", []int{5}},
-		{"kube-ipvs0", []int{1, 9}},    // explanation
+		{"kube-ipvs0", []int{1, 3, 9}}, // explanation
 		{"KUBE-IPVS-FILTER", []int{3}}, // rule chain, any case
 		{"cni-dn-733b5c318e3a34b1f1ddf", []int{1, 9}},
 		{"invalid", []int{7}},
