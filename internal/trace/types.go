@@ -219,11 +219,12 @@ type ServiceRef struct {
 
 // Summary is the last line of a complete trace.
 type Summary struct {
-	Type       string            `json:"type"`
-	Ended      time.Time         `json:"ended"`
-	Flows      int               `json:"flows"`
-	Events     int               `json:"events"`
-	LostEvents uint64            `json:"lost_events"`
-	Verdicts   map[string]int    `json:"verdicts,omitempty"`
-	LostByHook map[string]uint64 `json:"lost_by_hook,omitempty"`
+	Type         string            `json:"type"`
+	Ended        time.Time         `json:"ended"`
+	Flows        int               `json:"flows"`
+	Events       int               `json:"events"`
+	LostEvents   uint64            `json:"lost_events"`
+	DecodeErrors int               `json:"decode_errors,omitempty"`
+	Verdicts     map[string]int    `json:"verdicts,omitempty"`
+	LostByHook   map[string]uint64 `json:"lost_by_hook,omitempty"`
 }
