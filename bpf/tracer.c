@@ -252,22 +252,28 @@ static __always_inline const void *read_l3(struct tuple *t, const void *nh)
 	return NULL;
 }
 
-/* Reads the five-tuple of the packet in skb from its network header. */
-static __always_inline bool read_skb(struct tuple *t, struct sk_buff *skb)
+/* Reads the five-tuple of the packet in skb from its network header and
+ * returns its L4 header's address (NULL when it has none or on failure). */
+static __always_inline const void *read_skb_l4(struct tuple *t, struct sk_buff *skb)
 {
 	__u16 proto = bpf_ntohs(BPF_CORE_READ(skb, protocol));
 	if (proto != ETH_P_IP && proto != ETH_P_IPV6)
-		return false;
+		return NULL;
 	unsigned char *head = BPF_CORE_READ(skb, head);
 	__u16 nhoff = BPF_CORE_READ(skb, network_header);
 	if (!head || nhoff == (__u16)~0U)
-		return false;
+		return NULL;
 	const void *l4 = read_l3(t, head + nhoff);
-	if (!t->family)
-		return false;
-	if (l4)
+	if (t->family && l4)
 		read_l4(t, l4);
-	return true;
+	return l4;
+}
+
+/* Reads the five-tuple of the packet in skb from its network header. */
+static __always_inline bool read_skb(struct tuple *t, struct sk_buff *skb)
+{
+	read_skb_l4(t, skb);
+	return t->family != 0;
 }
 
 static __always_inline void read_ct_tuple(struct tuple *t, struct nf_conn *ct, int dir)
@@ -661,7 +667,6 @@ static __always_inline void nf_nat_event(struct sk_buff *skb, __u8 hook, __u32 n
 	read_ct(e, ct);
 	e->nf_hook = hook;
 	e->ctinfo = ctinfo;
-	read_skb(&e->pkt, skb);
 	/* The target is what the reply tuple now says. */
 	e->to.family = e->reply.family;
 	e->to.proto = e->reply.proto;
@@ -680,28 +685,37 @@ static __always_inline void nf_nat_event(struct sk_buff *skb, __u8 hook, __u32 n
 	finish(e);
 }
 
-/* Locally generated packets that conntrack marked RELATED to another
- * connection: the RST of REJECT --reject-with tcp-reset, and ICMP errors.
- * Reports the packet they answer, read from the connection's entry. */
-static __always_inline void nf_local_out_related(struct sk_buff *skb)
+static __always_inline void reverse_tuple(struct tuple *dst, const struct tuple *src)
 {
-	__u8 ctinfo;
-	struct nf_conn *ct = skb_ct(skb, &ctinfo);
-	if (!ct || (ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY))
-		return;
+	__builtin_memcpy(dst->src, src->dst, 16);
+	__builtin_memcpy(dst->dst, src->src, 16);
+	dst->sport = src->dport;
+	dst->dport = src->sport;
+	dst->family = src->family;
+	dst->proto = src->proto;
+}
+
+/* Packets the kernel generates to answer another packet, seen leaving at
+ * LOCAL_OUT: a TCP RST without a socket (netfilter's REJECT
+ * --reject-with tcp-reset sends it with none; the stack's RSTs go out on a
+ * control socket and are seen by their own hook), and ICMP errors (their
+ * payload holds the packet they answer). */
+static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns)
+{
 	struct tuple t = {};
-	if (!read_skb(&t, skb))
+	const void *l4 = read_skb_l4(&t, skb);
+	if (!l4 || !t.family)
 		return;
-	__u8 kind = 0;
+	__u8 kind = 0, icmp[2] = {};
 	if ((cfg_nf_roles & NF_ROLE_RESET) && t.proto == IPPROTO_TCP) {
-		unsigned char *head = BPF_CORE_READ(skb, head);
-		__u16 th = BPF_CORE_READ(skb, transport_header);
 		__u8 flags = 0;
-		bpf_probe_read_kernel(&flags, 1, head + th + 13);
-		if (flags & TCP_FLAG_RST)
+		bpf_probe_read_kernel(&flags, 1, l4 + 13);
+		if ((flags & TCP_FLAG_RST) && !BPF_CORE_READ(skb, sk))
 			kind = KIND_RESET;
-	} else if ((cfg_nf_roles & NF_ROLE_ICMP) && (t.proto == IPPROTO_ICMP || t.proto == IPPROTO_ICMPV6)) {
-		kind = KIND_REJECT;
+	} else if ((cfg_nf_roles & NF_ROLE_ICMP) && t.proto == IPPROTO_ICMP) {
+		bpf_probe_read_kernel(icmp, 2, l4);
+		if (icmp[0] == 3 || icmp[0] == 11 || icmp[0] == 12)
+			kind = KIND_REJECT;
 	}
 	if (!kind)
 		return;
@@ -709,16 +723,23 @@ static __always_inline void nf_local_out_related(struct sk_buff *skb)
 				  VIA_NETFILTER);
 	if (!e)
 		return;
-	read_ct(e, ct);
-	e->ctinfo = ctinfo;
 	e->nf_hook = NF_INET_LOCAL_OUT;
-	/* The packet answered travelled in the direction opposite to ours. */
-	e->pkt = ctinfo == IP_CT_RELATED ? e->reply : e->orig;
-	if (kind == KIND_REJECT) {
-		__u8 tc[2] = {};
-		__builtin_memcpy(tc, &t.dport, 2);
-		e->icmp_type = tc[0];
-		e->icmp_code = tc[1];
+	e->netns = netns;
+	if (kind == KIND_RESET) {
+		reverse_tuple(&e->pkt, &t);
+	} else {
+		e->icmp_type = icmp[0];
+		e->icmp_code = icmp[1];
+		const void *inner_l4 = read_l3(&e->pkt, l4 + 8);
+		if (e->pkt.family && inner_l4)
+			read_l4(&e->pkt, inner_l4);
+	}
+	__u8 ctinfo;
+	struct nf_conn *ct = skb_ct(skb, &ctinfo);
+	if (ct && (ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY)) {
+		read_ct(e, ct);
+		e->ctinfo = ctinfo;
+		e->netns = netns;
 	}
 	finish(e);
 }
@@ -732,7 +753,7 @@ int tr_nf_dnat(struct bpf_nf_ctx *ctx)
 	if (cfg_nf_roles & NF_ROLE_NAT)
 		nf_nat_event(skb, hook, IPS_DST_NAT, KIND_DNAT);
 	if (hook == NF_INET_LOCAL_OUT && (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP)))
-		nf_local_out_related(skb);
+		nf_local_out_answer(skb, net_inum(BPF_CORE_READ(ctx->state, net)));
 	return NF_ACCEPT;
 }
 

@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
-	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -219,9 +218,10 @@ func (e *eventWriter) summary(s trace.Summary) error {
 func eventLine(r trace.Event) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %-12s %-5s", r.Time.Local().Format("15:04:05.000000"), r.Kind, r.Proto)
-	t := r.Packet
-	if t == nil {
-		t = r.Orig
+	// NAT and IPVS read best from the connection as the client made it.
+	t := r.Orig
+	if t == nil || r.Packet != nil && r.To == "" {
+		t = r.Packet
 	}
 	if t != nil {
 		fmt.Fprintf(&b, " %s -> %s", t.Src, t.Dst)
@@ -239,5 +239,3 @@ func eventLine(r trace.Event) string {
 	b.WriteString("]")
 	return b.String()
 }
-
-var _ = event.KindDNAT
