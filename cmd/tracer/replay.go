@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/filter"
+	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/internal/tui"
+)
+
+func init() {
+	commands["replay"] = command{
+		summary: "open a recorded trace in the UI; with -o json, re-emit it re-diagnosed",
+		run:     runReplay,
+	}
+}
+
+// rediagnose runs on every flow a replay reads, before filtering, so a
+// trace recorded by an older tracer is shown with today's diagnosis. The
+// diagnosis package installs itself here; until it does, a replay shows
+// each flow's recorded verdict and explanation unchanged.
+var rediagnose = func(*trace.Flow) {}
+
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("replay", stderr)
+	output := fs.String("o", "ui", "output: ui (the terminal UI) or json (NDJSON on stdout)")
+	filterExpr := fs.String("filter", "", "show only flows matching `EXPR` (pod:, ns:, port:, ip:, verdict:, proto:, words, !term)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tracer replay [-o ui|json] [--filter EXPR] FILE")
+		fs.PrintDefaults()
+	}
+	path, err := parseReplayArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if *output != "ui" && *output != "json" {
+		return usagef("-o %q: use ui or json", *output)
+	}
+	flt, err := filter.Parse(*filterExpr)
+	if err != nil {
+		return usagef("--filter: %w", err)
+	}
+	tr, err := readTrace(path)
+	if err != nil {
+		return err
+	}
+	for _, w := range tr.Warnings {
+		fmt.Fprintf(stderr, "tracer: warning: %s\n", w)
+	}
+	for _, f := range tr.Flows {
+		rediagnose(f)
+	}
+	if *output == "json" {
+		return emitJSON(stdout, tr, flt)
+	}
+	return replayUI(ctx, path, tr, *filterExpr)
+}
+
+// parseReplayArgs accepts flags before and after FILE, since people type
+// `tracer replay FILE --filter port:53` as often as the other way round.
+func parseReplayArgs(fs *flag.FlagSet, args []string) (string, error) {
+	var files []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return "", err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		files, args = append(files, rest[0]), rest[1:]
+	}
+	switch len(files) {
+	case 0:
+		return "", usagef("replay needs a trace FILE: tracer replay FILE")
+	case 1:
+		return files[0], nil
+	default:
+		return "", usagef("replay takes one trace FILE, got %d: %q", len(files), files)
+	}
+}
+
+// readTrace reads the whole trace; a malformed file is bad input (exit 2)
+// and the error names the file and line.
+func readTrace(path string) (*trace.File, error) {
+	tr, err := trace.ReadFile(path)
+	var pe *trace.ParseError
+	switch {
+	case errors.As(err, &pe):
+		return nil, usageError{fmt.Errorf("malformed trace %w", err)}
+	case errors.Is(err, os.ErrNotExist):
+		return nil, usagef("replay: %w", err)
+	case err != nil:
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return tr, nil
+}
+
+// emitJSON re-emits the trace: its header, the flows that pass the filter,
+// and a summary counting what was emitted (lost events as recorded).
+func emitJSON(stdout io.Writer, tr *trace.File, flt filter.Filter) error {
+	h := tr.Header
+	if !flt.Empty() {
+		h.Filter = flt.String()
+	}
+	w, err := trace.NewWriter(stdout, h)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	for _, f := range tr.Flows {
+		if !flt.Match(f) {
+			continue
+		}
+		if err := w.WriteFlow(f); err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+	}
+	if s := tr.Summary; s != nil {
+		w.SetLost(s.LostEvents, s.LostByHook)
+		w.Now = func() time.Time { return s.Ended }
+	}
+	return w.Close()
+}
+
+func replayUI(ctx context.Context, path string, tr *trace.File, filterExpr string) error {
+	store := trace.NewStore()
+	for _, f := range tr.Flows {
+		store.Append(f)
+	}
+	src := tui.Source{Header: tr.Header, Title: "replay " + path, Store: store}
+	if tr.Summary != nil {
+		src.LostEvents = tr.Summary.LostEvents
+	}
+	err := tui.Run(ctx, src, tui.Options{Filter: filterExpr})
+	if errors.Is(err, tui.ErrNotTerminal) {
+		return usageError{err}
+	}
+	return err
+}

@@ -1,0 +1,57 @@
+// Package tui is the live terminal UI: a header with the node and its
+// hooks, a virtualised flow table over a trace.Store, a filter bar, a
+// details view, help, and export to a trace file. It is the only package
+// that imports Bubble Tea and Lip Gloss.
+package tui
+
+import (
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Source is where the UI's flows come from.
+//
+// The live pipeline appends to Store directly (or sends on Flows) and
+// reports its counters through Stats; a replay fills Store from a trace
+// file and leaves Flows and Stats nil.
+type Source struct {
+	// Header names the node and kernel and lists the hooks; its snapshot
+	// is written into exports.
+	Header trace.Header
+	// Title says what is shown: "live" or "replay FILE".
+	Title string
+	// Store holds the flows. The UI only reads it, except for flows it
+	// receives on Flows, which it appends.
+	Store *trace.Store
+	// Flows, when not nil, is drained into Store until it is closed.
+	Flows <-chan *trace.Flow
+	// Stats, when not nil, is polled for the event rate and lost events.
+	Stats func() Stats
+	// Live makes the UI poll Store for new flows. It is implied by Flows
+	// or Stats.
+	Live bool
+	// LostEvents is the lost-event count when Stats is nil (a replay's
+	// summary).
+	LostEvents uint64
+}
+
+// Stats are the capture stage's counters.
+type Stats struct {
+	EventsPerSec float64
+	LostEvents   uint64
+}
+
+// Options adjust the UI.
+type Options struct {
+	// Filter is the initial filter expression (--filter).
+	Filter string
+	// ExportDir is where `e` writes; "" is the working directory.
+	ExportDir string
+	// Now is the clock for export file names and rates; tests fix it.
+	Now func() time.Time
+	// RefreshEvery is how often a live UI picks up new flows.
+	RefreshEvery time.Duration
+}
+
+func (s *Source) live() bool { return s.Live || s.Flows != nil || s.Stats != nil }

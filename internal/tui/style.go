@@ -1,0 +1,53 @@
+package tui
+
+import (
+	"image/color"
+
+	"charm.land/lipgloss/v2"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// verdictLook is how a verdict is shown: a symbol and a short name so it
+// reads without colour, and a colour for when there is some.
+type verdictLook struct {
+	symbol string
+	short  string
+	color  color.Color
+}
+
+var verdictLooks = map[string]verdictLook{
+	trace.VerdictHostportHijack:     {"!", "hijack", lipgloss.Magenta},
+	trace.VerdictIPVSFilterReject:   {"⊘", "filter-reject", lipgloss.Red},
+	trace.VerdictIPVSNoEndpoint:     {"∅", "no-endpoint", lipgloss.Red},
+	trace.VerdictReturnPathMismatch: {"↩", "return-path", lipgloss.Yellow},
+	trace.VerdictRejected:           {"✗", "rejected", lipgloss.Red},
+	trace.VerdictReset:              {"⟂", "reset", lipgloss.Yellow},
+	trace.VerdictDropped:            {"↓", "dropped", lipgloss.Red},
+	trace.VerdictOK:                 {"✓", "ok", lipgloss.Green},
+}
+
+func lookOf(verdict string) verdictLook {
+	if l, ok := verdictLooks[verdict]; ok {
+		return l
+	}
+	if verdict == "" {
+		return verdictLook{"?", "undiagnosed", lipgloss.BrightBlack}
+	}
+	return verdictLook{"?", verdict, lipgloss.BrightBlack}
+}
+
+var (
+	styleTitle    = lipgloss.NewStyle().Bold(true)
+	styleFaint    = lipgloss.NewStyle().Faint(true)
+	styleColumns  = lipgloss.NewStyle().Bold(true).Underline(true)
+	styleSelected = lipgloss.NewStyle().Reverse(true)
+	styleError    = lipgloss.NewStyle().Foreground(lipgloss.Red).Bold(true)
+	styleWarn     = lipgloss.NewStyle().Foreground(lipgloss.Yellow)
+	styleSection  = lipgloss.NewStyle().Bold(true).Underline(true)
+	styleKey      = lipgloss.NewStyle().Bold(true)
+)
+
+func verdictStyle(v string) lipgloss.Style {
+	return lipgloss.NewStyle().Foreground(lookOf(v).color).Bold(v != trace.VerdictOK)
+}

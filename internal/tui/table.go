@@ -1,0 +1,151 @@
+package tui
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// layout is the table's column widths for one terminal width.
+type layout struct {
+	wide                 bool // room for milliseconds, full verdicts, sources
+	time, verdict, flow  int
+	pods                 int
+	timeFormat           string
+	flowTitle, podsTitle string
+}
+
+const (
+	markerWidth = 2
+	protoWidth  = 5
+	wideFrom    = 120 // terminal width from which the wide layout is used
+)
+
+func layoutFor(width int) layout {
+	l := layout{time: 8, verdict: 15, timeFormat: "15:04:05", flowTitle: "dst ⇒ went to", podsTitle: "service / pods"}
+	if width >= wideFrom {
+		l = layout{wide: true, time: 12, verdict: 22, timeFormat: "15:04:05.000", flowTitle: "orig src → dst ⇒ went to (reply src)", podsTitle: "service / pods / rule owner"}
+	}
+	rest := width - markerWidth - l.time - protoWidth - l.verdict - 4 // 4 gaps
+	l.flow = min(max(rest*11/20, 10), 57)
+	if !l.wide {
+		l.flow = min(max(rest*3/4, 10), 33)
+	}
+	l.pods = max(rest-l.flow-1, 0)
+	return l
+}
+
+func (m *Model) tableLines() []string {
+	l := layoutFor(m.width)
+	out := []string{styleColumns.Render(ansi.Truncate(
+		strings.Repeat(" ", markerWidth)+pad("time", l.time)+" "+pad("proto", protoWidth)+" "+
+			pad("verdict", l.verdict)+" "+pad(l.flowTitle, l.flow)+" "+pad(l.podsTitle, l.pods), m.width, ""))}
+	rows := m.tableRows()
+	if m.flows.count() == 0 {
+		return append(out, m.emptyLines()...)
+	}
+	for r := m.top; r < m.top+rows && r < m.flows.count(); r++ {
+		f := m.flows.view.At(m.rowFlow(r))
+		out = append(out, m.row(f, l, r == m.cur))
+	}
+	return out
+}
+
+// row renders one flow. The selected row has a marker as well as reverse
+// video, so it shows without colour too.
+func (m *Model) row(f *trace.Flow, l layout, selected bool) string {
+	look := lookOf(f.Verdict)
+	verdict := look.symbol + " " + look.short
+	if l.wide && f.Verdict != "" {
+		verdict = look.symbol + " " + f.Verdict
+	}
+	marker := "  "
+	if selected {
+		marker = "▶ "
+	}
+	cells := []string{
+		pad(f.Time.UTC().Format(l.timeFormat), l.time),
+		pad(f.Proto, protoWidth),
+		pad(verdict, l.verdict),
+		pad(flowText(f, l.wide), l.flow),
+		pad(podsText(f, l.wide), l.pods),
+	}
+	if selected {
+		return styleSelected.Render(marker + strings.Join(cells, " "))
+	}
+	cells[2] = verdictStyle(f.Verdict).Render(cells[2])
+	return marker + strings.Join(cells, " ")
+}
+
+// flowText is where the client went and where the connection really went
+// (reply.src) when a translation changed it.
+func flowText(f *trace.Flow, wide bool) string {
+	s := f.Orig.Dst
+	if wide {
+		s = f.Orig.Src + " → " + s
+	}
+	if f.Reply != nil && f.Reply.Src != f.Orig.Dst {
+		s += " ⇒ " + f.Reply.Src
+	}
+	return s
+}
+
+// podsText names the Service addressed, then the pods at both ends, then,
+// when it is someone else, the pod whose rule decided.
+func podsText(f *trace.Flow, wide bool) string {
+	var parts []string
+	if f.Service != nil {
+		parts = append(parts, "svc "+f.Service.Namespace+"/"+f.Service.Name)
+	}
+	podName := func(p *trace.PodRef) string {
+		if wide {
+			return p.Namespace + "/" + p.Name
+		}
+		return p.Name
+	}
+	switch {
+	case f.SrcPod != nil && f.DstPod != nil:
+		parts = append(parts, podName(f.SrcPod)+" → "+podName(f.DstPod))
+	case f.SrcPod != nil:
+		parts = append(parts, "from "+podName(f.SrcPod))
+	case f.DstPod != nil:
+		parts = append(parts, "to "+podName(f.DstPod))
+	}
+	if f.Rule != nil && f.Rule.Owner != nil && f.Rule.Owner.Pod != nil && (f.DstPod == nil || *f.Rule.Owner.Pod != *f.DstPod) {
+		parts = append(parts, "rule of "+podName(f.Rule.Owner.Pod))
+	}
+	if !wide && f.Service != nil && f.DstPod != nil {
+		// Narrow: where it went matters more than who sent it.
+		parts = []string{"svc " + f.Service.Name + " → " + podName(f.DstPod)}
+	}
+	return strings.Join(parts, " · ")
+}
+
+func (m *Model) emptyLines() []string {
+	switch {
+	case m.flows.view.Len() > m.flows.from:
+		return []string{"", fmt.Sprintf("  No flow matches %q.", m.flows.filter.String()),
+			"  esc clears the filter; ? lists the filter terms."}
+	case m.flows.from > 0:
+		return []string{"", "  Cleared. New flows will appear here."}
+	case m.src.live():
+		return []string{"", "  No flows yet: waiting for NAT, IPVS, REJECT, reset and drop decisions on this node."}
+	default:
+		return []string{"", "  This trace has no flows."}
+	}
+}
+
+// pad truncates or pads s to exactly w cells.
+func pad(s string, w int) string {
+	if w <= 0 {
+		return ""
+	}
+	s = ansi.Truncate(s, w, "…")
+	if n := ansi.StringWidth(s); n < w {
+		s += strings.Repeat(" ", w-n)
+	}
+	return s
+}

@@ -1,0 +1,171 @@
+package tui
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// headerLines is the height of the header plus the filter bar.
+const headerLines = 4
+
+// View renders the screen.
+func (m *Model) View() tea.View {
+	v := tea.NewView(m.Render())
+	v.AltScreen = true
+	v.MouseMode = tea.MouseModeCellMotion
+	v.WindowTitle = "tracer " + m.src.Header.Node
+	return v
+}
+
+// Render returns the screen as styled text, height lines of at most width
+// cells.
+func (m *Model) Render() string {
+	var lines []string
+	switch m.screen {
+	case screenHelp:
+		lines = m.helpLines()
+	case screenDetails:
+		lines = m.detailsLines()
+	default:
+		lines = append(m.headerLines(), m.tableLines()...)
+	}
+	lines = append(lines, m.footer())
+	for i, l := range lines {
+		lines[i] = ansi.Truncate(l, m.width, "…")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// bodyHeight is the number of lines between the top and the footer.
+func (m *Model) bodyHeight() int { return m.height - 1 }
+
+// tableRows is the number of flow rows that fit.
+func (m *Model) tableRows() int { return max(m.height-headerLines-2, 1) }
+
+func (m *Model) headerLines() []string {
+	h := &m.src.Header
+	title := styleTitle.Render("tracer") + "  node " + orDash(h.Node) + "  kernel " + orDash(h.Kernel)
+	if m.src.Title != "" {
+		title += "  " + styleFaint.Render(m.src.Title)
+	}
+	if m.paused {
+		title += "  " + styleWarn.Render(fmt.Sprintf("PAUSED (%d new)", m.src.Store.Len()-m.flows.view.Len()))
+	}
+	return []string{title, m.hooksLine(), m.countsLine(), m.filterBar()}
+}
+
+// hooksLine is the hook plan in one line: how many hooks by which method,
+// which are missing, the event rate and lost events.
+func (m *Model) hooksLine() string {
+	byVia := map[string]int{}
+	var missing []string
+	for _, hk := range m.src.Header.Hooks {
+		if hk.Via == "none" || hk.Via == "" {
+			missing = append(missing, hk.Hook)
+			continue
+		}
+		byVia[hk.Via]++
+	}
+	vias := make([]string, 0, len(byVia))
+	for v := range byVia {
+		vias = append(vias, v)
+	}
+	sort.Strings(vias)
+	parts := make([]string, 0, len(vias))
+	for _, v := range vias {
+		parts = append(parts, fmt.Sprintf("%d %s", byVia[v], v))
+	}
+	attached := len(m.src.Header.Hooks) - len(missing)
+	line := fmt.Sprintf("hooks %d/%d: %s", attached, len(m.src.Header.Hooks), strings.Join(parts, " "))
+	if len(missing) > 0 {
+		line += styleWarn.Render(" · missing " + strings.Join(missing, ","))
+	}
+	rate, lost := m.rate, m.src.LostEvents
+	if m.src.Stats != nil {
+		st := m.src.Stats()
+		rate, lost = st.EventsPerSec, st.LostEvents
+	}
+	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", rate, lost)
+	if lost > 0 {
+		stats = styleWarn.Render(stats)
+	}
+	return line + stats
+}
+
+// countsLine counts the flows shown (since the last clear) per verdict,
+// problems first. When the names do not fit, the symbols alone stand for
+// them (? lists them).
+func (m *Model) countsLine() string {
+	total := fmt.Sprintf("%d flows", m.flows.view.Len()-m.flows.from)
+	for _, form := range []string{"%[1]s %[2]s %[3]d", "%[2]s %[3]d", "%[1]s%[3]d"} {
+		parts := []string{total}
+		for _, v := range trace.Verdicts {
+			if n := m.flows.verdicts[v]; n > 0 {
+				l := lookOf(v)
+				parts = append(parts, verdictStyle(v).Render(fmt.Sprintf(form, l.symbol, l.short, n)))
+			}
+		}
+		if n := m.flows.verdicts[""]; n > 0 {
+			parts = append(parts, fmt.Sprintf(form, "?", "undiagnosed", n))
+		}
+		line := strings.Join(parts, "  ")
+		if ansi.StringWidth(line) <= m.width {
+			return line
+		}
+		if form == "%[1]s%[3]d" {
+			return strings.Join(parts, " ")
+		}
+	}
+	return total
+}
+
+func (m *Model) filterBar() string {
+	bar := "/ " + m.input
+	switch {
+	case m.editing:
+		bar = styleTitle.Render("/ ") + m.input + "█"
+	case m.input == "":
+		bar = styleFaint.Render("/ filter (? for help)")
+	}
+	shown := fmt.Sprintf("  %d of %d", m.flows.count(), m.flows.view.Len()-m.flows.from)
+	if m.filterErr != nil {
+		return bar + "  " + styleError.Render("✗ "+m.filterErr.Error())
+	}
+	return bar + styleFaint.Render(shown)
+}
+
+func (m *Model) footer() string {
+	if m.status != "" {
+		return m.status
+	}
+	if m.editing {
+		return styleFaint.Render("enter keep · esc cancel · ctrl+u clear · e.g. port:3306 pod:db/mysql-0 !verdict:ok")
+	}
+	switch m.screen {
+	case screenDetails:
+		return styleFaint.Render("esc back · ↑↓ scroll · e export · q quit")
+	case screenHelp:
+		return styleFaint.Render("any key: back · q quit")
+	}
+	mode := "newest first"
+	if m.oldestFirst {
+		mode = "oldest first"
+	}
+	if m.follow {
+		mode += ", following"
+	}
+	return styleFaint.Render("? help · / filter · enter details · 1-8 verdict · space pause · e export · q quit · " + mode)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
