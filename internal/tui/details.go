@@ -35,6 +35,7 @@ func (m *Model) detailsLines() []string {
 	height := m.bodyHeight() - 1
 	m.detailScroll = min(m.detailScroll, max(len(body)-height, 0))
 	body = body[m.detailScroll:]
+	m.moreLines = max(len(body)-height, 0)
 	if len(body) > height {
 		body = body[:height]
 	}

@@ -55,6 +55,7 @@ func (m *Model) helpLines() []string {
 	height := m.bodyHeight()
 	m.helpScroll = min(m.helpScroll, max(len(lines)-height, 0))
 	lines = lines[m.helpScroll:]
+	m.moreLines = max(len(lines)-height, 0)
 	if len(lines) > height {
 		lines = lines[:height]
 	}

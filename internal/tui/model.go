@@ -45,6 +45,7 @@ type Model struct {
 	detailFlow   int // store index of the flow in the details view
 	detailScroll int
 	helpScroll   int
+	moreLines    int // lines below the details or help screen's bottom
 
 	status     string
 	sourceDone bool
@@ -239,6 +240,9 @@ func (m *Model) tableKey(k string) tea.Cmd {
 		m.screen = screenHelp
 	case "/":
 		m.editing, m.beforeEdit = true, m.input
+		if m.input != "" && !strings.HasSuffix(m.input, " ") {
+			m.input += " " // ready for the next term
+		}
 	case "esc":
 		if m.input != "" {
 			m.input = ""

@@ -50,12 +50,14 @@ func (m *Model) tableRows() int { return max(m.height-headerLines-2, 1) }
 
 func (m *Model) headerLines() []string {
 	h := &m.src.Header
-	title := styleTitle.Render("tracer") + "  node " + orDash(h.Node) + "  kernel " + orDash(h.Kernel)
+	title := styleTitle.Render("tracer")
+	if m.paused {
+		// First, so that a narrow terminal never truncates it away.
+		title += "  " + styleWarn.Render(fmt.Sprintf("PAUSED (%d new)", m.src.Store.Len()-m.flows.view.Len()))
+	}
+	title += "  node " + orDash(h.Node) + "  kernel " + orDash(h.Kernel)
 	if m.src.Title != "" {
 		title += "  " + styleFaint.Render(m.src.Title)
-	}
-	if m.paused {
-		title += "  " + styleWarn.Render(fmt.Sprintf("PAUSED (%d new)", m.src.Store.Len()-m.flows.view.Len()))
 	}
 	return []string{title, m.hooksLine(), m.countsLine(), m.filterBar()}
 }
@@ -147,11 +149,15 @@ func (m *Model) footer() string {
 	if m.editing {
 		return styleFaint.Render("enter keep · esc cancel · ctrl+u clear · e.g. port:3306 pod:db/mysql-0 !verdict:ok")
 	}
+	more := ""
+	if m.moreLines > 0 {
+		more = fmt.Sprintf(" (%d more)", m.moreLines)
+	}
 	switch m.screen {
 	case screenDetails:
-		return styleFaint.Render("esc back · ↑↓ scroll · e export · q quit")
+		return styleFaint.Render("esc back · ↑↓ scroll" + more + " · e export · q quit")
 	case screenHelp:
-		return styleFaint.Render("any key: back · q quit")
+		return styleFaint.Render("↑↓ scroll" + more + " · any other key: back · q quit")
 	}
 	mode := "newest first"
 	if m.oldestFirst {
