@@ -70,7 +70,12 @@ func ensureKernel(cacheDir string, s series, logf func(string, ...any)) (*kernel
 	if err != nil {
 		return nil, err
 	}
-	if !a.fresh() {
+	if a.fresh() {
+		// Lists resolved within listsMaxAge: the cached choice still stands.
+		if k, err := cached(); err == nil {
+			return k, nil
+		}
+	} else {
 		start := time.Now()
 		if err := a.update(); err != nil {
 			if k, cerr := cached(); cerr == nil {

@@ -80,6 +80,11 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	unlock, err := lockCache(o.cache)
+	if err != nil {
+		fatal(err)
+	}
+	defer unlock()
 	var code int
 	switch {
 	case o.fetch:
@@ -89,10 +94,31 @@ func main() {
 	default:
 		code, err = commandMode(ctx, o)
 	}
+	unlock()
 	if err != nil {
 		fatal(err)
 	}
 	os.Exit(code)
+}
+
+// lockCache takes an exclusive lock on the cache directory so two runs do
+// not share apt lists, test binaries and results directories at once.
+func lockCache(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create cache dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open cache lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		logf("waiting for another vmrun using %s", dir)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock cache dir: %w", err)
+		}
+	}
+	return func() { f.Close() }, nil
 }
 
 func fatal(err error) {
@@ -279,6 +305,9 @@ func commandMode(ctx context.Context, o options) (int, error) {
 			}
 		}
 		kr.err = err
+		if err == nil {
+			logf("[%s] boot-to-result %s: %s", name, kr.result.Total.Round(100*time.Millisecond), kr.result)
+		}
 		switch {
 		case err != nil:
 			fmt.Fprintf(os.Stderr, "vmrun: [%s] %v\n", name, err)

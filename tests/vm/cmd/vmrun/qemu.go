@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,9 +103,8 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		return res, fmt.Errorf("start qemu-system-x86_64: %w", err)
 	}
 	var (
-		mu       sync.Mutex
-		consoleS string
-		wg       sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	wg.Add(1)
 	go func() {
@@ -112,7 +112,7 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64*1024), 1<<20)
 		for sc.Scan() {
-			line := strings.TrimRight(sc.Text(), "\r")
+			line := cleanConsole(sc.Text())
 			mu.Lock()
 			switch {
 			case strings.Contains(line, markStarted) && res.BootTime == 0:
@@ -127,7 +127,6 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 			case strings.Contains(line, "Kernel panic - not syncing"):
 				res.Panicked = true
 			}
-			consoleS = line
 			mu.Unlock()
 			fmt.Fprintf(c.Console, "%s%s\n", c.Prefix, line)
 		}
@@ -136,7 +135,6 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 	werr := cmd.Wait()
 	pw.Close()
 	wg.Wait()
-	_ = consoleS
 	res.Total = time.Since(start)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		res.TimedOut = true
@@ -149,4 +147,12 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// Terminal control sequences the firmware writes (clear screen, reset).
+var reControl = regexp.MustCompile(`\x1b(\[[0-9;?]*[A-Za-z]|c)|[\x00-\x08\x0b-\x1f\x7f]`)
+
+// cleanConsole drops carriage returns and terminal control sequences.
+func cleanConsole(s string) string {
+	return reControl.ReplaceAllString(s, "")
 }

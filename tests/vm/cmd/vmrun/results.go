@@ -34,9 +34,10 @@ var (
 // message).
 func parseTestOutput(r io.Reader) ([]testResult, error) {
 	var (
-		out     []testResult
-		current string
-		lastLog = map[string]string{}
+		out      []testResult
+		current  string
+		lastLog  = map[string]string{}
+		lastFail = -1 // index in out of the last failed test
 	)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 4<<20)
@@ -53,6 +54,14 @@ func parseTestOutput(r io.Reader) ([]testResult, error) {
 				res.Reason = lastLog[name]
 			}
 			out = append(out, res)
+			if res.Status == "fail" {
+				lastFail = len(out) - 1
+			}
+			continue
+		}
+		if strings.HasPrefix(line, "panic: ") && lastFail >= 0 && out[lastFail].Reason == "" {
+			// A panicking test prints its --- FAIL line before the panic.
+			out[lastFail].Reason = line
 			continue
 		}
 		if m := reLog.FindStringSubmatch(line); m != nil && current != "" {
