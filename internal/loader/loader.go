@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -25,9 +26,9 @@ type Config struct {
 	// Netns is the inode of the network namespace to observe; 0 means all.
 	// Kernel-wide hooks are filtered to it in the kernel.
 	Netns uint32
-	// NetnsPath is where netfilter-tier links attach (they are per
-	// namespace); "" means the caller's namespace.
-	NetnsPath string
+	// NetnsPaths are where netfilter-tier links attach (they are per
+	// namespace); none means the caller's namespace.
+	NetnsPaths []string
 	// In-kernel filters: an event is kept when some tuple of it has one
 	// of Ports, one address in Prefixes, and its protocol in Protos.
 	Ports    []uint16
@@ -90,13 +91,16 @@ var ErrNothingAttached = errors.New("no hook could be attached")
 type Tracer struct {
 	Plan Plan
 
-	spec   *ebpf.CollectionSpec
-	maps   map[string]*ebpf.Map
-	colls  []*ebpf.Collection
-	links  []link.Link
-	reader *ringbuf.Reader
-	clock  event.Clock
-	names  *ReasonNames
+	spec *ebpf.CollectionSpec
+	// btfCache keeps the kernel's and modules' BTF parsed once for all
+	// the per-program loads.
+	btfCache *btf.Cache
+	maps     map[string]*ebpf.Map
+	colls    []*ebpf.Collection
+	links    []link.Link
+	reader   *ringbuf.Reader
+	clock    event.Clock
+	names    *ReasonNames
 
 	closeOnce sync.Once
 	closeErr  error
@@ -120,7 +124,7 @@ func Open(cfg Config) (*Tracer, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}}
+	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache()}
 	if err := t.createMaps(); err != nil {
 		t.Close()
 		return nil, err
@@ -139,7 +143,7 @@ func Open(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, err
 	}
-	t.names = LoadReasonNames()
+	t.names = reasonNames(t.btfCache)
 	return t, nil
 }
 
@@ -253,7 +257,7 @@ func (t *Tracer) loadProgram(name string, rodata map[string]any) (*ebpf.Program,
 			return nil, fmt.Errorf("configure %s: %w", k, err)
 		}
 	}
-	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{MapReplacements: t.maps})
+	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{MapReplacements: t.maps, Cache: t.btfCache})
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +294,7 @@ func (t *Tracer) attachAll(cfg Config) {
 	if roles == 0 {
 		return
 	}
-	err := t.attachNetfilter(cfg.NetnsPath, roles)
+	err := t.attachNetfilter(cfg.NetnsPaths, roles)
 	for _, i := range nfHooks {
 		hp := &t.Plan[i]
 		hp.Attempts = append(hp.Attempts, Attempt{Via: event.ViaNetfilter, Target: hp.Target, Err: err})

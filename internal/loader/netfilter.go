@@ -43,7 +43,7 @@ func nfAttachments(roles uint32) []nfAttach {
 // attachNetfilter loads the netfilter programs with the roles the other
 // tiers could not fill, and attaches them in the observed namespace (a
 // netfilter link belongs to the namespace of the thread that makes it).
-func (t *Tracer) attachNetfilter(netnsPath string, roles uint32) error {
+func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 	progs := map[string]*ebpf.Program{}
 	for _, name := range []string{"tr_nf_dnat", "tr_nf_snat"} {
 		p, err := t.loadProgram(name, map[string]any{"cfg_nf_roles": roles})
@@ -52,18 +52,27 @@ func (t *Tracer) attachNetfilter(netnsPath string, roles uint32) error {
 		}
 		progs[name] = p
 	}
-	return inNetns(netnsPath, func() error {
-		for _, a := range nfAttachments(roles) {
-			l, err := link.AttachNetfilter(link.NetfilterOptions{
-				Program: progs[a.prog], ProtocolFamily: a.family, Hook: a.hook, Priority: a.prio,
-			})
-			if err != nil {
-				return fmt.Errorf("attach netfilter %s hook %d priority %d: %w", a.prog, a.hook, a.prio, err)
+	if len(netnsPaths) == 0 {
+		netnsPaths = []string{""}
+	}
+	for _, path := range netnsPaths {
+		err := inNetns(path, func() error {
+			for _, a := range nfAttachments(roles) {
+				l, err := link.AttachNetfilter(link.NetfilterOptions{
+					Program: progs[a.prog], ProtocolFamily: a.family, Hook: a.hook, Priority: a.prio,
+				})
+				if err != nil {
+					return fmt.Errorf("attach netfilter %s hook %d priority %d: %w", a.prog, a.hook, a.prio, err)
+				}
+				t.links = append(t.links, l)
 			}
-			t.links = append(t.links, l)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // inNetns runs fn on a thread switched into the namespace at path ("" runs

@@ -20,9 +20,11 @@ type ReasonNames struct {
 
 // LoadReasonNames reads enum skb_drop_reason and enum sk_rst_reason from
 // the kernel's BTF; missing enums leave numbers unnamed.
-func LoadReasonNames() *ReasonNames {
+func LoadReasonNames() *ReasonNames { return reasonNames(btf.NewCache()) }
+
+func reasonNames(cache *btf.Cache) *ReasonNames {
 	n := &ReasonNames{drop: map[uint32]string{}, reset: map[uint32]string{}}
-	spec, err := btf.LoadKernelSpec()
+	spec, err := cache.Kernel()
 	if err != nil {
 		return n
 	}

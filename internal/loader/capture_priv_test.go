@@ -1,0 +1,547 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// The privileged tier: real programs attached on this kernel, real
+// namespaces, real iptables rules and real traffic. In the VM matrix
+// (TRACER_VM_KERNEL set) the same tests run on Debian's kernels.
+
+// Addresses of the test topology: client C -- router R -- server S.
+const (
+	cAddr  = "10.77.1.2"
+	rAddrC = "10.77.1.1"
+	rAddrS = "10.77.2.1"
+	sAddr  = "10.77.2.2"
+	vip    = "10.96.77.7"
+	ipvsIP = "10.96.77.9"
+)
+
+func requirePrivileged(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root (CAP_BPF, CAP_NET_ADMIN)")
+	}
+	for _, tool := range []string{"ip", "iptables"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("privileged tier needs %s installed: %v", tool, err)
+		}
+	}
+}
+
+// vmKernel is the Debian kernel series under test in the VM matrix, or "".
+func vmKernel() string { return os.Getenv("TRACER_VM_KERNEL") }
+
+type topology struct {
+	lab     *netlab.Lab
+	c, r, s netlab.Namespace
+	inodes  map[uint32]string
+}
+
+func newTopology(t *testing.T) *topology {
+	t.Helper()
+	lab, err := netlab.New(fmt.Sprintf("trtest%d", os.Getpid()%10000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Errorf("remove namespaces: %v", err)
+		}
+	})
+	tp := &topology{lab: lab, inodes: map[uint32]string{}}
+	for name, ns := range map[string]*netlab.Namespace{"c": &tp.c, "r": &tp.r, "s": &tp.s} {
+		if *ns, err = lab.Namespace(name); err != nil {
+			t.Fatal(err)
+		}
+		ino, err := ns.Inode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp.inodes[ino] = name
+	}
+	must(t, lab.Link(tp.c, "c-r", cAddr+"/24", tp.r, "r-c", rAddrC+"/24"))
+	must(t, lab.Link(tp.r, "r-s", rAddrS+"/24", tp.s, "s-r", sAddr+"/24"))
+	run(t, tp.c, "ip", "route", "add", "default", "via", rAddrC)
+	run(t, tp.s, "ip", "route", "add", "default", "via", rAddrS)
+	must(t, tp.r.Sysctl("net.ipv4.ip_forward", "1"))
+	return tp
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func run(t *testing.T, ns netlab.Namespace, args ...string) {
+	t.Helper()
+	if _, err := ns.Run(args[0], args[1:]...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// flush removes every rule the scenarios add, in all three namespaces.
+func (tp *topology) flush(t *testing.T) {
+	for _, ns := range []netlab.Namespace{tp.c, tp.r, tp.s} {
+		for _, table := range []string{"filter", "nat"} {
+			run(t, ns, "iptables", "-t", table, "-F")
+		}
+	}
+}
+
+// serve accepts TCP connections in ns on addr and writes one byte to each.
+func serve(t *testing.T, ns netlab.Namespace, addr string) {
+	t.Helper()
+	var ln net.Listener
+	must(t, ns.Do(func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte{'x'})
+			c.Close()
+		}
+	}()
+}
+
+// dialTCP connects from ns and reads the server's byte; it returns the
+// local address and the dial or read error.
+func dialTCP(ns netlab.Namespace, addr string) (string, error) {
+	var conn net.Conn
+	// A fixed local port, so a refused connection still names its tuple.
+	local := &net.TCPAddr{Port: 20000 + rand.IntN(20000)}
+	err := ns.Do(func() (err error) {
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: local}
+		conn, err = d.Dial("tcp", addr)
+		return err
+	})
+	if err != nil {
+		return fmt.Sprintf("%s:%d", cAddr, local.Port), err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	_, err = io.ReadFull(conn, make([]byte, 1))
+	return conn.LocalAddr().String(), err
+}
+
+func sendUDP(ns netlab.Namespace, addr string) (string, error) {
+	var conn net.Conn
+	err := ns.Do(func() (err error) {
+		conn, err = net.Dial("udp", addr)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_, err = conn.Write([]byte("ping"))
+	return conn.LocalAddr().String(), err
+}
+
+// collector reads the ring buffer and keeps the events of the lab.
+type collector struct {
+	events chan event.Event
+	errs   chan error
+}
+
+func collect(tr *Tracer) *collector {
+	c := &collector{events: make(chan event.Event, 4096), errs: make(chan error, 16)}
+	go func() {
+		var rec ringbuf.Record
+		for {
+			ev, err := tr.Next(&rec)
+			if errors.Is(err, os.ErrClosed) {
+				close(c.events)
+				return
+			}
+			if err != nil {
+				select {
+				case c.errs <- err:
+				default:
+				}
+				continue
+			}
+			c.events <- ev
+		}
+	}()
+	return c
+}
+
+// take returns the events seen in namespace ns until want events of the
+// listed kinds arrived (or the timeout), plus anything else that arrives
+// within the settle time after.
+func (c *collector) take(t *testing.T, ns uint32, want int) []event.Event {
+	t.Helper()
+	var got []event.Event
+	deadline := time.After(5 * time.Second)
+	var settle <-chan time.Time
+	for {
+		select {
+		case ev, ok := <-c.events:
+			if !ok {
+				return got
+			}
+			if ev.Netns != ns {
+				continue
+			}
+			got = append(got, ev)
+			if len(got) >= want && settle == nil {
+				settle = time.After(300 * time.Millisecond)
+			}
+		case err := <-c.errs:
+			t.Errorf("ring buffer record did not decode: %v", err)
+		case <-settle:
+			return got
+		case <-deadline:
+			return got
+		}
+	}
+}
+
+// drain discards what is queued, between scenarios.
+func (c *collector) drain() {
+	time.Sleep(100 * time.Millisecond)
+	for {
+		select {
+		case <-c.events:
+		default:
+			return
+		}
+	}
+}
+
+// tier is one way of attaching the whole set, tested separately where the
+// kernel supports several.
+type tier struct {
+	name string
+	only []event.Via
+}
+
+func tiersFor(t *testing.T) []tier {
+	tiers := []tier{{name: "best"}}
+	switch vmKernel() {
+	case "5.10", "6.1":
+		tiers = append(tiers, tier{"kprobe", []event.Via{event.ViaKprobe, event.ViaTracepoint}})
+	case "6.12":
+		tiers = append(tiers,
+			tier{"kprobe", []event.Via{event.ViaKprobe, event.ViaTracepoint}},
+			tier{"netfilter", []event.Via{event.ViaTracepoint, event.ViaNetfilter}})
+	}
+	return tiers
+}
+
+// expectedVia is what KERNELS.md measured for each kernel in the "best"
+// tier; hooks not listed are checked only for consistency with the plan.
+func expectedVia() map[event.Hook]event.Via {
+	switch vmKernel() {
+	case "5.10":
+		return map[event.Hook]event.Via{event.HookNFNat: event.ViaKprobe, event.HookIPVSConnNew: event.ViaKprobe,
+			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+	case "6.1":
+		return map[event.Hook]event.Via{event.HookNFNat: event.ViaFentry, event.HookIPVSConnNew: event.ViaKprobe,
+			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+	case "6.12":
+		return map[event.Hook]event.Via{event.HookNFNat: event.ViaFentry, event.HookIPVSConnNew: event.ViaFentry,
+			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+	case "":
+		if !hasKprobes() {
+			// This project's build machine: no kprobes, no fentry.
+			return map[event.Hook]event.Via{event.HookNFNat: event.ViaNetfilter, event.HookICMPSend: event.ViaTracepoint,
+				event.HookNFSendReset: event.ViaNetfilter, event.HookTCPSendReset: event.ViaTracepoint,
+				event.HookKfreeSkb: event.ViaTracepoint}
+		}
+	}
+	return nil
+}
+
+// scenario is one kind of decision made for real.
+type scenario struct {
+	name    string
+	observe func(tp *topology) netlab.Namespace
+	setup   func(t *testing.T, tp *topology)
+	// traffic makes the packets and returns the client's address.
+	traffic func(t *testing.T, tp *topology) string
+	kinds   []event.Kind
+	check   func(t *testing.T, client string, evs map[event.Kind]event.Event)
+}
+
+func router(tp *topology) netlab.Namespace { return tp.r }
+
+func scenarios() []scenario {
+	return []scenario{
+		{
+			name:    "dnat-output",
+			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.c, "iptables", "-t", "nat", "-A", "OUTPUT", "-d", vip, "-p", "tcp", "--dport", "80",
+					"-j", "DNAT", "--to-destination", sAddr+":8080")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, vip+":80") },
+			kinds:   []event.Kind{event.KindDNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindDNAT]
+				checkTuple(t, "dnat orig", e.Orig, client, vip+":80")
+				checkTuple(t, "dnat reply", e.Reply, sAddr+":8080", client)
+				checkEq(t, "dnat to", e.To.String(), sAddr+":8080")
+				checkNFHook(t, e, "OUTPUT")
+			},
+		},
+		{
+			name:    "dnat-prerouting",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", rAddrC, "-p", "tcp", "--dport", "80",
+					"-j", "DNAT", "--to-destination", sAddr+":8080")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, rAddrC+":80") },
+			kinds:   []event.Kind{event.KindDNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindDNAT]
+				checkTuple(t, "dnat orig", e.Orig, client, rAddrC+":80")
+				checkEq(t, "dnat to", e.To.String(), sAddr+":8080")
+				checkNFHook(t, e, "PREROUTING")
+			},
+		},
+		{
+			name:    "masquerade",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.77.1.0/24", "-o", "r-s", "-j", "MASQUERADE")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, sAddr+":8080") },
+			kinds:   []event.Kind{event.KindSNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindSNAT]
+				checkTuple(t, "snat orig", e.Orig, client, sAddr+":8080")
+				checkEq(t, "snat to address", e.To.MinAddr.String(), rAddrS)
+				checkEq(t, "snat reply dst", e.Reply.Dst.String(), rAddrS)
+				checkNFHook(t, e, "POSTROUTING")
+			},
+		},
+		{
+			name:    "reject-icmp-port-unreachable",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-A", "FORWARD", "-p", "udp", "--dport", "9", "-j", "REJECT",
+					"--reject-with", "icmp-port-unreachable")
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				client, err := sendUDP(tp.c, sAddr+":9")
+				must(t, err)
+				return client
+			},
+			kinds: []event.Kind{event.KindReject, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReject]
+				checkTuple(t, "rejected packet", e.Packet, client, sAddr+":9")
+				checkEq(t, "icmp type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "3/3")
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":9", "NETFILTER_DROP")
+			},
+		},
+		{
+			name:    "reject-tcp-reset",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-A", "FORWARD", "-p", "tcp", "--dport", "81", "-j", "REJECT",
+					"--reject-with", "tcp-reset")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, sAddr+":81") },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset")
+				checkTuple(t, "reset packet", e.Packet, client, sAddr+":81")
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":81", "NETFILTER_DROP")
+			},
+		},
+		{
+			name:    "closed-port",
+			observe: func(tp *topology) netlab.Namespace { return tp.s },
+			setup:   func(t *testing.T, tp *topology) {},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, sAddr+":9999") },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "tcp_send_reset")
+				checkTuple(t, "reset packet", e.Packet, client, sAddr+":9999")
+				if e.HasReason {
+					checkEq(t, "reset reason", LoadReasonNames().ResetReason(e.Reason), "NO_SOCKET")
+				}
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":9999", "NO_SOCKET")
+			},
+		},
+	}
+}
+
+func mustConnect(t *testing.T, ns netlab.Namespace, addr string) string {
+	t.Helper()
+	client, err := dialTCP(ns, addr)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", addr, err)
+	}
+	return client
+}
+
+func mustBeRefused(t *testing.T, ns netlab.Namespace, addr string) string {
+	t.Helper()
+	client, err := dialTCP(ns, addr)
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("connect to %s: want connection refused, got %v", addr, err)
+	}
+	return client
+}
+
+func checkEq(t *testing.T, what, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s: got %q, want %q", what, got, want)
+	}
+}
+
+func checkTuple(t *testing.T, what string, tu event.Tuple, src, dst string) {
+	t.Helper()
+	checkEq(t, what+" src", tu.SrcAddrPort().String(), src)
+	checkEq(t, what+" dst", tu.DstAddrPort().String(), dst)
+}
+
+func checkNFHook(t *testing.T, e event.Event, want string) {
+	t.Helper()
+	if e.Via == event.ViaNetfilter {
+		checkEq(t, "netfilter hook", event.NFHookName(e.NFHook), want)
+	}
+}
+
+func checkDrop(t *testing.T, e event.Event, src, dst, reason string) {
+	t.Helper()
+	checkTuple(t, "dropped packet", e.Packet, src, dst)
+	if e.HasReason {
+		checkEq(t, "drop reason", LoadReasonNames().DropReason(e.Reason), reason)
+	}
+}
+
+func TestCapture(t *testing.T) {
+	requirePrivileged(t)
+	tp := newTopology(t)
+	serve(t, tp.s, sAddr+":8080")
+	// Rules first: they load the nf_nat and reject modules whose functions
+	// the fentry and kprobe rungs attach to.
+	for _, sc := range scenarios() {
+		sc.setup(t, tp)
+	}
+	tp.flush(t)
+	paths := []string{tp.c.Path(), tp.r.Path(), tp.s.Path()}
+	for _, tr := range tiersFor(t) {
+		t.Run(tr.name, func(t *testing.T) {
+			start := time.Now()
+			trc, err := Open(Config{NetnsPaths: paths, Only: tr.only})
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			t.Logf("attached in %v:\n%s", time.Since(start), trc.Plan.Reasons())
+			defer trc.Close()
+			checkPlan(t, trc.Plan, tr)
+			col := collect(trc)
+			for _, sc := range scenarios() {
+				t.Run(sc.name, func(t *testing.T) {
+					tp.flush(t)
+					sc.setup(t, tp)
+					col.drain()
+					ns := sc.observe(tp)
+					ino, _ := ns.Inode()
+					client := sc.traffic(t, tp)
+					got := col.take(t, ino, len(sc.kinds))
+					byKind := checkKinds(t, got, sc.kinds, trc.Plan)
+					if len(byKind) == len(sc.kinds) {
+						sc.check(t, client, byKind)
+					}
+				})
+			}
+			lost, err := trc.Lost()
+			must(t, err)
+			if len(lost) > 0 {
+				t.Errorf("lost events: %v", lost)
+			}
+		})
+	}
+}
+
+// checkKinds asserts the events are exactly the expected kinds, one each,
+// each reported by the method the plan chose for its hook.
+func checkKinds(t *testing.T, got []event.Event, want []event.Kind, plan Plan) map[event.Kind]event.Event {
+	t.Helper()
+	byKind := map[event.Kind]event.Event{}
+	var kinds []event.Kind
+	for _, e := range got {
+		kinds = append(kinds, e.Kind)
+		byKind[e.Kind] = e
+		for _, hp := range plan {
+			if hp.Hook == e.Hook && hp.Via != e.Via {
+				t.Errorf("%s event via %s, but the plan attached %s via %s", e.Kind, e.Via, hp.Hook, hp.Via)
+			}
+		}
+	}
+	sortKinds := func(k []event.Kind) []event.Kind {
+		k = slices.Clone(k)
+		slices.Sort(k)
+		return k
+	}
+	if !slices.Equal(sortKinds(kinds), sortKinds(want)) {
+		t.Errorf("events: got kinds %v, want exactly %v", kinds, want)
+		for _, e := range got {
+			t.Logf("  %+v", e)
+		}
+	}
+	return byKind
+}
+
+// checkPlan asserts the methods this kernel is known to allow were chosen.
+func checkPlan(t *testing.T, plan Plan, tr tier) {
+	t.Helper()
+	for _, hp := range plan {
+		if len(tr.only) > 0 && hp.Via != event.ViaNone && !slices.Contains(tr.only, hp.Via) {
+			t.Errorf("%s attached via %s outside the tier %v", hp.Hook, hp.Via, tr.only)
+		}
+	}
+	if tr.name != "best" {
+		for _, h := range []event.Hook{event.HookNFNat, event.HookICMPSend, event.HookNFSendReset, event.HookTCPSendReset, event.HookKfreeSkb} {
+			if plan[slices.IndexFunc(plan, func(p HookPlan) bool { return p.Hook == h })].Via == event.ViaNone {
+				t.Errorf("tier %s: %s did not attach: %s", tr.name, h, plan.Reasons())
+			}
+		}
+		return
+	}
+	for h, want := range expectedVia() {
+		for _, hp := range plan {
+			if hp.Hook == h && hp.Via != want && !(h == event.HookIPVSConnNew && hp.Via == event.ViaNone && vmKernel() == "") {
+				t.Errorf("%s: attached via %s, want %s on this kernel (%s)", h, hp.Via, want, hp.Summary())
+			}
+		}
+	}
+}

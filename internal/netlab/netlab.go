@@ -1,0 +1,175 @@
+// Package netlab builds throwaway network namespaces, veth links and
+// netfilter rules for the privileged tests and the incident lab. Everything
+// it creates carries a name prefix, so a crashed run can be cleaned up by
+// the next one; it never touches the caller's own namespace.
+package netlab
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Namespace is a named network namespace under /run/netns.
+type Namespace struct {
+	Name string
+}
+
+// Path is the namespace's bind mount.
+func (n Namespace) Path() string { return "/run/netns/" + n.Name }
+
+// Inode identifies the namespace as the kernel's net->ns.inum does.
+func (n Namespace) Inode() (uint32, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(n.Path(), &st); err != nil {
+		return 0, fmt.Errorf("stat namespace %s: %w", n.Name, err)
+	}
+	return uint32(st.Ino), nil
+}
+
+// Lab owns the namespaces of one test or scenario.
+type Lab struct {
+	Prefix string
+	nss    []Namespace
+}
+
+// New starts a lab whose namespaces are named prefix-NAME. Leftovers of an
+// earlier run with the same prefix are removed first.
+func New(prefix string) (*Lab, error) {
+	l := &Lab{Prefix: prefix}
+	if err := Cleanup(prefix); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Cleanup deletes every namespace whose name starts with prefix.
+func Cleanup(prefix string) error {
+	entries, err := os.ReadDir("/run/netns")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list namespaces: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix+"-") {
+			if _, err := run("ip", "netns", "delete", e.Name()); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close deletes the lab's namespaces (their veths go with them).
+func (l *Lab) Close() error {
+	var errs []error
+	for _, n := range l.nss {
+		if _, err := run("ip", "netns", "delete", n.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	l.nss = nil
+	return errors.Join(errs...)
+}
+
+// Namespace creates prefix-name with lo up.
+func (l *Lab) Namespace(name string) (Namespace, error) {
+	n := Namespace{Name: l.Prefix + "-" + name}
+	if _, err := run("ip", "netns", "add", n.Name); err != nil {
+		return n, err
+	}
+	l.nss = append(l.nss, n)
+	if _, err := n.Run("ip", "link", "set", "lo", "up"); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// Link joins a and b with a veth pair named aIf (in a) and bIf (in b), with
+// the given CIDR addresses, both up.
+func (l *Lab) Link(a Namespace, aIf, aAddr string, b Namespace, bIf, bAddr string) error {
+	tmpA, tmpB := "nl"+randSuffix(), "nl"+randSuffix()
+	steps := [][]string{
+		{"ip", "link", "add", tmpA, "type", "veth", "peer", "name", tmpB},
+		{"ip", "link", "set", tmpA, "netns", a.Name},
+		{"ip", "link", "set", tmpB, "netns", b.Name},
+		{"ip", "-n", a.Name, "link", "set", tmpA, "name", aIf},
+		{"ip", "-n", b.Name, "link", "set", tmpB, "name", bIf},
+		{"ip", "-n", a.Name, "addr", "add", aAddr, "dev", aIf},
+		{"ip", "-n", b.Name, "addr", "add", bAddr, "dev", bIf},
+		{"ip", "-n", a.Name, "link", "set", aIf, "up"},
+		{"ip", "-n", b.Name, "link", "set", bIf, "up"},
+	}
+	for _, s := range steps {
+		if _, err := run(s[0], s[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var suffixN int
+
+func randSuffix() string {
+	suffixN++
+	return fmt.Sprintf("%d%d", os.Getpid()%100000, suffixN)
+}
+
+// Run runs a command inside the namespace and returns its output.
+func (n Namespace) Run(name string, args ...string) (string, error) {
+	return run("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// Sysctl sets a sysctl inside the lab's namespace only.
+func (n Namespace) Sysctl(key, value string) error {
+	_, err := n.Run("sysctl", "-qw", key+"="+value)
+	return err
+}
+
+// Do runs fn on an OS thread switched into the namespace: sockets fn
+// creates belong to it and stay there after fn returns.
+func (n Namespace) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is never unlocked: Go retires it, so no goroutine
+		// ever runs in the wrong namespace.
+		fd, err := unix.Open(n.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open namespace %s: %w", n.Name, err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare fs: %w", err)
+			return
+		}
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter namespace %s: %w", n.Name, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+func run(name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
