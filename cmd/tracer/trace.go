@@ -88,7 +88,7 @@ func (o traceOptions) loaderConfig() (loader.Config, error) {
 		if path == "" {
 			path = "/proc/self/ns/net"
 		} else {
-			cfg.NetnsPath = path
+			cfg.NetnsPaths = []string{path}
 		}
 		ino, err := netnsInode(path)
 		if err != nil {
