@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -52,6 +53,7 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	f, _ := parseFilter(o.filter) // validated by loaderConfig
 	if err := preflight(); err != nil {
 		return err
 	}
@@ -60,7 +62,7 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer t.Close()
-	return streamEvents(ctx, t, o, stdout)
+	return streamEvents(ctx, t, o, f, stdout)
 }
 
 // loaderConfig validates the flags into the kernel side's configuration.
@@ -80,9 +82,11 @@ func (o traceOptions) loaderConfig() (loader.Config, error) {
 		return cfg, err
 	}
 	cfg.Only = vias
-	if err := applyKernelFilter(&cfg, o.filter); err != nil {
+	f, err := parseFilter(o.filter)
+	if err != nil {
 		return cfg, err
 	}
+	applyKernelFilter(&cfg, f)
 	if !o.allNetns {
 		path := o.netns
 		if path == "" {
@@ -118,7 +122,7 @@ func netnsInode(path string) (uint32, error) {
 
 // streamEvents writes the header, every event, and on the way out the
 // summary with the lost counters, so the output is complete after SIGINT.
-func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, stdout io.Writer) error {
+func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, f filter.Filter, stdout io.Writer) error {
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte("ready\n"), 0o644); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
@@ -139,10 +143,10 @@ func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, stdout 
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary}
-	var rec ringbuf.Record
+	var raw ringbuf.Record
 	var readErr error
 	for {
-		ev, err := t.Next(&rec)
+		ev, err := t.Next(&raw)
 		if errors.Is(err, os.ErrClosed) {
 			break
 		}
@@ -150,8 +154,12 @@ func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, stdout 
 			sum.DecodeErrors++
 			continue
 		}
+		rec := ev.Record(t.Reasons())
+		if !f.Empty() && !f.Match(eventFlow(&rec)) {
+			continue
+		}
 		sum.Events++
-		if err := out.event(ev.Record(t.Reasons())); err != nil {
+		if err := out.event(rec); err != nil {
 			readErr = err
 			break
 		}
