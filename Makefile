@@ -5,9 +5,22 @@ PKGS      := ./...
 # Packages whose tests include the privileged tier (real programs, namespaces, rules).
 PRIV_PKGS ?= ./internal/loader/...
 
-.PHONY: all build generate test test-unit test-priv test-vm demo bench clean check-generated
+.PHONY: all build deps generate test test-unit test-priv test-vm demo bench clean check-generated
+
+# Debian packages the build, the tests and the demo need (idempotent).
+DEB_PKGS := clang llvm libbpf-dev bpftool iptables ipset ipvsadm conntrack \
+	containernetworking-plugins qemu-system-x86 busybox-static kmod cpio tmux \
+	iproute2 nftables xz-utils
 
 all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(GO) mod download
 
 build:
 	$(GO) build -o $(BIN) ./cmd/tracer
@@ -31,9 +44,9 @@ test-unit:
 test-priv:
 	$(GO) test -count=1 -p 1 $(PRIV_PKGS)
 
-test: check-generated test-unit test-priv test-vm
+test: deps check-generated test-unit test-priv test-vm
 
-demo: build
+demo: deps build
 	./$(BIN) lab
 
 clean:
