@@ -2,7 +2,7 @@
 GO        ?= go
 BIN       := bin/tracer
 PKGS      := ./...
-# Packages whose tests include the privileged tier (real programs, namespaces, rules).
+# Packages whose privileged tests also run in the VM kernel matrix.
 PRIV_PKGS ?= ./internal/loader/...
 
 .PHONY: all build deps generate test test-unit test-priv test-vm demo bench clean check-generated
@@ -40,9 +40,10 @@ test-unit:
 	$(GO) vet $(PKGS)
 	$(GO) test -short -count=1 $(PKGS)
 
-# Privileged tier on this machine's kernel: needs root.
+# Privileged tier on this machine's kernel (every package without -short):
+# needs root. -p 1: the tests share the kernel's hooks and namespaces.
 test-priv:
-	$(GO) test -count=1 -p 1 $(PRIV_PKGS)
+	$(GO) test -count=1 -p 1 $(PKGS)
 
 test: deps check-generated test-unit test-priv test-vm
 

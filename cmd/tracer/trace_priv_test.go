@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// buildTracer compiles the real binary once per test.
+func buildTracer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "tracer")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestTraceStreamsAndCompletesOnSIGINT runs `tracer trace -o json` on a
+// namespace with a DNAT rule, makes a connection, interrupts it, and checks
+// the NDJSON: a header with the plan, the dnat event, and the summary that
+// SIGINT must still write.
+func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root")
+	}
+	bin := buildTracer(t)
+	lab, err := netlab.New("trcmd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
+		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
+		{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
+	} {
+		if _, err := ns.Run(args[0], args[1:]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", "10.78.0.1:8080"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
+			c.Close()
+		}
+	}()
+
+	ready := filepath.Join(t.TempDir(), "ready")
+	cmd := exec.Command(bin, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--filter", "port:80")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ready file after 10s; stderr: %s", stderr.String())
+		}
+	}
+	err = ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", "10.96.78.1:80", 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("tracer trace exited with %v; stderr: %s", err, stderr.String())
+	}
+
+	var types []string
+	var dnat *trace.Event
+	var sum trace.Summary
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var rec struct{ Type string }
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("not NDJSON: %q: %v", sc.Text(), err)
+		}
+		types = append(types, rec.Type)
+		switch rec.Type {
+		case trace.TypeEvent:
+			var e trace.Event
+			json.Unmarshal(sc.Bytes(), &e)
+			if e.Kind == "dnat" {
+				dnat = &e
+			}
+		case trace.TypeSummary:
+			json.Unmarshal(sc.Bytes(), &sum)
+		}
+	}
+	if len(types) < 3 || types[0] != trace.TypeHeader || types[len(types)-1] != trace.TypeSummary {
+		t.Fatalf("want header, events, summary; got %v", types)
+	}
+	if dnat == nil {
+		t.Fatalf("no dnat event in %v", types)
+	}
+	if dnat.Orig == nil || dnat.Orig.Dst != "10.96.78.1:80" || dnat.To != "10.78.0.1:8080" {
+		t.Errorf("dnat event %+v orig %+v", dnat, dnat.Orig)
+	}
+	if sum.Events != len(types)-2 || sum.LostEvents != 0 {
+		t.Errorf("summary %+v for %d events", sum, len(types)-2)
+	}
+}
+
+func TestBadInputExitsTwo(t *testing.T) {
+	var out, errb bytes.Buffer
+	for _, args := range [][]string{
+		{"trace", "--filter", "port:abc"},
+		{"trace", "-o", "yaml"},
+		{"trace", "--netns", "/nonexistent/ns"},
+		{"trace", "--duration", "-1s"},
+		{"doctor", "--only", "uprobe"},
+		{"nosuchcommand"},
+	} {
+		if code := dispatch(t.Context(), args, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, code, errb.String())
+		}
+	}
+}
