@@ -103,7 +103,7 @@ type Result struct {
 // Limits that keep a hostile or looping dump from running away.
 const (
 	maxDepth = 64      // jump stack depth (the kernel's is smaller in practice)
-	maxSteps = 1 << 16 // rules looked at on one path
+	maxSteps = 1 << 20 // rules looked at over all explored paths
 	maxForks = 64      // undecidable rules explored both ways
 )
 
@@ -162,11 +162,10 @@ type frame struct {
 type state struct {
 	frames []frame
 	mark   uint32
-	steps  int
 }
 
 func (s *state) clone() *state {
-	c := &state{frames: make([]frame, len(s.frames), cap(s.frames)), mark: s.mark, steps: s.steps}
+	c := &state{frames: make([]frame, len(s.frames), cap(s.frames)), mark: s.mark}
 	copy(c.frames, s.frames)
 	return c
 }
@@ -190,6 +189,7 @@ type walker struct {
 	doubts    []Doubt
 	mattered  []string
 	forks     int
+	steps     int
 	exhausted bool
 	lookups   [6]SetLookup
 }
@@ -208,7 +208,7 @@ func (w *walker) doubt(r *Rule, reason string) {
 // rule did not match first.
 func (w *walker) run(st *state) []Outcome {
 	for {
-		if st.steps++; st.steps > maxSteps || len(st.frames) > maxDepth {
+		if w.steps++; w.steps > maxSteps || len(st.frames) > maxDepth {
 			return []Outcome{{Verdict: VerdictUnknown, Path: st.path(), Mark: st.mark}}
 		}
 		top := &st.frames[len(st.frames)-1]
