@@ -203,6 +203,17 @@ func (w *walker) doubt(r *Rule, reason string) {
 	w.doubts = append(w.doubts, Doubt{Rule: r, Reason: reason})
 }
 
+// matter records an undecidable rule whose two branches ended differently.
+func (w *walker) matter(r *Rule, reason string) {
+	m := fmt.Sprintf("%s (%s): %s", r.ID(), r.Text, reason)
+	for _, have := range w.mattered {
+		if have == m {
+			return
+		}
+	}
+	w.mattered = append(w.mattered, m)
+}
+
 // run walks from st until the table decides, forking at undecidable rules.
 // It returns the distinct outcomes, the one that assumes every undecidable
 // rule did not match first.
@@ -235,7 +246,7 @@ func (w *walker) run(st *state) []Outcome {
 			matched := w.apply(alt, r)
 			notMatched := w.run(st)
 			if !sameOutcomes(matched, notMatched) {
-				w.mattered = append(w.mattered, fmt.Sprintf("%s (%s): %s", r.ID(), r.Text, reason))
+				w.matter(r, reason)
 			}
 			return union(notMatched, matched)
 		}
@@ -301,7 +312,7 @@ func (w *walker) unknownTarget(st *state, r *Rule, reason string) []Outcome {
 	}
 	w.forks++
 	cont := w.run(st)
-	w.mattered = append(w.mattered, fmt.Sprintf("%s (%s): %s", r.ID(), r.Text, reason))
+	w.matter(r, reason)
 	return union(cont, stop)
 }
 

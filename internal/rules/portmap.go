@@ -35,14 +35,16 @@ func IsPortmapChain(chain string) bool {
 
 // ParsePortmapComment extracts the network name and sandbox container id
 // from a portmap comment, `dnat name: "NET" id: "ID"`. The plugin cuts
-// comments longer than 255 bytes to 253 and appends "...": truncated then
-// says the id (or name) is only a prefix.
+// comments longer than 255 bytes to 253 and appends "..." (iptables itself
+// refuses more than 255, so such a rule only survives from other writers
+// that trim a little differently): truncated then says the id (or name) is
+// only a prefix.
 func ParsePortmapComment(comment string) (netName, containerID string, truncated, ok bool) {
 	rest, found := strings.CutPrefix(comment, `dnat name: "`)
 	if !found {
 		return "", "", false, false
 	}
-	if strings.HasSuffix(rest, "...") && len(comment) == 256 {
+	if strings.HasSuffix(rest, "...") && len(comment) >= 253 {
 		truncated = true
 		rest = strings.TrimSuffix(rest, "...")
 	}
