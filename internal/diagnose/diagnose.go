@@ -1,0 +1,187 @@
+// Package diagnose turns a joined flow into a verdict and a plain-words
+// explanation that names its evidence: the rule and chain path, the ipset
+// membership that did or did not match, the IPVS virtual server and its real
+// servers, the bypassed listener, the conntrack entry. The rules follow
+// ../shared/INCIDENTS.md; each verdict's meaning is in SPEC.md.
+package diagnose
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Env is the node and cluster state a diagnosis consults beyond the flow
+// itself. The live pipeline backs it with the node watcher and the
+// metadata index; replay backs it with the trace header's snapshot.
+type Env interface {
+	// NodeName is the traced node's name.
+	NodeName() string
+	// OnKubeIPVS reports whether a is bound to kube-ipvs0 (kube-proxy IPVS
+	// mode puts every ClusterIP, externalIP and LB IP there).
+	OnKubeIPVS(a netip.Addr) bool
+	// ServicePortsOn lists the "proto:port" pairs kube-proxy's ipsets (or,
+	// failing those, the Services) accept on address a.
+	ServicePortsOn(a netip.Addr) []string
+	// IPVSService is the IPVS virtual server for proto and vip, if any.
+	IPVSService(proto string, vip netip.AddrPort) (trace.IPVSService, bool)
+	// Listener is a listening socket on the node that would have taken a
+	// connection to dst, had nothing translated it.
+	Listener(proto string, dst netip.AddrPort) (trace.Listener, bool)
+	// PodNode is the node a pod runs on, or "".
+	PodNode(p trace.PodRef) string
+	// Service gives the full Service the flow addressed, if known.
+	Service(ref trace.ServiceRef) (trace.Service, bool)
+}
+
+// Result is a verdict with its explanation.
+type Result struct {
+	Verdict     string
+	Explanation string
+}
+
+// Diagnose gives the flow its verdict. Rules are tried from the most
+// specific incident to the generic outcomes; a flow that matches none of
+// the incidents is ok when it was only translated.
+func Diagnose(f *trace.Flow, env Env) Result {
+	d := &diagnosis{f: f, env: env}
+	for _, rule := range []func() (Result, bool){
+		d.ipvsNoEndpoint,
+		d.ipvsFilterReject,
+		d.hostportHijack,
+		d.returnPathMismatch,
+		d.generic,
+	} {
+		if r, ok := rule(); ok {
+			return r
+		}
+	}
+	return d.ok()
+}
+
+type diagnosis struct {
+	f   *trace.Flow
+	env Env
+}
+
+func (d *diagnosis) event(kind string) *trace.Event {
+	for i := range d.f.Events {
+		if d.f.Events[i].Kind == kind {
+			return &d.f.Events[i]
+		}
+	}
+	return nil
+}
+
+func (d *diagnosis) has(kinds ...string) bool {
+	return slices.ContainsFunc(kinds, func(k string) bool { return d.event(k) != nil })
+}
+
+// dst is where the client sent the flow.
+func (d *diagnosis) dst() netip.AddrPort { return parseEndpoint(d.f.Orig.Dst) }
+func (d *diagnosis) src() netip.AddrPort { return parseEndpoint(d.f.Orig.Src) }
+
+// wentTo is where the connection really went: the reply's source.
+func (d *diagnosis) wentTo() netip.AddrPort {
+	if d.f.Reply != nil {
+		return parseEndpoint(d.f.Reply.Src)
+	}
+	return d.dst()
+}
+
+// parseEndpoint reads "IP:PORT" or a bare IP (ICMP).
+func parseEndpoint(s string) netip.AddrPort {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 0)
+	}
+	return netip.AddrPort{}
+}
+
+// target names what the client addressed: "10.96.0.20:3306 (Service ns/name)".
+func (d *diagnosis) target() string {
+	s := d.f.Orig.Dst
+	if sv := d.f.Service; sv != nil {
+		s += fmt.Sprintf(" (Service %s/%s)", sv.Namespace, sv.Name)
+	}
+	return s
+}
+
+func podName(p *trace.PodRef) string {
+	if p == nil {
+		return ""
+	}
+	return p.Namespace + "/" + p.Name
+}
+
+// where names an endpoint with its pod when known.
+func (d *diagnosis) where(ap string, pod *trace.PodRef) string {
+	if pod != nil {
+		return fmt.Sprintf("%s (pod %s)", ap, podName(pod))
+	}
+	return ap
+}
+
+func (d *diagnosis) ruleIn(chain string) bool {
+	r := d.f.Rule
+	if r == nil {
+		return false
+	}
+	return r.Chain == chain || r.EntryChain == chain || slices.Contains(r.Path, chain)
+}
+
+func (d *diagnosis) ruleEvidence() string {
+	r := d.f.Rule
+	if r == nil {
+		return ""
+	}
+	s := fmt.Sprintf("Rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
+	if r.Uncertain != "" {
+		s += "; attribution uncertain: " + r.Uncertain
+	}
+	return s
+}
+
+func rulePath(r *trace.Rule) []string {
+	if len(r.Path) > 0 {
+		return r.Path
+	}
+	if r.EntryChain != "" && r.EntryChain != r.Chain {
+		return []string{r.EntryChain, r.Chain}
+	}
+	return []string{r.Chain}
+}
+
+func (d *diagnosis) conntrackEvidence() string {
+	ct := d.f.Conntrack
+	if ct == nil {
+		return ""
+	}
+	state := "replied"
+	if !ct.Replied {
+		state = "never replied (UNREPLIED)"
+	}
+	s := "Conntrack entry " + state
+	if ct.State != "" {
+		s += ", state " + ct.State
+	}
+	return s
+}
+
+func sentences(parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p = strings.TrimSpace(p); p != "" {
+			if !strings.HasSuffix(p, ".") {
+				p += "."
+			}
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, " ")
+}

@@ -1,0 +1,221 @@
+package diagnose
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// fakeEnv is the state of the node in INCIDENTS.md: node-2 in IPVS mode,
+// with kube-ipvs0 holding the Service VIPs.
+type fakeEnv struct {
+	ipvs      map[string]trace.IPVSService // "proto vip"
+	listeners map[string]trace.Listener    // "proto ip:port"
+	onIPVS    map[netip.Addr][]string      // address -> service ports
+	podNodes  map[string]string
+	services  map[string]trace.Service
+}
+
+func newEnv() *fakeEnv {
+	return &fakeEnv{
+		ipvs: map[string]trace.IPVSService{
+			"tcp 10.96.0.10:80":    {Proto: "tcp", Address: "10.96.0.10:80", Reals: []string{"10.244.1.5:8080", "10.244.2.7:8080"}},
+			"tcp 192.168.1.200:80": {Proto: "tcp", Address: "192.168.1.200:80"},
+			"tcp 10.96.0.20:3306":  {Proto: "tcp", Address: "10.96.0.20:3306", Reals: []string{"10.244.2.7:3306"}},
+		},
+		listeners: map[string]trace.Listener{"tcp 0.0.0.0:80": {Proto: "tcp", Address: "0.0.0.0:80", Process: "nginx-ingress"}},
+		onIPVS: map[netip.Addr][]string{
+			netip.MustParseAddr("10.96.0.10"):    {"tcp:80"},
+			netip.MustParseAddr("10.96.0.20"):    {"tcp:3306"},
+			netip.MustParseAddr("192.168.1.200"): {"tcp:80"},
+		},
+		podNodes: map[string]string{"ns-b/mysql-b": "node-2", "ns-a/mysql-a": "node-1", "web/web-1": "node-1"},
+		services: map[string]trace.Service{
+			"ns-a/mysql-a": {Namespace: "ns-a", Name: "mysql-a", Type: "ClusterIP", ClusterIPs: []string{"10.96.0.20"}},
+			"web/web":      {Namespace: "web", Name: "web", Type: "LoadBalancer", LBIPs: []string{"192.168.1.200"}, ETP: "Local"},
+		},
+	}
+}
+
+func (e *fakeEnv) NodeName() string                     { return "node-2" }
+func (e *fakeEnv) OnKubeIPVS(a netip.Addr) bool         { _, ok := e.onIPVS[a]; return ok }
+func (e *fakeEnv) ServicePortsOn(a netip.Addr) []string { return e.onIPVS[a] }
+func (e *fakeEnv) IPVSService(proto string, vip netip.AddrPort) (trace.IPVSService, bool) {
+	s, ok := e.ipvs[proto+" "+vip.String()]
+	return s, ok
+}
+func (e *fakeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bool) {
+	l, ok := e.listeners[proto+" 0.0.0.0:"+itoa(dst.Port())]
+	return l, ok
+}
+func (e *fakeEnv) PodNode(p trace.PodRef) string { return e.podNodes[p.Namespace+"/"+p.Name] }
+func (e *fakeEnv) Service(r trace.ServiceRef) (trace.Service, bool) {
+	s, ok := e.services[r.Namespace+"/"+r.Name]
+	return s, ok
+}
+
+func itoa(p uint16) string {
+	return netip.AddrPortFrom(netip.IPv4Unspecified(), p).String()[len("0.0.0.0:"):]
+}
+
+var portmapRule = &trace.Rule{
+	Table: "nat", Chain: "CNI-DN-733b5c318e3a34b1f1ddf", EntryChain: "CNI-HOSTPORT-DNAT",
+	Path:  []string{"PREROUTING", "CNI-HOSTPORT-DNAT", "CNI-DN-733b5c318e3a34b1f1ddf"},
+	Text:  "-A CNI-DN-733b5c318e3a34b1f1ddf -p tcp -m tcp --dport 3306 -j DNAT --to-destination 10.244.1.5:3306",
+	Owner: &trace.Owner{ContainerID: "d8a1e2", Pod: &trace.PodRef{Namespace: "ns-b", Name: "mysql-b"}},
+}
+
+var filterRule = &trace.Rule{
+	Table: "filter", Chain: "KUBE-IPVS-FILTER", Path: []string{"INPUT", "KUBE-IPVS-FILTER"},
+	Text: "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable",
+}
+
+func flow(proto, src, dst, replySrc string, kinds ...string) *trace.Flow {
+	f := &trace.Flow{Type: "flow", Proto: proto, Orig: trace.Tuple{Src: src, Dst: dst}}
+	if replySrc != "" {
+		f.Reply = &trace.Tuple{Src: replySrc, Dst: src}
+	}
+	for _, k := range kinds {
+		e := trace.Event{Kind: k, Hook: "h", Via: "fentry"}
+		switch k {
+		case "reject":
+			e.Reason = "icmp-port-unreachable"
+			e.Packet = &trace.Tuple{Src: src, Dst: dst}
+		case "reset":
+			e.By = "stack"
+			e.Reason = "NO_SOCKET"
+		case "drop":
+			e.Reason = "NETFILTER_DROP"
+		}
+		f.Events = append(f.Events, e)
+	}
+	return f
+}
+
+func check(t *testing.T, f *trace.Flow, verdict string, facts ...string) {
+	t.Helper()
+	r := Diagnose(f, newEnv())
+	if r.Verdict != verdict {
+		t.Errorf("verdict %q, want %q; explanation: %s", r.Verdict, verdict, r.Explanation)
+	}
+	for _, fact := range facts {
+		if !strings.Contains(r.Explanation, fact) {
+			t.Errorf("explanation lacks %q: %s", fact, r.Explanation)
+		}
+	}
+}
+
+func TestHostportHijackOfClusterIP(t *testing.T) {
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f.Rule = portmapRule
+	f.Service = &trace.ServiceRef{Namespace: "ns-a", Name: "mysql-a", Port: "3306"}
+	f.DstPod = &trace.PodRef{Namespace: "ns-b", Name: "mysql-b"}
+	check(t, f, trace.VerdictHostportHijack, "10.96.0.20:3306 (Service ns-a/mysql-a)", "pod ns-b/mysql-b",
+		"CNI-DN-733b5c318e3a34b1f1ddf", "kube-ipvs0", "CNI-HOSTPORT-DNAT", "Fix:")
+}
+
+func TestHostportHijackOfHostListener(t *testing.T) {
+	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:80", "10.244.1.5:80", "dnat")
+	f.Rule = portmapRule
+	check(t, f, trace.VerdictHostportHijack, "host listener on 0.0.0.0:80 (nginx-ingress)", "pick one")
+	if r := Diagnose(flowHijackVIP(), newEnv()); strings.Contains(r.Explanation, "pick one") {
+		t.Errorf("listener advice given without a listener: %s", r.Explanation)
+	}
+}
+
+// Near miss: a hostPort on a port nobody else owns is the hostPort working.
+func TestHostportAsIntendedIsOK(t *testing.T) {
+	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:3306", "10.244.1.5:3306", "dnat")
+	f.Rule = portmapRule
+	check(t, f, trace.VerdictOK, "hostPort used as intended")
+}
+
+// Near miss: a DNAT to the same pod by kube-proxy's own rule is no hijack.
+func TestServiceDNATIsOK(t *testing.T) {
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f.Rule = &trace.Rule{Table: "nat", Chain: "KUBE-SEP-X", Path: []string{"PREROUTING", "KUBE-SERVICES", "KUBE-SVC-Y", "KUBE-SEP-X"}, Text: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.244.1.5:3306"}
+	f.Service = &trace.ServiceRef{Namespace: "ns-a", Name: "mysql-a"}
+	f.Conntrack = &trace.Conntrack{Replied: true}
+	check(t, f, trace.VerdictOK, "DNAT'd to 10.244.1.5:3306")
+}
+
+func TestPingClusterIPRejectedByFilter(t *testing.T) {
+	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", "reject", "drop")
+	f.Rule = filterRule
+	check(t, f, trace.VerdictIPVSFilterReject, "KUBE-IPVS-FILTER", "ICMP (ping)", "only tcp:80", "kube-ipvs0", "ping never will")
+}
+
+func TestLBPortOutsideClusterRejected(t *testing.T) {
+	f := flow("tcp", "10.244.1.7:40000", "192.168.1.200:443", "", "reject")
+	f.Rule = filterRule
+	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
+	check(t, f, trace.VerdictIPVSFilterReject, "tcp port 443", "ipMode: Proxy", "hostname")
+}
+
+// Without a rules snapshot the address on kube-ipvs0 still identifies it.
+func TestFilterRejectWithoutRule(t *testing.T) {
+	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", "reject")
+	check(t, f, trace.VerdictIPVSFilterReject, "not attributed")
+}
+
+// Near miss: a REJECT in another chain is not KUBE-IPVS-FILTER.
+func TestOtherRejectIsRejected(t *testing.T) {
+	f := flow("udp", "10.244.1.7:5000", "10.96.0.10:53", "", "reject")
+	f.Rule = &trace.Rule{Table: "filter", Chain: "MY-FIREWALL", Path: []string{"FORWARD", "MY-FIREWALL"}, Text: "-A MY-FIREWALL -p udp -j REJECT"}
+	check(t, f, trace.VerdictRejected, "MY-FIREWALL", "icmp-port-unreachable")
+}
+
+func TestIPVSNoEndpoint(t *testing.T) {
+	f := flow("tcp", "172.18.0.9:40000", "192.168.1.200:80", "", "ipvs-no-dest", "reject")
+	f.Events[0].Virtual = "192.168.1.200:80"
+	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
+	check(t, f, trace.VerdictIPVSNoEndpoint, "no real server", "externalTrafficPolicy=Local", "before 1.24")
+}
+
+func TestReturnPathOnDNATNode(t *testing.T) {
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", "ipvs")
+	f.Events[0].To = "10.244.2.7:8080"
+	f.Conntrack = &trace.Conntrack{Replied: false, State: "SYN_SENT"}
+	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
+	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
+	check(t, f, trace.VerdictReturnPathMismatch, "without SNAT", "node-1", "UNREPLIED", "since Kubernetes 1.24")
+}
+
+// Near miss: the same DNAT with its reply seen is fine.
+func TestRepliedRemoteDNATIsOK(t *testing.T) {
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", "ipvs")
+	f.Events[0].To = "10.244.2.7:8080"
+	f.Conntrack = &trace.Conntrack{Replied: true}
+	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
+	check(t, f, trace.VerdictOK, "real server 10.244.2.7:8080")
+}
+
+func TestReturnPathOnClient(t *testing.T) {
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "192.168.1.200:80", "reset")
+	f.Events[0].Packet = &trace.Tuple{Src: "10.244.2.7:8080", Dst: "172.18.0.99:40000"}
+	f.Conntrack = &trace.Conntrack{Replied: false}
+	check(t, f, trace.VerdictReturnPathMismatch, "10.244.2.7:8080", "different five-tuple")
+}
+
+func TestStackResetAndDrop(t *testing.T) {
+	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:9999", "10.0.0.2:9999", "reset")
+	f.Events[0].Packet = &trace.Tuple{Src: "10.0.0.1:40000", Dst: "10.0.0.2:9999"}
+	check(t, f, trace.VerdictReset, "NO_SOCKET", "Nothing listens on 10.0.0.2:9999")
+	f = flow("tcp", "10.0.0.1:40000", "10.0.0.2:22", "", "drop")
+	f.Rule = &trace.Rule{Table: "filter", Chain: "INPUT", Text: "-A INPUT -p tcp --dport 22 -j DROP"}
+	check(t, f, trace.VerdictDropped, "NETFILTER_DROP", "-A INPUT -p tcp --dport 22 -j DROP")
+}
+
+func TestNetfilterResetIsRejected(t *testing.T) {
+	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:81", "", "reset")
+	f.Events[0].By = "netfilter"
+	check(t, f, trace.VerdictRejected, "tcp-reset")
+}
+
+func flowHijackVIP() *trace.Flow {
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f.Rule = portmapRule
+	return f
+}

@@ -1,0 +1,297 @@
+package diagnose
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// ipvsNoEndpoint: an IPVS virtual server with no real server answered the
+// client with ICMP port unreachable (ip_vs_leave), seed 004's ETP=Local
+// before Kubernetes 1.24.
+func (d *diagnosis) ipvsNoEndpoint() (Result, bool) {
+	leave := d.event("ipvs-no-dest")
+	vs, haveVS := d.env.IPVSService(d.f.Proto, d.dst())
+	emptyVS := haveVS && len(vs.Reals) == 0 && d.has("reject")
+	if leave == nil && !emptyVS {
+		return Result{}, false
+	}
+	virtual := d.f.Orig.Dst
+	if leave != nil && leave.Virtual != "" {
+		virtual = leave.Virtual
+	}
+	how := "ICMP port unreachable"
+	if r := d.event("reject"); r != nil && r.Reason != "" {
+		how = r.Reason
+	}
+	etp := ""
+	if sv, ok := d.service(); ok && strings.EqualFold(sv.ETP, "Local") {
+		etp = fmt.Sprintf("Service %s/%s has externalTrafficPolicy=Local and node %s runs none of its endpoints; kube-proxy before 1.24 leaves such a virtual server without real servers (since 1.24 it lists every endpoint instead)",
+			sv.Namespace, sv.Name, d.env.NodeName())
+	}
+	return Result{trace.VerdictIPVSNoEndpoint, sentences(
+		fmt.Sprintf("no endpoint: IPVS virtual server %s %s has no real server, so IPVS dropped %s's packet and answered with %s (ip_vs_leave)",
+			d.f.Proto, d.targetAt(virtual), d.f.Orig.Src, how),
+		etp,
+		"Fix: run an endpoint on this node, send the traffic only to nodes that have one (the LB's health check on healthCheckNodePort does this), or use externalTrafficPolicy=Cluster",
+	)}, true
+}
+
+func (d *diagnosis) targetAt(virtual string) string {
+	if sv := d.f.Service; sv != nil {
+		return fmt.Sprintf("%s (Service %s/%s)", virtual, sv.Namespace, sv.Name)
+	}
+	return virtual
+}
+
+func (d *diagnosis) service() (trace.Service, bool) {
+	if d.f.Service == nil {
+		return trace.Service{}, false
+	}
+	return d.env.Service(*d.f.Service)
+}
+
+// ipvsFilterReject: kube-proxy's KUBE-IPVS-FILTER (IPVS mode, 1.26+) rejects
+// new connections to an address on kube-ipvs0 that is not a service
+// ip,port: ping to a ClusterIP (seed 003), an LB IP port that belongs to
+// something outside the cluster (seed 004).
+func (d *diagnosis) ipvsFilterReject() (Result, bool) {
+	if !d.has("reject", "drop", "reset") {
+		return Result{}, false
+	}
+	dst := d.dst()
+	byRule := d.ruleIn("KUBE-IPVS-FILTER")
+	if d.f.Rule != nil && !byRule {
+		return Result{}, false // another rule decided: not this incident
+	}
+	if !byRule && !(d.has("reject") && d.env.OnKubeIPVS(dst.Addr())) {
+		return Result{}, false
+	}
+	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
+	if d.f.Proto == "icmp" {
+		what = "ICMP (ping)"
+	}
+	ports := d.env.ServicePortsOn(dst.Addr())
+	accepted := "no service port"
+	if len(ports) > 0 {
+		accepted = "only " + strings.Join(ports, ", ")
+	}
+	evidence := d.ruleEvidence()
+	if evidence == "" {
+		evidence = "the rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"
+	}
+	parts := []string{
+		fmt.Sprintf("rejected by KUBE-IPVS-FILTER: %s to %s is refused because %s is bound to kube-ipvs0 (ipset KUBE-IPVS-IPS) while kube-proxy's ipsets accept %s there, so the filter (kube-proxy IPVS mode ≥ 1.26) REJECTs new connections with icmp-port-unreachable",
+			what, d.target(), dst.Addr(), accepted),
+		evidence,
+	}
+	parts = append(parts, d.filterFix(dst)...)
+	return Result{trace.VerdictIPVSFilterReject, sentences(parts...)}, true
+}
+
+func (d *diagnosis) filterFix(dst interface{ String() string }) []string {
+	if d.f.Proto == "icmp" {
+		return []string{"A ClusterIP is virtual: in IPVS mode only its service ports answer, and ping never will. Test the Service with a connection to its port instead"}
+	}
+	if sv, ok := d.service(); ok && len(sv.LBIPs) > 0 {
+		return []string{fmt.Sprintf("The LoadBalancer IP of Service %s/%s is bound to kube-ipvs0 on every node, so in-cluster traffic to it never reaches the cloud load balancer and only the ports of this Service answer. Fix: have the cloud controller publish a hostname in the Service status, or set ipMode: Proxy (Kubernetes ≥ 1.30)", sv.Namespace, sv.Name)}
+	}
+	return []string{"Only the Service's own ports are reachable on a kube-ipvs0 address; connect to one of them"}
+}
+
+// isPortmapRule reports whether the flow's rule is a CNI portmap hostPort DNAT.
+func (d *diagnosis) isPortmapRule() bool {
+	r := d.f.Rule
+	if r == nil {
+		return false
+	}
+	return strings.HasPrefix(r.Chain, "CNI-DN-") || d.ruleIn("CNI-HOSTPORT-DNAT")
+}
+
+// hostportHijack: a hostPort DNAT (portmap) took a flow addressed to a
+// Service VIP, a NodePort, an LB IP, or a port a host listener owns (seeds
+// 000 and 002).
+func (d *diagnosis) hostportHijack() (Result, bool) {
+	if !d.has("dnat") || !d.isPortmapRule() {
+		return Result{}, false
+	}
+	dst := d.dst()
+	var bypassed []string
+	onIPVS := d.env.OnKubeIPVS(dst.Addr())
+	if sv := d.f.Service; sv != nil {
+		bypassed = append(bypassed, fmt.Sprintf("Service %s/%s", sv.Namespace, sv.Name))
+	} else if onIPVS {
+		bypassed = append(bypassed, "the Service VIP "+dst.Addr().String())
+	}
+	l, listener := d.env.Listener(d.f.Proto, dst)
+	if listener {
+		who := l.Address
+		if l.Process != "" {
+			who += " (" + l.Process + ")"
+		}
+		bypassed = append(bypassed, "the host listener on "+who)
+	}
+	if len(bypassed) == 0 {
+		return Result{}, false // a hostPort used as intended
+	}
+	owner := "a hostPort pod"
+	if r := d.f.Rule; r.Owner != nil && r.Owner.Pod != nil {
+		owner = "pod " + podName(r.Owner.Pod)
+	}
+	why := "portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches every address local to the node"
+	if onIPVS {
+		why = "kube-ipvs0 makes every ClusterIP and LB IP local, so portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches them, and its DNAT runs before IPVS sees the packet"
+	}
+	landed := d.where(d.wentTo().String(), d.f.DstPod)
+	return Result{trace.VerdictHostportHijack, sentences(
+		fmt.Sprintf("hijacked: %s was DNAT'd to %s by the hostPort rule of %s in chain %s, bypassing %s",
+			d.target(), landed, owner, d.f.Rule.Chain, strings.Join(bypassed, " and ")),
+		"Why: "+why,
+		d.ruleEvidence(),
+		"No socket holds a hostPort, so ss, netstat, lsof and ipvsadm show nothing",
+		d.hijackFix(dst.Port(), owner, listener),
+	)}, true
+}
+
+func (d *diagnosis) hijackFix(port uint16, owner string, listener bool) string {
+	fix := fmt.Sprintf("Fix: remove hostPort %d from %s or move it to a port no Service, NodePort or host listener uses", port, owner)
+	if listener {
+		fix += "; a hostNetwork listener and a hostPort on the same port conflict: pick one"
+	}
+	return fix
+}
+
+// returnPathMismatch: DNAT without SNAT to a backend that replies around
+// this node (seed 004, ETP=Local since 1.24): on the DNAT node the entry
+// stays unreplied; on the client, the reply from the wrong five-tuple is
+// reset or dropped.
+func (d *diagnosis) returnPathMismatch() (Result, bool) {
+	if r, ok := d.clientSideMismatch(); ok {
+		return r, true
+	}
+	if !d.has("dnat", "ipvs") || d.has("snat") {
+		return Result{}, false
+	}
+	ct := d.f.Conntrack
+	if ct == nil || ct.Replied || d.f.Proto != "tcp" {
+		return Result{}, false
+	}
+	remote := d.f.DstPod != nil && d.env.PodNode(*d.f.DstPod) != "" && d.env.PodNode(*d.f.DstPod) != d.env.NodeName()
+	if !remote {
+		return Result{}, false
+	}
+	node := d.env.PodNode(*d.f.DstPod)
+	return Result{trace.VerdictReturnPathMismatch, sentences(
+		fmt.Sprintf("return path: %s from %s was DNAT'd to %s on node %s without SNAT, so that pod answers %s directly from %s instead of through this node",
+			d.target(), d.f.Orig.Src, d.where(d.wentTo().String(), d.f.DstPod), node, d.f.Orig.Src, d.wentTo()),
+		"The client has no connection to that address: it resets or drops the answer", d.conntrackEvidence()+" on this node",
+		d.etpNote(),
+		"Fix: route the traffic only to nodes with a local endpoint (the LB health check on healthCheckNodePort), or use externalTrafficPolicy=Cluster so the node SNATs",
+	)}, true
+}
+
+func (d *diagnosis) etpNote() string {
+	if sv, ok := d.service(); ok && strings.EqualFold(sv.ETP, "Local") {
+		return fmt.Sprintf("Service %s/%s has externalTrafficPolicy=Local and node %s has no local endpoint: since Kubernetes 1.24 kube-proxy then forwards to every endpoint without SNAT", sv.Namespace, sv.Name, d.env.NodeName())
+	}
+	return ""
+}
+
+// clientSideMismatch: a stack reset or drop of a packet that answers one of
+// the client's connections from an address it never connected to. The
+// joiner records the client's connection as the flow's reply-less orig
+// and the stray packet in the event.
+func (d *diagnosis) clientSideMismatch() (Result, bool) {
+	ev := d.event("reset")
+	if ev == nil || ev.By != "stack" {
+		ev = d.event("drop")
+	}
+	if ev == nil || ev.Packet == nil || d.f.Reply == nil {
+		return Result{}, false
+	}
+	// The stray answer comes from somewhere the client did not address,
+	// to the client's own address and port.
+	if ev.Packet.Dst != d.f.Orig.Src || ev.Packet.Src == d.f.Orig.Dst || ev.Packet.Src == d.f.Reply.Src {
+		return Result{}, false
+	}
+	what := "reset"
+	if ev.Kind == "drop" {
+		what = "dropped (" + ev.Reason + ")"
+	}
+	return Result{trace.VerdictReturnPathMismatch, sentences(
+		fmt.Sprintf("return path: %s connected to %s, but the answer came from %s, a different five-tuple, so the client's stack %s it",
+			d.f.Orig.Src, d.target(), ev.Packet.Src, what),
+		"Something DNAT'd the connection without SNAT and the backend replied directly instead of through the node that translated it",
+		d.conntrackEvidence(),
+	)}, true
+}
+
+// generic: any other REJECT, stack RST or drop, with the rule or reason.
+func (d *diagnosis) generic() (Result, bool) {
+	if ev := d.event("reject"); ev != nil {
+		return Result{trace.VerdictRejected, sentences(
+			fmt.Sprintf("rejected: %s from %s was answered with %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "an ICMP error")),
+			orDefault(d.ruleEvidence(), "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"),
+		)}, true
+	}
+	if ev := d.event("reset"); ev != nil {
+		if ev.By == "netfilter" {
+			return Result{trace.VerdictRejected, sentences(
+				fmt.Sprintf("rejected: %s from %s was refused with a TCP reset by a REJECT --reject-with tcp-reset rule", d.target(), d.f.Orig.Src),
+				d.ruleEvidence(),
+			)}, true
+		}
+		reason := ""
+		if ev.Reason != "" {
+			reason = " (kernel reason " + ev.Reason + ")"
+		}
+		return Result{trace.VerdictReset, sentences(
+			fmt.Sprintf("reset: the TCP stack answered %s from %s with a reset%s", d.target(), d.f.Orig.Src, reason),
+			d.resetHint(ev),
+		)}, true
+	}
+	if ev := d.event("drop"); ev != nil {
+		return Result{trace.VerdictDropped, sentences(
+			fmt.Sprintf("dropped: a packet of %s from %s was dropped, reason %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "unknown (this kernel gives none)")),
+			d.ruleEvidence(),
+		)}, true
+	}
+	return Result{}, false
+}
+
+func (d *diagnosis) resetHint(ev *trace.Event) string {
+	if ev.Reason == "NO_SOCKET" || ev.Reason == "" {
+		return "Nothing listens on " + d.wentTo().String()
+	}
+	return ""
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// ok: translated or passed as the Service intends.
+func (d *diagnosis) ok() Result {
+	var parts []string
+	switch {
+	case d.has("ipvs"):
+		ev := d.event("ipvs")
+		parts = append(parts, fmt.Sprintf("ok: IPVS sent %s from %s to real server %s (%s)", d.target(), d.f.Orig.Src, d.where(ev.To, d.f.DstPod), orDefault(ev.Forward, "masq")))
+	case d.has("dnat"):
+		parts = append(parts, fmt.Sprintf("ok: %s from %s was DNAT'd to %s", d.target(), d.f.Orig.Src, d.where(d.wentTo().String(), d.f.DstPod)))
+		if d.isPortmapRule() {
+			parts = append(parts, "a hostPort used as intended: nothing else owns that address and port")
+		}
+	case d.has("snat"):
+		ev := d.event("snat")
+		parts = append(parts, fmt.Sprintf("ok: %s to %s leaves with source %s (SNAT/MASQUERADE)", d.f.Orig.Src, d.target(), ev.To))
+	default:
+		parts = append(parts, fmt.Sprintf("ok: %s to %s passed untranslated", d.f.Orig.Src, d.target()))
+	}
+	parts = append(parts, d.ruleEvidence(), d.conntrackEvidence())
+	return Result{trace.VerdictOK, sentences(parts...)}
+}
