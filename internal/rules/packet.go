@@ -91,7 +91,9 @@ type Packet struct {
 	// none at this hook), which makes -i/-o matches uncertain.
 	InIface, OutIface string
 	// State is the conntrack state of the packet: exactly one of CTNew,
-	// CTEstablished, CTRelated, CTInvalid, CTUntracked. Zero means unknown.
+	// CTEstablished, CTRelated, CTInvalid, CTUntracked. Zero means unknown:
+	// --ctstate matches are then uncertain, and the nat table is walked as
+	// for the first packet of a connection (the only one it sees).
 	State CTState
 	// NATed may add CTSNAT/CTDNAT when the caller knows the connection's
 	// translation (for --ctstate SNAT/DNAT); KnowNAT says it does.

@@ -74,7 +74,7 @@ func ParseSave(r io.Reader, family Family) (*Ruleset, error) {
 				err = errors.New("rule outside a table")
 				break
 			}
-			err = cur.addRule(line)
+			err = cur.addRule(line, family)
 		default:
 			err = errors.New("unrecognised line")
 		}
@@ -148,7 +148,7 @@ func (rs *Ruleset) Rules() []*Rule {
 	return out
 }
 
-func (t *Table) addRule(line string) error {
+func (t *Table) addRule(line string, family Family) error {
 	// iptables-save -c prefixes the counters: "[12:3456] -A ...".
 	if line[0] == '[' {
 		end := strings.IndexByte(line, ']')
@@ -166,7 +166,7 @@ func (t *Table) addRule(line string) error {
 	}
 	c := t.chain(toks[1])
 	r := &Rule{Table: t.Name, Chain: c.Name, Text: line}
-	if err := parseRule(r, toks[2:], t.Name); err != nil {
+	if err := parseRule(r, toks[2:], family); err != nil {
 		return err
 	}
 	if toks[0] == "-I" {
@@ -223,7 +223,7 @@ func isShortOpt(tok string) bool {
 }
 
 // parseRule fills r from the tokens after "-A CHAIN".
-func parseRule(r *Rule, toks []string, table string) error {
+func parseRule(r *Rule, toks []string, family Family) error {
 	module := ""
 	for i := 0; i < len(toks); {
 		neg := false
@@ -261,7 +261,7 @@ func parseRule(r *Rule, toks []string, table string) error {
 				i++
 				continue
 			}
-			if err := parseTarget(&r.Target, tok == "-g" || tok == "--goto", toks[i+1], toks[i+2:], table); err != nil {
+			if err := parseTarget(&r.Target, tok == "-g" || tok == "--goto", toks[i+1], toks[i+2:], family); err != nil {
 				return fmt.Errorf("target %s: %w", toks[i+1], err)
 			}
 			return nil
@@ -706,7 +706,7 @@ var knownContinue = map[string]bool{
 	"LED": true, "HMARK": true, "TEE": true, "SET": true, "RATEEST": true, "TCPOPTSTRIP": true,
 }
 
-func parseTarget(t *Target, isGoto bool, name string, args []string, table string) error {
+func parseTarget(t *Target, isGoto bool, name string, args []string, family Family) error {
 	t.Name = name
 	t.Args = args
 	if isGoto {
@@ -723,6 +723,14 @@ func parseTarget(t *Target, isGoto bool, name string, args []string, table strin
 	case "REJECT":
 		t.Kind = TargetReject
 		t.RejectWith = optArg(args, "--reject-with")
+		if t.RejectWith == "" {
+			// iptables-save always prints it; hand-written rules get the
+			// kernel's default.
+			t.RejectWith = "icmp-port-unreachable"
+			if family == IPv6 {
+				t.RejectWith = "icmp6-port-unreachable"
+			}
+		}
 	case "DNAT", "SNAT":
 		t.Kind = TargetDNAT
 		opt := "--to-destination"

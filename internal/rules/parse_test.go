@@ -270,3 +270,34 @@ func FuzzParseSave(f *testing.F) {
 		}
 	})
 }
+
+func TestIPv6Dump(t *testing.T) {
+	rs, err := ParseSaveString(`*filter
+:INPUT ACCEPT [0:0]
+-A INPUT -s fd00:10:244::/64 -p ipv6-icmp -m icmp6 --icmpv6-type 128 -j REJECT
+-A INPUT -d ::1/128 -p tcp -m tcp --dport 22 -j DROP
+COMMIT
+`, IPv6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs.Chain("filter", "INPUT").Rules[0]
+	if r.Target.RejectWith != "icmp6-port-unreachable" {
+		t.Errorf("default reject-with %q", r.Target.RejectWith)
+	}
+	p := Packet{Proto: ProtoICMPv6, Src: netip.MustParseAddrPort("[fd00:10:244::5]:0"), Dst: netip.MustParseAddrPort("[fd00::1]:0"),
+		ICMPType: 128, ICMPKnown: true, State: CTNew, InIface: "eth0"}
+	at, err := rs.Attribute(p, nil, KernelAction{Kind: ActionReject, Hook: "INPUT", ICMPType: 1, ICMPCode: 4})
+	if err != nil || at.Uncertain || at.Result.Rule != r {
+		t.Fatalf("v6 reject: %v %+v", err, at)
+	}
+	res, err := rs.Evaluate("filter", "INPUT", tcp("[::1]:5000", "[::1]:22"), nil)
+	if err != nil || res.Verdict != VerdictDrop || res.Rule.Index != 2 {
+		t.Fatalf("v6 drop: %v %+v", err, res)
+	}
+	// An IPv4 packet never matches an IPv6 prefix.
+	res, err = rs.Evaluate("filter", "INPUT", tcp("127.0.0.1:5000", "127.0.0.1:22"), nil)
+	if err != nil || !res.ByPolicy() {
+		t.Fatalf("v4 packet: %v %+v", err, res)
+	}
+}

@@ -135,7 +135,7 @@ func (m *Match) String() string {
 	if m.Value != "" {
 		b.WriteString(" " + m.Value)
 	}
-	return b.String()
+	return strings.TrimSpace(b.String())
 }
 
 // PortRange is an inclusive port range; a single port has Lo == Hi.
@@ -196,8 +196,8 @@ type Target struct {
 
 	// Chain is the user chain of a jump or goto.
 	Chain string
-	// RejectWith is REJECT's --reject-with (defaulted to the family's
-	// port-unreachable when not printed).
+	// RejectWith is REJECT's --reject-with, defaulted to the family's
+	// port-unreachable when the rule does not say.
 	RejectWith string
 	// NAT ranges of DNAT --to-destination / SNAT --to-source (one per
 	// option; old kernels allowed several), MASQUERADE/REDIRECT --to-ports.
