@@ -93,10 +93,13 @@ func RejectICMP(rejectWith string, family Family) (typ, code uint8, ok bool) {
 	return tc[0], tc[1], ok
 }
 
-// Attribute finds the rule that made the kernel's decision for pkt (as it
-// entered the hook) and checks that it agrees: a DNAT whose range holds the
-// address chosen, a REJECT of the type sent, a DROP for a drop. The tables
-// at the hook are walked in priority order, carrying MARK changes.
+// Attribute finds the rule that made the kernel's decision for pkt and
+// checks that it agrees: a DNAT whose range holds the address chosen, a
+// REJECT of the type sent, a DROP for a drop. pkt is the packet as it
+// entered the hook: after an earlier hook's DNAT, with the mark earlier
+// hooks left (Result.Mark of the PREROUTING walk for POSTROUTING). The
+// tables at the hook are walked in priority order, carrying MARK changes
+// and, where a range pins it down, a translation from nat to filter.
 func (rs *Ruleset) Attribute(pkt Packet, node NodeState, act KernelAction) (*Attribution, error) {
 	tables, ok := hookTables[act.Hook]
 	if !ok {
@@ -319,10 +322,12 @@ func agrees(o *Outcome, a KernelAction, pkt Packet, node NodeState, fam Family) 
 		return nil
 	case ActionAccept:
 		switch o.Verdict {
-		case VerdictDrop, VerdictReject, VerdictQueue:
-			return bad("does not accept")
+		case VerdictAccept, VerdictNotTraversed:
+			return nil
+		case VerdictDNAT, VerdictSNAT, VerdictMasquerade, VerdictRedirect:
+			return bad("translates, the kernel passed the packet untranslated")
 		}
-		return nil
+		return bad("does not accept")
 	}
 	return bad("unknown action %s", a.Kind)
 }

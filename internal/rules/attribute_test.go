@@ -124,15 +124,18 @@ func TestAttributeSettlesDoubt(t *testing.T) {
 	if len(at.Result.Alternatives) != 1 || at.Result.Alternatives[0].Verdict != VerdictAccept {
 		t.Errorf("alternatives %v", at.Result.Alternatives)
 	}
-	// A kernel that accepted it untranslated settles the other branch.
+	// A kernel that passed it untranslated settles the other branch.
 	at, err = rs.Attribute(pkt, n, KernelAction{Kind: ActionAccept, Hook: "PREROUTING"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Both ACCEPT (KUBE-SERVICES) and DNAT let the packet through this
-	// hook, so an accept cannot choose between them.
-	if !at.Uncertain {
-		t.Errorf("accept: want uncertain, got %s", at.Result.Outcome.String())
+	if at.Uncertain || at.Result.Rule == nil || at.Result.Rule.Chain != "KUBE-SERVICES" || at.Result.Rule.Index != 6 {
+		t.Errorf("accept: uncertain %v (%v), outcome %s", at.Uncertain, at.Reasons, at.Result.Outcome.String())
+	}
+	// A drop agrees with neither: no rule is named with confidence.
+	at, err = rs.Attribute(pkt, n, KernelAction{Kind: ActionDrop, Hook: "PREROUTING"})
+	if err != nil || !at.Uncertain {
+		t.Errorf("drop: %v uncertain %v", err, at.Uncertain)
 	}
 }
 
