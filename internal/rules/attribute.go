@@ -217,7 +217,7 @@ func (at *Attribution) pick(rs *Ruleset, node NodeState, pkt Packet, fam Family)
 			at.Uncertain = true
 			at.Reasons = append(at.Reasons, res.Reasons...)
 		}
-		if hasCutShort(res) {
+		if res.Incomplete {
 			at.Uncertain = true
 			at.Reasons = append(at.Reasons, res.Reasons...)
 		}
@@ -242,17 +242,6 @@ func (res *Result) choose(cands []Outcome, o Outcome) {
 			res.Alternatives = append(res.Alternatives, cands[i])
 		}
 	}
-}
-
-// hasCutShort reports a walk that did not explore everything, so the
-// outcomes it lists may not be all there are.
-func hasCutShort(res *Result) bool {
-	for _, r := range res.Reasons {
-		if strings.HasPrefix(r, "more than ") || strings.HasPrefix(r, "walk cut short") {
-			return true
-		}
-	}
-	return false
 }
 
 func (a KernelAction) describe() string {

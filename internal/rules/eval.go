@@ -98,6 +98,9 @@ type Result struct {
 	// Doubts lists every rule met on the way whose match or target could
 	// not be decided, including those that did not change the outcome.
 	Doubts []Doubt
+	// Incomplete: a limit stopped the walk from exploring every branch, so
+	// Alternatives may not list every possible outcome.
+	Incomplete bool
 }
 
 // Limits that keep a hostile or looping dump from running away.
@@ -136,15 +139,17 @@ func (rs *Ruleset) Evaluate(table, chain string, pkt Packet, node NodeState) (*R
 	res.Doubts = w.doubts
 	res.Reasons = w.mattered
 	if w.exhausted {
-		res.Reasons = append(res.Reasons, fmt.Sprintf("more than %d undecidable rules: later ones were assumed not to match", maxForks))
+		res.Incomplete = true
+		res.Reasons = append(res.Reasons, fmt.Sprintf("more than %d undecidable rules: later ones were not explored both ways", maxForks))
 	}
 	for _, o := range outs {
 		if o.Verdict == VerdictUnknown && o.Rule == nil {
+			res.Incomplete = true
 			res.Reasons = append(res.Reasons, "walk cut short: jump depth or rule count limit reached (a chain loop?)")
 			break
 		}
 	}
-	res.Uncertain = len(outs) > 1 || w.exhausted || res.Verdict == VerdictUnknown
+	res.Uncertain = len(outs) > 1 || res.Incomplete || res.Verdict == VerdictUnknown
 	if res.Uncertain && len(res.Reasons) == 0 {
 		for _, d := range w.doubts {
 			res.Reasons = append(res.Reasons, d.String())
