@@ -429,3 +429,11 @@ func translate(p *Packet, res *Result) error {
 	*ap = netip.AddrPortFrom(addr, port)
 	return nil
 }
+
+// Reason joins Reasons for display ("" when the attribution is certain).
+func (at *Attribution) Reason() string {
+	if !at.Uncertain {
+		return ""
+	}
+	return strings.Join(at.Reasons, "; ")
+}
