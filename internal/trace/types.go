@@ -59,13 +59,16 @@ type Attempt struct {
 // Snapshot is the node state the diagnosis used, so a trace can be
 // re-diagnosed anywhere. Its parts are filled by the enrich stage.
 type Snapshot struct {
-	Addresses []Address         `json:"addresses,omitempty"`
-	Rules     map[string]string `json:"rules,omitempty"`  // table -> iptables-save text
-	Ipsets    string            `json:"ipsets,omitempty"` // ipset save text
-	IPVS      []IPVSService     `json:"ipvs,omitempty"`
-	Listeners []Listener        `json:"listeners,omitempty"`
-	Pods      []Pod             `json:"pods,omitempty"`
-	Services  []Service         `json:"services,omitempty"`
+	Addresses []Address `json:"addresses,omitempty"`
+	// LocalRoutes are the destinations of the local routing table (what
+	// -m addrtype --dst-type LOCAL matches), as prefixes.
+	LocalRoutes []string          `json:"local_routes,omitempty"`
+	Rules       map[string]string `json:"rules,omitempty"`  // table -> iptables-save text
+	Ipsets      string            `json:"ipsets,omitempty"` // ipset save text
+	IPVS        []IPVSService     `json:"ipvs,omitempty"`
+	Listeners   []Listener        `json:"listeners,omitempty"`
+	Pods        []Pod             `json:"pods,omitempty"`
+	Services    []Service         `json:"services,omitempty"`
 }
 
 // Address is one address on one interface of the node.
