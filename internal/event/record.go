@@ -71,6 +71,10 @@ func (e Event) Record(names ReasonNamer) trace.Event {
 	return r
 }
 
+// TupleRecord is the tuple in the trace format: "IP:PORT" endpoints, bare
+// IPs for ICMP.
+func TupleRecord(t Tuple) *trace.Tuple { return tupleRecord(t) }
+
 func tupleRecord(t Tuple) *trace.Tuple {
 	if t.Proto == 1 || t.Proto == 58 {
 		// ICMP has no ports: conntrack keys it by echo id.

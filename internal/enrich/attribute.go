@@ -1,0 +1,185 @@
+package enrich
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// decidingEvent picks the event whose rule the flow is about: a REJECT or
+// netfilter reset or drop decided the flow's fate; otherwise the DNAT,
+// otherwise the SNAT. Stack resets, IPVS and non-netfilter drops have no
+// rule.
+func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
+	var best *trace.Event
+	var kind rules.ActionKind
+	rank := 0
+	for i := range f.Events {
+		e := &f.Events[i]
+		var k rules.ActionKind
+		r := 0
+		switch {
+		case e.Kind == "reject":
+			k, r = rules.ActionReject, 5
+		case e.Kind == "reset" && e.By == "netfilter":
+			k, r = rules.ActionReset, 4
+		case e.Kind == "drop" && e.Reason == "NETFILTER_DROP":
+			k, r = rules.ActionDrop, 3
+		case e.Kind == "dnat":
+			k, r = rules.ActionDNAT, 2
+		case e.Kind == "snat":
+			k, r = rules.ActionSNAT, 1
+		}
+		if r > rank {
+			best, kind, rank = e, k, r
+		}
+	}
+	return best, kind
+}
+
+// attribute finds the rule behind the flow's deciding event, or nil when
+// there is none to find or the rules are unknown.
+func attribute(f *trace.Flow, env Env) *trace.Rule {
+	ev, kind := decidingEvent(f)
+	if ev == nil {
+		return nil
+	}
+	pkt, ok := attributionPacket(f, ev, kind)
+	if !ok {
+		return nil
+	}
+	family := rules.IPv4
+	if pkt.Src.Addr().Is6() {
+		family = rules.IPv6
+	}
+	rs := env.Ruleset(family)
+	if rs == nil {
+		return nil
+	}
+	act := rules.KernelAction{Kind: kind, Hook: hookOf(ev, kind, pkt, env)}
+	if kind == rules.ActionDNAT || kind == rules.ActionSNAT {
+		if r, ok := parseRange(ev.To); ok {
+			act.To = netip.AddrPortFrom(r.MinAddr, r.MinPort)
+		}
+	}
+	if ev.ICMPType != nil && ev.ICMPCode != nil {
+		act.ICMPType, act.ICMPCode = *ev.ICMPType, *ev.ICMPCode
+	}
+	at, err := rs.Attribute(pkt, env, act)
+	if err != nil || at == nil || at.Result == nil || !canExplain(at.Result.Outcome.Verdict, kind) {
+		return nil
+	}
+	return ruleRecord(at)
+}
+
+// canExplain: an ICMP error or a drop can come from outside netfilter (the
+// stack, IPVS); when the rules' walk ends in a verdict that could not have
+// made the decision, no rule is named rather than a wrong one.
+func canExplain(v rules.Verdict, kind rules.ActionKind) bool {
+	switch kind {
+	case rules.ActionReject, rules.ActionReset:
+		return v == rules.VerdictReject || v == rules.VerdictUnknown
+	case rules.ActionDrop:
+		return v == rules.VerdictDrop || v == rules.VerdictReject || v == rules.VerdictUnknown
+	case rules.ActionDNAT:
+		return v == rules.VerdictDNAT || v == rules.VerdictRedirect || v == rules.VerdictUnknown
+	case rules.ActionSNAT:
+		return v == rules.VerdictSNAT || v == rules.VerdictMasquerade || v == rules.VerdictUnknown
+	}
+	return false
+}
+
+// attributionPacket is the packet as the deciding hook saw it: the
+// original tuple for NAT (the rules match it before translation), the
+// packet itself for REJECT, reset and drop (after any DNAT).
+func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (rules.Packet, bool) {
+	t := &f.Orig
+	if (kind == rules.ActionReject || kind == rules.ActionReset || kind == rules.ActionDrop) && ev.Packet != nil {
+		t = ev.Packet
+	}
+	src, dst := endpoint(t.Src), endpoint(t.Dst)
+	if !src.IsValid() || !dst.IsValid() {
+		return rules.Packet{}, false
+	}
+	pkt := rules.Packet{Proto: protoNumber(f.Proto), Src: src, Dst: dst, OrigDst: endpoint(f.Orig.Dst).Addr()}
+	if f.Conntrack == nil || !f.Conntrack.Replied {
+		pkt.State = rules.CTNew // the first packet: what nat sees, and REJECT met
+	}
+	if pkt.Proto == rules.ProtoICMP {
+		pkt.ICMPType, pkt.ICMPKnown = 8, true // an echo request: what opens an ICMP flow
+	}
+	return pkt, true
+}
+
+func protoNumber(p string) uint8 {
+	switch p {
+	case "tcp":
+		return rules.ProtoTCP
+	case "udp":
+		return rules.ProtoUDP
+	case "icmp":
+		return rules.ProtoICMP
+	case "icmpv6":
+		return rules.ProtoICMPv6
+	case "sctp":
+		return rules.ProtoSCTP
+	}
+	return 0
+}
+
+// hookOf is the netfilter hook of the decision: reported by the netfilter
+// tier and nf_send_reset, otherwise inferred from whether the packet's
+// addresses are the node's own.
+func hookOf(ev *trace.Event, kind rules.ActionKind, pkt rules.Packet, env Env) string {
+	if ev.NFHook != "" {
+		return ev.NFHook
+	}
+	srcLocal, _ := env.IsLocal(pkt.Src.Addr())
+	dstLocal, _ := env.IsLocal(pkt.Dst.Addr())
+	switch kind {
+	case rules.ActionDNAT:
+		if srcLocal {
+			return "OUTPUT"
+		}
+		return "PREROUTING"
+	case rules.ActionSNAT:
+		return "POSTROUTING"
+	}
+	switch {
+	case srcLocal:
+		return "OUTPUT"
+	case dstLocal:
+		return "INPUT"
+	}
+	return "FORWARD"
+}
+
+// ruleRecord turns an attribution into the trace's rule object. A policy
+// decision names the chain's policy; an uncertain one says why.
+func ruleRecord(at *rules.Attribution) *trace.Rule {
+	res := at.Result
+	r := &trace.Rule{Table: res.Table, Chain: res.Chain, Path: res.Outcome.Chains()}
+	if res.Outcome.Rule != nil {
+		r.Chain = res.Outcome.Rule.Chain
+		r.Text = res.Outcome.Rule.Text
+	} else {
+		r.Text = ":" + res.Chain + " " + string(res.Outcome.Verdict) + " (chain policy)"
+	}
+	if len(r.Path) > 1 {
+		r.EntryChain = r.Path[1]
+	} else {
+		r.EntryChain = r.Chain
+	}
+	if at.Owner != nil {
+		r.Owner = &trace.Owner{ContainerID: at.Owner.ContainerID}
+	}
+	if at.Uncertain {
+		r.Uncertain = strings.Join(at.Reasons, "; ")
+		if r.Uncertain == "" {
+			r.Uncertain = "the rules do not pin down one rule"
+		}
+	}
+	return r
+}

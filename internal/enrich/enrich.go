@@ -1,0 +1,114 @@
+package enrich
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/diagnose"
+	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Enrich fills a flow's rule, pods, Service, verdict and explanation from
+// its events and conntrack entry. It is the whole of re-diagnosis for a
+// recorded flow.
+func Enrich(f *trace.Flow, env Env) {
+	slices.SortStableFunc(f.Events, func(a, b trace.Event) int { return a.Time.Compare(b.Time) })
+	f.Rule = attribute(f, env)
+	names(f, env)
+	r := diagnose.Diagnose(f, env)
+	f.Verdict, f.Explanation = r.Verdict, r.Explanation
+}
+
+// names adds the pods and the Service. src_pod owns orig.src; dst_pod owns
+// where the connection really went (reply.src), or the addressed pod; the
+// Service is the one the client addressed.
+func names(f *trace.Flow, env Env) {
+	src, dst := endpoint(f.Orig.Src), endpoint(f.Orig.Dst)
+	if p, ok := env.PodByIP(src.Addr(), f.Time); ok {
+		f.SrcPod = &p
+	}
+	went := dst
+	if f.Reply != nil {
+		went = endpoint(f.Reply.Src)
+	}
+	if p, ok := env.PodByIP(went.Addr(), f.Time); ok {
+		f.DstPod = &p
+	}
+	if s, ok := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto); ok {
+		f.Service = &s
+	}
+	if r := f.Rule; r != nil && r.Owner != nil {
+		if to := dnatTarget(f); to.IsValid() {
+			if p, ok := env.PodByIP(to.Addr(), f.Time); ok {
+				r.Owner.Pod = &p
+			}
+		}
+	}
+}
+
+func endpoint(s string) netip.AddrPort {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 0)
+	}
+	return netip.AddrPort{}
+}
+
+func dnatTarget(f *trace.Flow) netip.AddrPort {
+	for _, e := range f.Events {
+		if e.Kind == "dnat" {
+			if r, ok := parseRange(e.To); ok {
+				return netip.AddrPortFrom(r.MinAddr, r.MinPort)
+			}
+		}
+	}
+	return netip.AddrPort{}
+}
+
+// parseRange reads event.Range's text form IP[-IP][:PORT[-PORT]] (IPv6 in
+// brackets).
+func parseRange(s string) (rules.NATRange, bool) {
+	var r rules.NATRange
+	if s == "" {
+		return r, false
+	}
+	addrs, ports := s, ""
+	if strings.HasPrefix(s, "[") {
+		end := strings.Index(s, "]")
+		if end < 0 {
+			return r, false
+		}
+		addrs, ports = s[1:end], strings.TrimPrefix(s[end+1:], ":")
+	} else if i := strings.LastIndex(s, ":"); i >= 0 {
+		addrs, ports = s[:i], s[i+1:]
+	}
+	lo, hi, _ := strings.Cut(addrs, "-")
+	var err error
+	if r.MinAddr, err = netip.ParseAddr(lo); err != nil {
+		return r, false
+	}
+	r.MaxAddr = r.MinAddr
+	if hi != "" {
+		if r.MaxAddr, err = netip.ParseAddr(hi); err != nil {
+			return r, false
+		}
+	}
+	if ports != "" {
+		plo, phi, _ := strings.Cut(ports, "-")
+		if _, err := fmt.Sscan(plo, &r.MinPort); err != nil {
+			return r, false
+		}
+		r.MaxPort = r.MinPort
+		if phi != "" {
+			if _, err := fmt.Sscan(phi, &r.MaxPort); err != nil {
+				return r, false
+			}
+		}
+	}
+	return r, true
+}

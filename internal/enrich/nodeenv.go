@@ -1,0 +1,217 @@
+package enrich
+
+import (
+	"bufio"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Metadata is the cluster side of an Env: the live metadata index, or the
+// pods and Services recorded in a trace.
+type Metadata interface {
+	PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool)
+	PodNode(p trace.PodRef) string
+	// ServiceByAddr: nodeAddr says a is one of the node's own addresses
+	// (so NodePorts apply).
+	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool)
+	Service(ref trace.ServiceRef) (trace.Service, bool)
+}
+
+// NodeEnv is an Env built from a node snapshot (the trace header's, or one
+// the node watcher took) plus a metadata source. It is immutable: the live
+// pipeline builds a new one when the node changes.
+type NodeEnv struct {
+	name      string
+	rules4    *rules.Ruleset
+	rules6    *rules.Ruleset
+	node      *rules.MemNode
+	kubeIPVS  map[netip.Addr]bool
+	svcPorts  map[netip.Addr][]string
+	ipvs      map[string]trace.IPVSService
+	listeners []trace.Listener
+	meta      Metadata
+}
+
+var _ Env = (*NodeEnv)(nil)
+
+// kubeProxyServiceSets are the ipsets whose ip,proto:port members are the
+// service ports KUBE-IPVS-FILTER lets through.
+var kubeProxyServiceSets = []string{"KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"}
+
+// NewNodeEnv builds the Env of node name from snap; meta may be nil (no
+// metadata: pods and Services stay unnamed). A snapshot part that does not
+// parse is an error naming the part.
+func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, error) {
+	if snap == nil {
+		snap = &trace.Snapshot{}
+	}
+	if meta == nil {
+		meta = noMetadata{}
+	}
+	e := &NodeEnv{name: name, node: rules.NewMemNode(), kubeIPVS: map[netip.Addr]bool{},
+		svcPorts: map[netip.Addr][]string{}, ipvs: map[string]trace.IPVSService{}, listeners: snap.Listeners, meta: meta}
+	if err := e.loadAddresses(snap); err != nil {
+		return nil, err
+	}
+	if err := e.loadRules(snap.Rules); err != nil {
+		return nil, err
+	}
+	if snap.Ipsets != "" {
+		if err := e.node.LoadIPSetSave(strings.NewReader(snap.Ipsets)); err != nil {
+			return nil, fmt.Errorf("snapshot ipsets: %w", err)
+		}
+		e.svcPorts = servicePorts(snap.Ipsets)
+	}
+	for _, s := range snap.IPVS {
+		e.ipvs[s.Proto+" "+s.Address] = s
+	}
+	return e, nil
+}
+
+func (e *NodeEnv) loadAddresses(snap *trace.Snapshot) error {
+	locals := snap.LocalRoutes
+	if len(locals) == 0 {
+		locals = []string{"127.0.0.0/8", "::1/128"}
+		for _, a := range snap.Addresses {
+			locals = append(locals, a.Address)
+		}
+	}
+	for _, l := range locals {
+		p, err := netip.ParsePrefix(l)
+		if err != nil {
+			a, aerr := netip.ParseAddr(l)
+			if aerr != nil {
+				return fmt.Errorf("snapshot local address %q: %w", l, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		// An interface address is local as a single address, not its subnet.
+		if !slices.Contains(snap.LocalRoutes, l) && p.Addr() != netip.MustParseAddr("127.0.0.0") {
+			p = netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
+		}
+		e.node.Local = append(e.node.Local, p)
+	}
+	for _, a := range snap.Addresses {
+		if a.Interface != "kube-ipvs0" {
+			continue
+		}
+		p, err := netip.ParsePrefix(a.Address)
+		if err != nil {
+			return fmt.Errorf("snapshot address %q of kube-ipvs0: %w", a.Address, err)
+		}
+		e.kubeIPVS[p.Addr()] = true
+	}
+	return nil
+}
+
+func (e *NodeEnv) loadRules(tables map[string]string) error {
+	var v4, v6 strings.Builder
+	for name, text := range tables {
+		if strings.HasPrefix(name, "ip6/") {
+			v6.WriteString(text + "\n")
+		} else {
+			v4.WriteString(text + "\n")
+		}
+	}
+	var err error
+	if v4.Len() > 0 {
+		if e.rules4, err = rules.ParseSaveString(v4.String(), rules.IPv4); err != nil {
+			return fmt.Errorf("snapshot rules: %w", err)
+		}
+	}
+	if v6.Len() > 0 {
+		if e.rules6, err = rules.ParseSaveString(v6.String(), rules.IPv6); err != nil {
+			return fmt.Errorf("snapshot ip6 rules: %w", err)
+		}
+	}
+	return nil
+}
+
+// servicePorts reads kube-proxy's service ipsets' members ("IP,proto:port").
+func servicePorts(save string) map[netip.Addr][]string {
+	out := map[netip.Addr][]string{}
+	sc := bufio.NewScanner(strings.NewReader(save))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || f[0] != "add" || !slices.Contains(kubeProxyServiceSets, f[1]) {
+			continue
+		}
+		ip, port, ok := strings.Cut(f[2], ",")
+		a, err := netip.ParseAddr(ip)
+		if !ok || err != nil {
+			continue
+		}
+		if !slices.Contains(out[a], port) {
+			out[a] = append(out[a], port)
+		}
+	}
+	return out
+}
+
+func (e *NodeEnv) NodeName() string { return e.name }
+
+func (e *NodeEnv) OnKubeIPVS(a netip.Addr) bool { return e.kubeIPVS[a] }
+
+func (e *NodeEnv) ServicePortsOn(a netip.Addr) []string { return e.svcPorts[a] }
+
+func (e *NodeEnv) IPVSService(proto string, vip netip.AddrPort) (trace.IPVSService, bool) {
+	s, ok := e.ipvs[proto+" "+vip.String()]
+	return s, ok
+}
+
+// Listener finds a listening socket that would take dst: the same port on
+// dst's address or on a wildcard address.
+func (e *NodeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bool) {
+	for _, l := range e.listeners {
+		ap, err := netip.ParseAddrPort(l.Address)
+		if err != nil || l.Proto != proto || ap.Port() != dst.Port() {
+			continue
+		}
+		if ap.Addr() == dst.Addr() || ap.Addr().IsUnspecified() {
+			return l, true
+		}
+	}
+	return trace.Listener{}, false
+}
+
+func (e *NodeEnv) PodNode(p trace.PodRef) string { return e.meta.PodNode(p) }
+
+func (e *NodeEnv) Service(ref trace.ServiceRef) (trace.Service, bool) { return e.meta.Service(ref) }
+
+func (e *NodeEnv) IsLocal(a netip.Addr) (bool, error) { return e.node.IsLocal(a) }
+
+func (e *NodeEnv) SetMember(name string, lookups []rules.SetLookup) (bool, error) {
+	return e.node.SetMember(name, lookups)
+}
+
+func (e *NodeEnv) Ruleset(f rules.Family) *rules.Ruleset {
+	if f == rules.IPv6 {
+		return e.rules6
+	}
+	return e.rules4
+}
+
+func (e *NodeEnv) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool) {
+	return e.meta.PodByIP(a, at)
+}
+
+func (e *NodeEnv) ServiceByAddr(a netip.Addr, port uint16, proto string) (trace.ServiceRef, bool) {
+	local, _ := e.node.IsLocal(a)
+	return e.meta.ServiceByAddr(a, port, proto, local && !e.kubeIPVS[a])
+}
+
+// noMetadata is the Metadata of a trace without pods and Services.
+type noMetadata struct{}
+
+func (noMetadata) PodByIP(netip.Addr, time.Time) (trace.PodRef, bool) { return trace.PodRef{}, false }
+func (noMetadata) PodNode(trace.PodRef) string                        { return "" }
+func (noMetadata) ServiceByAddr(netip.Addr, uint16, string, bool) (trace.ServiceRef, bool) {
+	return trace.ServiceRef{}, false
+}
+func (noMetadata) Service(trace.ServiceRef) (trace.Service, bool) { return trace.Service{}, false }

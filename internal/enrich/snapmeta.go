@@ -1,0 +1,94 @@
+package enrich
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// SnapshotMetadata is the Metadata recorded in a trace header: pods and
+// Services as they were when the trace was taken.
+type SnapshotMetadata struct {
+	podByIP  map[netip.Addr]trace.Pod
+	pods     map[trace.PodRef]trace.Pod
+	services []trace.Service
+}
+
+var _ Metadata = (*SnapshotMetadata)(nil)
+
+// NewSnapshotMetadata indexes recorded pods and Services. Host-network pods
+// share the node's address and are not indexed by IP: the address is the
+// node's, not theirs.
+func NewSnapshotMetadata(pods []trace.Pod, services []trace.Service) *SnapshotMetadata {
+	m := &SnapshotMetadata{podByIP: map[netip.Addr]trace.Pod{}, pods: map[trace.PodRef]trace.Pod{}, services: services}
+	for _, p := range pods {
+		m.pods[trace.PodRef{Namespace: p.Namespace, Name: p.Name}] = p
+		if p.HostNetwork {
+			continue
+		}
+		for _, ip := range p.IPs {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				m.podByIP[a] = p
+			}
+		}
+	}
+	return m
+}
+
+func (m *SnapshotMetadata) PodByIP(a netip.Addr, _ time.Time) (trace.PodRef, bool) {
+	p, ok := m.podByIP[a]
+	return trace.PodRef{Namespace: p.Namespace, Name: p.Name}, ok
+}
+
+func (m *SnapshotMetadata) PodNode(ref trace.PodRef) string { return m.pods[ref].Node }
+
+func (m *SnapshotMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
+	for _, s := range m.services {
+		if s.Namespace == ref.Namespace && s.Name == ref.Name {
+			return s, true
+		}
+	}
+	return trace.Service{}, false
+}
+
+// ServiceByAddr finds the Service whose ClusterIP, externalIP or LB IP is a
+// with that port (or, for a node address, whose NodePort it is).
+func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool) {
+	ip := a.String()
+	var onIP *trace.Service
+	for i := range m.services {
+		s := &m.services[i]
+		vip := slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.External, ip) || slices.Contains(s.LBIPs, ip)
+		for _, sp := range s.Ports {
+			if !strings.EqualFold(sp.Proto, proto) && proto != "icmp" {
+				continue
+			}
+			if vip && sp.Port == port || nodeAddr && sp.NodePort != 0 && sp.NodePort == port {
+				return trace.ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: portName(sp)}, true
+			}
+		}
+		if vip && onIP == nil {
+			onIP = s
+		}
+	}
+	// The address is the Service's even where the port is not one of its
+	// (a ping to a ClusterIP, an LB port that belongs elsewhere).
+	if onIP != nil {
+		return trace.ServiceRef{Namespace: onIP.Namespace, Name: onIP.Name}, true
+	}
+	return trace.ServiceRef{}, false
+}
+
+func portName(sp trace.ServicePort) string {
+	if sp.Name != "" {
+		return sp.Name
+	}
+	return strings.ToLower(sp.Proto) + "/" + itoa(sp.Port)
+}
+
+func itoa(n uint16) string {
+	return netip.AddrPortFrom(netip.IPv4Unspecified(), n).String()[len("0.0.0.0:"):]
+}
