@@ -100,6 +100,10 @@ func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (r
 		t = ev.Packet
 	}
 	src, dst := endpoint(t.Src), endpoint(t.Dst)
+	if kind == rules.ActionSNAT && f.Reply != nil {
+		// POSTROUTING sees the destination after any DNAT.
+		dst = endpoint(f.Reply.Src)
+	}
 	if !src.IsValid() || !dst.IsValid() {
 		return rules.Packet{}, false
 	}

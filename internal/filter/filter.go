@@ -52,9 +52,14 @@ type term struct {
 	name string // pod name
 	port uint16
 	pfx  netip.Prefix
-	// ipText is "ADDR:" for a single IPv4 address: a tuple matches it with
-	// a string prefix test instead of parsing the address.
-	ipText string
+	// v4net and v4mask are an IPv4 prefix as integers, matched against
+	// addresses parsed without netip.
+	v4net, v4mask uint32
+	// portText is ":PORT", matched as a suffix of "IP:PORT".
+	portText string
+	// probe is the needle byte that free-word search looks for first:
+	// a case-free byte or the rarest letter, so misses are skipped fast.
+	probe int
 }
 
 // Error is a term that does not parse: which term, where, and why.
@@ -156,6 +161,7 @@ func parseTerm(tok token) (term, error) {
 	field, value, hasField := strings.Cut(s, ":")
 	if tok.quoted || !hasField || !isFieldName(field) {
 		t.kind, t.text = kindWord, strings.ToLower(s)
+		t.probe = probeIndex(t.text)
 		return t, nil
 	}
 	k, known := fieldKinds[strings.ToLower(field)]
@@ -184,14 +190,20 @@ func parseTerm(tok token) (term, error) {
 			return fail("not a port number (0-65535)")
 		}
 		t.port = uint16(n)
+		t.portText = ":" + strconv.FormatUint(n, 10)
 	case kindIP:
 		pfx, err := parseIPOrCIDR(value)
 		if err != nil {
 			return fail("not an IP address or CIDR")
 		}
 		t.pfx = pfx
-		if pfx.Addr().Is4() && pfx.IsSingleIP() {
-			t.ipText = pfx.Addr().String() + ":"
+		if pfx.Addr().Is4() {
+			a := pfx.Addr().As4()
+			t.v4mask = ^uint32(0) << (32 - pfx.Bits())
+			if pfx.Bits() == 0 {
+				t.v4mask = 0
+			}
+			t.v4net = (uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])) & t.v4mask
 		}
 	case kindVerdict:
 		v := strings.ToLower(value)

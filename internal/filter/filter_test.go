@@ -170,3 +170,51 @@ func FuzzParse(f *testing.F) {
 		flt.KernelTerms()
 	})
 }
+
+// TestMatchKeyedAgreesWithMatch checks the integer fast path against the
+// string matching for every flow and a range of terms.
+func TestMatchKeyedAgreesWithMatch(t *testing.T) {
+	flows := incidentFlows(t)
+	flows = append(flows, &trace.Flow{Proto: "tcp", Orig: trace.Tuple{Src: "[fd00::1]:5000", Dst: "[fd00::2]:3306"},
+		Events: []trace.Event{{Kind: "dnat", To: "10.0.0.1-10.0.0.9:3300-3310"}}})
+	for _, expr := range []string{"port:3306", "port:7", "port:3305", "!port:53", "ip:10.96.0.20", "ip:10.0.0.5",
+		"ip:10.244.0.0/16", "ip:192.168.1.20", "ip:fd00::/64", "ip:0.0.0.0/0", "port:8080 ip:10.244.3.8", "proto:tcp port:443"} {
+		f := MustParse(expr)
+		for i, fl := range flows {
+			k := trace.KeysOf(fl)
+			if a, b := f.Match(fl), f.MatchKeyed(fl, &k); a != b {
+				t.Errorf("%q flow %d: Match %v, MatchKeyed %v (keys %+v)", expr, i, a, b, k)
+			}
+		}
+	}
+}
+
+// TestMatcherAgreesWithMatch runs the memoising matcher over a store, where
+// flows share their pods, rules and explanations, twice over so that the
+// second pass answers from memory.
+func TestMatcherAgreesWithMatch(t *testing.T) {
+	store := trace.NewStore()
+	for range 2 {
+		for _, fl := range incidentFlows(t) {
+			store.Append(fl)
+		}
+	}
+	view := store.Snapshot()
+	for _, expr := range []string{"mysql", "kube-ipvs0", "checkout", "OK", "10.244.1", "!hijack", "db port:3306", "invalid !ns:db", "cni-dn"} {
+		f := MustParse(expr)
+		m := f.Matcher()
+		for i := range view.Len() {
+			if a, b := f.Match(view.At(i)), m.Match(view.At(i), view.Keys(i)); a != b {
+				t.Errorf("%q flow %d: Match %v, Matcher %v", expr, i, a, b)
+			}
+		}
+		allocs := testing.AllocsPerRun(5, func() {
+			for i := range view.Len() {
+				m.Match(view.At(i), view.Keys(i))
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%q: %v allocations per pass", expr, allocs)
+		}
+	}
+}

@@ -75,18 +75,29 @@ func (t *term) tuple(tp *trace.Tuple) bool {
 }
 
 // addr matches one "IP:PORT", "[IPv6]:PORT", or NAT range
-// "IP[-IP][:PORT[-PORT]]" against a port or ip term.
+// "IP[-IP][:PORT[-PORT]]" against a port or ip term. The plain IPv4 forms
+// that make up nearly every address are decided without netip.
 func (t *term) addr(s string) bool {
 	if s == "" {
 		return false
 	}
-	host, ports := splitHostPort(s)
+	plain := strings.IndexByte(s, '-') < 0 && s[0] != '['
 	if t.kind == kindPort {
+		if plain && strings.HasSuffix(s, t.portText) {
+			return strings.IndexByte(s, ':') == len(s)-len(t.portText)
+		}
+		if i := strings.IndexByte(s, ':'); plain && i >= 0 && strings.IndexByte(s[i+1:], ':') < 0 {
+			return false // IPv4:PORT with another port
+		}
+		_, ports := splitHostPort(s)
 		return portInRange(ports, t.port)
 	}
-	if t.ipText != "" && strings.HasPrefix(s, t.ipText) {
-		return true
+	if plain && t.pfx.Addr().Is4() {
+		if a, ok := leadingIPv4(s); ok {
+			return a&t.v4mask == t.v4net
+		}
 	}
+	host, _ := splitHostPort(s)
 	lo, hi, isRange := strings.Cut(host, "-")
 	a, err := netip.ParseAddr(lo)
 	if err != nil {
@@ -101,6 +112,35 @@ func (t *term) addr(s string) bool {
 		return err == nil && a.Compare(last) <= 0 && b.Compare(first) >= 0
 	}
 	return false
+}
+
+// leadingIPv4 parses the dotted quad at the start of s, which must be all
+// of s or be followed by ':'.
+func leadingIPv4(s string) (uint32, bool) {
+	var addr uint32
+	i := 0
+	for part := 0; part < 4; part++ {
+		if part > 0 {
+			if i >= len(s) || s[i] != '.' {
+				return 0, false
+			}
+			i++
+		}
+		n, digits := 0, 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' && digits < 3 {
+			n = n*10 + int(s[i]-'0')
+			i++
+			digits++
+		}
+		if digits == 0 || n > 255 {
+			return 0, false
+		}
+		addr = addr<<8 | uint32(n)
+	}
+	if i < len(s) && s[i] != ':' {
+		return 0, false
+	}
+	return addr, true
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {
@@ -152,34 +192,40 @@ func portInRange(s string, p uint16) bool {
 // matchWord looks for the free word in the flow's text: pods, Service,
 // rule, explanation, verdict and addresses.
 func (t *term) matchWord(f *trace.Flow) bool {
-	w := t.text
-	if containsFold(f.Verdict, w) || containsFold(f.Orig.Src, w) || containsFold(f.Orig.Dst, w) ||
-		podHas(f.SrcPod, w) || podHas(f.DstPod, w) {
+	if t.contains(f.Verdict) || t.contains(f.Orig.Src) || t.contains(f.Orig.Dst) ||
+		t.podHas(f.SrcPod) || t.podHas(f.DstPod) {
 		return true
 	}
-	if f.Reply != nil && (containsFold(f.Reply.Src, w) || containsFold(f.Reply.Dst, w)) {
+	if f.Reply != nil && (t.contains(f.Reply.Src) || t.contains(f.Reply.Dst)) {
 		return true
 	}
-	if s := f.Service; s != nil && (containsFold(s.Namespace, w) || containsFold(s.Name, w)) {
+	if s := f.Service; s != nil && (t.contains(s.Namespace) || t.contains(s.Name)) {
 		return true
 	}
 	if r := f.Rule; r != nil {
-		if containsFold(r.Chain, w) || containsFold(r.EntryChain, w) || containsFold(r.Text, w) ||
-			(r.Owner != nil && podHas(r.Owner.Pod, w)) {
+		if t.contains(r.Chain) || t.contains(r.EntryChain) || t.contains(r.Text) ||
+			(r.Owner != nil && t.podHas(r.Owner.Pod)) {
 			return true
 		}
 	}
-	return containsFold(f.Explanation, w)
+	return t.contains(f.Explanation)
 }
 
-func podHas(p *trace.PodRef, w string) bool {
-	return p != nil && (containsFold(p.Name, w) || containsFold(p.Namespace, w))
+func (t *term) podHas(p *trace.PodRef) bool {
+	return p != nil && (t.contains(p.Name) || t.contains(p.Namespace))
 }
 
 // containsFold reports whether h contains needle, ignoring ASCII case;
-// needle is lower case. It jumps between candidate first bytes with
-// IndexByte, so a miss over long text costs little more than a memchr.
+// needle is lower case. It jumps between the candidates for one byte of
+// the needle (probeIndex's choice) with IndexByte, so a miss over long
+// text costs little more than a memchr.
 func containsFold(h, needle string) bool {
+	return containsFoldAt(h, needle, probeIndex(needle))
+}
+
+func (t *term) contains(h string) bool { return containsFoldAt(h, t.text, t.probe) }
+
+func containsFoldAt(h, needle string, probe int) bool {
 	n := len(needle)
 	if n == 0 {
 		return true
@@ -187,22 +233,47 @@ func containsFold(h, needle string) bool {
 	if n > len(h) {
 		return false
 	}
-	lower := needle[0]
+	lower := needle[probe]
 	upper := lower
 	if 'a' <= lower && lower <= 'z' {
 		upper = lower - 'a' + 'A'
 	}
-	for i := 0; i+n <= len(h); i++ {
-		j := indexEither(h[i:len(h)-n+1], lower, upper)
+	// Candidate positions of the probe byte run from probe to
+	// len(h)-n+probe; each is checked as a match starting probe earlier.
+	for i := probe; i <= len(h)-n+probe; i++ {
+		j := indexEither(h[i:len(h)-n+probe+1], lower, upper)
 		if j < 0 {
 			return false
 		}
 		i += j
-		if equalFoldLower(h[i:i+n], needle) {
+		if equalFoldLower(h[i-probe:i-probe+n], needle) {
 			return true
 		}
 	}
 	return false
+}
+
+// letterRarity ranks lower-case letters from common to rare in English
+// and in the names a trace holds.
+const letterRarity = "etaoinsrhldcumfpgwybvkxjqz"
+
+// probeIndex picks the needle byte to search for: one without case (a
+// digit or punctuation, found in one pass), else the rarest letter.
+func probeIndex(needle string) int {
+	best, bestRank := 0, -1
+	for i := 0; i < len(needle); i++ {
+		c := needle[i]
+		if c < 'a' || c > 'z' {
+			if c >= 0x80 {
+				continue
+			}
+			return i
+		}
+		if r := strings.IndexByte(letterRarity, c); r > bestRank {
+			best, bestRank = i, r
+		}
+	}
+	return best
 }
 
 func indexEither(s string, a, b byte) int {
@@ -234,4 +305,44 @@ func equalFoldLower(s, needle string) bool {
 		}
 	}
 	return true
+}
+
+// MatchKeyed is Match with the flow's address keys from the Store: port:
+// and ip: terms over IPv4 flows compare integers instead of parsing the
+// flow's address strings.
+func (f Filter) MatchKeyed(fl *trace.Flow, k *trace.AddrKeys) bool {
+	for i := range f.terms {
+		t := &f.terms[i]
+		var ok bool
+		switch {
+		case t.kind == kindPort && k.Complete:
+			ok = t.portIn(k)
+		case t.kind == kindIP && k.Complete && t.pfx.Addr().Is4():
+			ok = t.ipIn(k)
+		default:
+			ok = t.match(fl)
+		}
+		if ok == t.neg {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *term) portIn(k *trace.AddrKeys) bool {
+	for _, p := range k.Ports[:k.NPorts] {
+		if p == t.port {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *term) ipIn(k *trace.AddrKeys) bool {
+	for _, a := range k.IPv4[:k.NIPv4] {
+		if a&t.v4mask == t.v4net {
+			return true
+		}
+	}
+	return false
 }

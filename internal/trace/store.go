@@ -1,7 +1,9 @@
 package trace
 
 import (
+	"strings"
 	"sync"
+	"unsafe"
 )
 
 // storeChunk is how many flows one chunk of a Store holds. Chunks never
@@ -22,13 +24,40 @@ const internLimit = 1 << 16
 type Store struct {
 	mu       sync.RWMutex
 	chunks   [][]Flow
+	keys     [][]AddrKeys // parallel to chunks
 	n        int
-	events   int
+	nEvents  int
 	verdicts map[string]int
 	strs     map[string]string
 	tuples   map[Tuple]*Tuple
 	pods     map[PodRef]*PodRef
 	services map[ServiceRef]*ServiceRef
+	rules    map[ruleKey]*Rule
+	cts      map[ctKey]*Conntrack
+	lists    map[string][]string
+	addrs    map[string]string // addresses, bounded apart from strs
+
+	// Arenas for what is unique to each flow: event arrays, tuples and
+	// address strings are carved from shared slabs, so consecutive flows
+	// sit next to each other in memory. A filter scan over a million flows
+	// then streams through memory instead of chasing a pointer per field,
+	// and no flow pays for allocation headers and size-class rounding.
+	eventArena []Event
+	tupleArena []Tuple
+	byteArena  []byte
+}
+
+// ruleKey and ctKey identify equal rules and conntrack entries: a busy
+// node's flows are decided by a handful of rules.
+type ruleKey struct {
+	table, chain, entry, path, text, uncertain string
+	ownerID, ownerNS, ownerName                string
+}
+
+type ctKey struct {
+	state, status string
+	mark          uint32
+	replied       bool
 }
 
 // NewStore returns an empty store.
@@ -39,6 +68,10 @@ func NewStore() *Store {
 		tuples:   map[Tuple]*Tuple{},
 		pods:     map[PodRef]*PodRef{},
 		services: map[ServiceRef]*ServiceRef{},
+		rules:    map[ruleKey]*Rule{},
+		cts:      map[ctKey]*Conntrack{},
+		lists:    map[string][]string{},
+		addrs:    map[string]string{},
 	}
 }
 
@@ -50,12 +83,14 @@ func (s *Store) Append(f *Flow) int {
 	defer s.mu.Unlock()
 	if s.n == len(s.chunks)*storeChunk {
 		s.chunks = append(s.chunks, make([]Flow, storeChunk))
+		s.keys = append(s.keys, make([]AddrKeys, storeChunk))
 	}
 	i := s.n
 	dst := &s.chunks[i/storeChunk][i%storeChunk]
 	s.copyFlow(dst, f)
+	s.keys[i/storeChunk][i%storeChunk] = KeysOf(dst)
 	s.n++
-	s.events += len(f.Events)
+	s.nEvents += len(f.Events)
 	s.verdicts[dst.Verdict]++
 	return i
 }
@@ -79,7 +114,7 @@ func (s *Store) At(i int) *Flow {
 func (s *Store) Snapshot() StoreView {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return StoreView{chunks: append([][]Flow(nil), s.chunks...), n: s.n}
+	return StoreView{chunks: append([][]Flow(nil), s.chunks...), keys: append([][]AddrKeys(nil), s.keys...), n: s.n}
 }
 
 // Counts returns the number of events and a copy of the flows per verdict
@@ -91,12 +126,13 @@ func (s *Store) Counts() (events int, verdicts map[string]int) {
 	for k, v := range s.verdicts {
 		verdicts[k] = v
 	}
-	return s.events, verdicts
+	return s.nEvents, verdicts
 }
 
 // StoreView is a fixed prefix of a Store.
 type StoreView struct {
 	chunks [][]Flow
+	keys   [][]AddrKeys
 	n      int
 }
 
@@ -105,6 +141,9 @@ func (v StoreView) Len() int { return v.n }
 
 // At returns flow i of the view.
 func (v StoreView) At(i int) *Flow { return &v.chunks[i/storeChunk][i%storeChunk] }
+
+// Keys returns the address keys of flow i of the view.
+func (v StoreView) Keys(i int) *AddrKeys { return &v.keys[i/storeChunk][i%storeChunk] }
 
 func (s *Store) str(x string) string {
 	if x == "" {
@@ -119,13 +158,21 @@ func (s *Store) str(x string) string {
 	return x
 }
 
+// strSlice returns a shared copy of xs (conntrack status lists repeat).
 func (s *Store) strSlice(xs []string) []string {
 	if xs == nil {
 		return nil
 	}
+	key := strings.Join(xs, "\x00")
+	if out, ok := s.lists[key]; ok && len(out) == len(xs) {
+		return out
+	}
 	out := make([]string, len(xs))
 	for i, x := range xs {
 		out[i] = s.str(x)
+	}
+	if len(s.lists) < internLimit {
+		s.lists[key] = out
 	}
 	return out
 }
@@ -145,7 +192,7 @@ func (s *Store) tuple(t *Tuple, flow *Flow) *Tuple {
 	if p, ok := s.tuples[*t]; ok {
 		return p
 	}
-	p := &Tuple{Src: s.str(t.Src), Dst: s.str(t.Dst)}
+	p := s.newTuple(Tuple{Src: s.addr(t.Src), Dst: s.addr(t.Dst)})
 	if len(s.tuples) < internLimit {
 		s.tuples[*p] = p
 	}
@@ -185,7 +232,7 @@ func (s *Store) copyFlow(dst, f *Flow) {
 		Type:        TypeFlow,
 		Time:        f.Time,
 		Proto:       s.str(f.Proto),
-		Orig:        Tuple{Src: s.str(f.Orig.Src), Dst: s.str(f.Orig.Dst)},
+		Orig:        Tuple{Src: s.addr(f.Orig.Src), Dst: s.addr(f.Orig.Dst)},
 		Verdict:     s.str(f.Verdict),
 		Explanation: s.str(f.Explanation),
 		SrcPod:      s.podRef(f.SrcPod),
@@ -199,13 +246,10 @@ func (s *Store) copyFlow(dst, f *Flow) {
 		dst.Rule = s.rule(f.Rule)
 	}
 	if f.Conntrack != nil {
-		ct := *f.Conntrack
-		ct.State = s.str(ct.State)
-		ct.Status = s.strSlice(ct.Status)
-		dst.Conntrack = &ct
+		dst.Conntrack = s.conntrack(f.Conntrack)
 	}
 	if len(f.Events) > 0 {
-		dst.Events = make([]Event, len(f.Events))
+		dst.Events = s.newEvents(len(f.Events))
 		for i := range f.Events {
 			s.copyEvent(&dst.Events[i], &f.Events[i], dst)
 		}
@@ -213,6 +257,18 @@ func (s *Store) copyFlow(dst, f *Flow) {
 }
 
 func (s *Store) rule(r *Rule) *Rule {
+	key := ruleKey{table: r.Table, chain: r.Chain, entry: r.EntryChain, path: strings.Join(r.Path, "\x00"), text: r.Text, uncertain: r.Uncertain}
+	if r.Owner != nil {
+		key.ownerID = r.Owner.ContainerID
+		if r.Owner.Pod != nil {
+			key.ownerNS, key.ownerName = r.Owner.Pod.Namespace, r.Owner.Pod.Name
+		} else {
+			key.ownerNS = "\x00" // an owner without a pod differs from none
+		}
+	}
+	if out, ok := s.rules[key]; ok && (out.Owner != nil) == (r.Owner != nil) && len(out.Path) == len(r.Path) {
+		return out
+	}
 	out := &Rule{
 		Table:      s.str(r.Table),
 		Chain:      s.str(r.Chain),
@@ -223,6 +279,21 @@ func (s *Store) rule(r *Rule) *Rule {
 	}
 	if r.Owner != nil {
 		out.Owner = &Owner{ContainerID: s.str(r.Owner.ContainerID), Pod: s.podRef(r.Owner.Pod)}
+	}
+	if len(s.rules) < internLimit {
+		s.rules[key] = out
+	}
+	return out
+}
+
+func (s *Store) conntrack(ct *Conntrack) *Conntrack {
+	key := ctKey{state: ct.State, status: strings.Join(ct.Status, "\x00"), mark: ct.Mark, replied: ct.Replied}
+	if out, ok := s.cts[key]; ok && (out.Status == nil) == (ct.Status == nil) {
+		return out
+	}
+	out := &Conntrack{State: s.str(ct.State), Status: s.strSlice(ct.Status), Mark: ct.Mark, Replied: ct.Replied}
+	if len(s.cts) < internLimit {
+		s.cts[key] = out
 	}
 	return out
 }
@@ -237,8 +308,8 @@ func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
 	dst.Packet = s.tuple(e.Packet, flow)
 	dst.Orig = s.tuple(e.Orig, flow)
 	dst.Reply = s.tuple(e.Reply, flow)
-	dst.To = s.str(e.To)
-	dst.Virtual = s.str(e.Virtual)
+	dst.To = s.addr(e.To)
+	dst.Virtual = s.addr(e.Virtual)
 	dst.Forward = s.str(e.Forward)
 	dst.NFHook = s.str(e.NFHook)
 	dst.Reason = s.str(e.Reason)
@@ -252,4 +323,60 @@ func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
 		v := *e.ICMPCode
 		dst.ICMPCode = &v
 	}
+}
+
+const (
+	eventSlab = 1 << 13
+	tupleSlab = 1 << 12
+	byteSlab  = 1 << 16
+)
+
+// newEvents returns n zeroed events from the event slab.
+func (s *Store) newEvents(n int) []Event {
+	if n > eventSlab/4 {
+		return make([]Event, n)
+	}
+	if len(s.eventArena)+n > cap(s.eventArena) {
+		s.eventArena = make([]Event, 0, eventSlab)
+	}
+	start := len(s.eventArena)
+	s.eventArena = s.eventArena[:start+n]
+	return s.eventArena[start : start+n : start+n]
+}
+
+func (s *Store) newTuple(t Tuple) *Tuple {
+	if len(s.tupleArena) == cap(s.tupleArena) {
+		s.tupleArena = make([]Tuple, 0, tupleSlab)
+	}
+	s.tupleArena = append(s.tupleArena, t)
+	return &s.tupleArena[len(s.tupleArena)-1]
+}
+
+// addr interns an address; once the table is full (a busy node's client
+// addresses are unique), it copies the address into the byte slab.
+func (s *Store) addr(x string) string {
+	if x == "" {
+		return ""
+	}
+	if y, ok := s.addrs[x]; ok {
+		return y
+	}
+	if len(s.addrs) < internLimit {
+		y := s.copyString(x)
+		s.addrs[y] = y
+		return y
+	}
+	return s.copyString(x)
+}
+
+func (s *Store) copyString(x string) string {
+	if len(x) > byteSlab/16 {
+		return strings.Clone(x)
+	}
+	if len(s.byteArena)+len(x) > cap(s.byteArena) {
+		s.byteArena = make([]byte, 0, byteSlab)
+	}
+	start := len(s.byteArena)
+	s.byteArena = append(s.byteArena, x...)
+	return unsafe.String(&s.byteArena[start], len(x))
 }

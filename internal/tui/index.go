@@ -119,8 +119,9 @@ func scanRange(v trace.StoreView, f filter.Filter, from, to int, out []int32) []
 	if out == nil {
 		out = []int32{}
 	}
+	m := f.Matcher()
 	for i := from; i < to; i++ {
-		if f.Match(v.At(i)) {
+		if m.Match(v.At(i), v.Keys(i)) {
 			out = append(out, int32(i))
 		}
 	}

@@ -84,7 +84,6 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	defer unlock()
 	var code int
 	switch {
 	case o.fetch:
