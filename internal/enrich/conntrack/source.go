@@ -1,0 +1,178 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	ct "github.com/ti-mo/conntrack"
+	"github.com/ti-mo/netfilter"
+	"golang.org/x/sys/unix"
+
+	"github.com/mdlayher/netlink"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// errOverrun is what a source's Receive returns when the kernel dropped
+// events because the socket's receive buffer was full (ENOBUFS): the table
+// is then stale in an unknown way and must be re-dumped.
+var errOverrun = errors.New("conntrack event socket overrun (ENOBUFS): events were lost")
+
+// errClosed ends the reader when the source was closed.
+var errClosed = errors.New("conntrack source closed")
+
+// change is one conntrack event, already converted.
+type change struct {
+	entry   Entry
+	destroy bool
+}
+
+// source is where a Tracker gets its table and its changes from: netlink in
+// production, a fake in the unit tests (overruns cannot be provoked on
+// demand without root).
+type source interface {
+	// Dump returns every entry of the namespace's table now.
+	Dump() ([]Entry, error)
+	// Receive blocks for the next changes. errOverrun says events were
+	// lost since the last call (the source stays usable); errClosed that
+	// Close was called.
+	Receive() ([]change, error)
+	Close() error
+}
+
+// netlinkSource has two sockets: the event socket only ever receives
+// multicast events, and dumps go over their own socket so that a dump's
+// replies never interleave with events.
+type netlinkSource struct {
+	events *netfilter.Conn
+	dumper *ct.Conn
+	// decodeErrors counts event messages ti-mo/conntrack could not parse.
+	decodeErrors atomic.Uint64
+	closed       chan struct{}
+}
+
+// dialNetlink opens both sockets in the namespace whose fd is nsFD (0: the
+// caller's). mdlayher/socket creates the socket on a locked thread switched
+// into that namespace and switches back, so no goroutine is left in it.
+func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
+	cfg := &netlink.Config{NetNS: nsFD}
+	evc, err := netfilter.Dial(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open conntrack event socket: %w", err)
+	}
+	if readBuffer > 0 {
+		if err := evc.SetReadBuffer(readBuffer); err != nil {
+			evc.Close()
+			return nil, fmt.Errorf("set conntrack event socket buffer: %w", err)
+		}
+	}
+	// Join the groups before the first dump, so that no change between the
+	// dump and the subscription can be missed.
+	if err := evc.JoinGroups(netfilter.GroupsCT); err != nil {
+		evc.Close()
+		return nil, fmt.Errorf("join conntrack event groups: %w", err)
+	}
+	dc, err := ct.Dial(&netlink.Config{NetNS: nsFD})
+	if err != nil {
+		evc.Close()
+		return nil, fmt.Errorf("open conntrack dump socket: %w", err)
+	}
+	return &netlinkSource{events: evc, dumper: dc, closed: make(chan struct{})}, nil
+}
+
+func (s *netlinkSource) Dump() ([]Entry, error) {
+	flows, err := s.dumper.Dump(nil)
+	if err != nil {
+		return nil, fmt.Errorf("dump conntrack table: %w", err)
+	}
+	out := make([]Entry, 0, len(flows))
+	for i := range flows {
+		out = append(out, fromFlow(&flows[i]))
+	}
+	return out, nil
+}
+
+func (s *netlinkSource) Receive() ([]change, error) {
+	msgs, err := s.events.Receive()
+	if err != nil {
+		select {
+		case <-s.closed:
+			return nil, errClosed
+		default:
+		}
+		if errors.Is(err, unix.ENOBUFS) {
+			return nil, errOverrun
+		}
+		return nil, fmt.Errorf("receive conntrack events: %w", err)
+	}
+	out := make([]change, 0, len(msgs))
+	for _, m := range msgs {
+		var ev ct.Event
+		if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
+			s.decodeErrors.Add(1)
+			continue
+		}
+		switch ev.Type {
+		case ct.EventNew, ct.EventUpdate:
+			out = append(out, change{entry: fromFlow(ev.Flow)})
+		case ct.EventDestroy:
+			out = append(out, change{entry: fromFlow(ev.Flow), destroy: true})
+		}
+	}
+	return out, nil
+}
+
+func (s *netlinkSource) decodeErrorCount() uint64 { return s.decodeErrors.Load() }
+
+func (s *netlinkSource) Close() error {
+	close(s.closed)
+	err1 := s.events.Close()
+	err2 := s.dumper.Close()
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("close conntrack sockets: %w", err)
+	}
+	return nil
+}
+
+// fromFlow converts ti-mo's flow into an Entry. Seen is left to the caller,
+// which stamps the time it processed the change.
+func fromFlow(f *ct.Flow) Entry {
+	e := Entry{
+		Orig:   fromTuple(f.TupleOrig),
+		Reply:  fromTuple(f.TupleReply),
+		Status: uint32(f.Status),
+		Mark:   f.Mark,
+		Zone:   f.Zone,
+	}
+	if f.ProtoInfo.TCP != nil {
+		e.State = TCPStateName(f.ProtoInfo.TCP.State)
+	}
+	e.Replied = e.Status&StatusSeenReply != 0
+	return e
+}
+
+// fromTuple keys ICMP the way conntrack (and the BPF side's event.Tuple)
+// does: the echo id as source port, type<<8|code as destination port.
+func fromTuple(t ct.Tuple) event.Tuple {
+	out := event.Tuple{
+		Src:     unmap(t.IP.SourceAddress),
+		Dst:     unmap(t.IP.DestinationAddress),
+		Proto:   t.Proto.Protocol,
+		SrcPort: t.Proto.SourcePort,
+		DstPort: t.Proto.DestinationPort,
+	}
+	if t.Proto.ICMPv4 || t.Proto.ICMPv6 || t.Proto.Protocol == 1 || t.Proto.Protocol == 58 {
+		out.SrcPort = t.Proto.ICMPID
+		out.DstPort = uint16(t.Proto.ICMPType)<<8 | uint16(t.Proto.ICMPCode)
+	}
+	return out
+}
+
+func unmap(a netip.Addr) netip.Addr {
+	if a.Is4In6() {
+		return a.Unmap()
+	}
+	return a
+}

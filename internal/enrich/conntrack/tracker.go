@@ -1,0 +1,432 @@
+// Package conntrack keeps a copy of one network namespace's conntrack table,
+// kept current by conntrack netlink events, so the joiner can find the
+// connection a kernel decision belongs to (by either of its tuples), see
+// whether it was ever replied to, and still find it shortly after the kernel
+// destroyed it.
+//
+// Lost events are never silent: when the event socket overruns (ENOBUFS),
+// the overrun is counted and the table is rebuilt from a fresh dump while
+// events keep flowing.
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// Entry is one conntrack entry.
+type Entry struct {
+	// Orig and Reply are the kernel's tuples. ICMP: SrcPort is the echo
+	// id, DstPort type<<8|code, as conntrack keys it.
+	Orig, Reply event.Tuple
+	// Status is the IPS_* bits as the kernel has them.
+	Status uint32
+	Mark   uint32
+	Zone   uint16
+	// State is the TCP state name (SYN_SENT, ESTABLISHED, ...), "" for
+	// other protocols.
+	State string
+	// Replied is set once SEEN_REPLY was seen, and stays set.
+	Replied   bool
+	Destroyed bool
+	// Seen is when the tracker last saw the entry change (or destroyed).
+	Seen time.Time
+}
+
+// Stats are the tracker's counters since Open.
+type Stats struct {
+	// Overruns counts ENOBUFS on the event socket: the kernel dropped
+	// events because the tracker did not read fast enough.
+	Overruns uint64
+	// Redumps counts the table rebuilds that recovered from overruns.
+	Redumps uint64
+	// DroppedUpdates counts changes not delivered on Updates because its
+	// consumer was behind; the table itself has them.
+	DroppedUpdates uint64
+	// Entries is the number of entries held (live and destroyed);
+	// Destroyed is how many of them are destroyed ones kept for late joins.
+	Entries   int
+	Destroyed int
+	// Evicted counts entries forgotten because the table was full.
+	Evicted uint64
+	// DecodeErrors counts event messages that could not be parsed.
+	DecodeErrors uint64
+	// LastDump is how long the most recent full dump took to read and
+	// apply, and DumpedEntries how many entries it had.
+	LastDump      time.Duration
+	DumpedEntries int
+	// Err is the error that stopped the event reader, if any: the table
+	// is no longer kept current.
+	Err string
+}
+
+// Options tune a Tracker. Zero values take the defaults.
+type Options struct {
+	// MaxEntries bounds the table (live and destroyed). Default 1,000,000.
+	MaxEntries int
+	// MaxDestroyed bounds the destroyed entries kept for late joins.
+	// Default 65,536.
+	MaxDestroyed int
+	// Retention is how long a destroyed entry stays resolvable. Default 2m.
+	Retention time.Duration
+	// UpdateBuffer is the capacity of the Updates channel. Default 4096.
+	UpdateBuffer int
+	// ReadBuffer sets the event socket's receive buffer in bytes (the
+	// kernel doubles it and enforces a minimum); 0 keeps the default. Tests
+	// make it tiny to force overruns.
+	ReadBuffer int
+
+	// pruneEvery overrides how often destroyed entries are pruned (tests
+	// with a fake clock).
+	pruneEvery time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = 1_000_000
+	}
+	if o.MaxDestroyed <= 0 {
+		o.MaxDestroyed = 65536
+	}
+	if o.MaxDestroyed > o.MaxEntries {
+		o.MaxDestroyed = o.MaxEntries
+	}
+	if o.Retention <= 0 {
+		o.Retention = 2 * time.Minute
+	}
+	if o.pruneEvery <= 0 {
+		o.pruneEvery = pruneInterval(o.Retention)
+	}
+	if o.UpdateBuffer <= 0 {
+		o.UpdateBuffer = 4096
+	}
+	return o
+}
+
+// Tracker is a live copy of one namespace's conntrack table.
+type Tracker struct {
+	src  source
+	opts Options
+	now  func() time.Time
+
+	mu  sync.RWMutex
+	tab *table
+
+	updates chan Entry
+	// queue carries changes from the reader to the applier; an overrun is
+	// a marker in it, so the re-dump happens after every change received
+	// before the overrun was applied and before any received after it.
+	queue chan item
+
+	overruns, redumps, dropped atomic.Uint64
+	lastDump                   atomic.Int64
+	dumped                     atomic.Int64
+	errMu                      sync.Mutex
+	err                        error
+
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type item struct {
+	changes []change
+	overrun bool
+}
+
+// Open dumps the conntrack table of the namespace at netnsPath ("" for the
+// caller's) and keeps it current from events until ctx ends or Close.
+func Open(ctx context.Context, netnsPath string) (*Tracker, error) {
+	return OpenWith(ctx, netnsPath, Options{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, error) {
+	nsFD := 0
+	if netnsPath != "" {
+		fd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open conntrack tracker: open namespace %s: %w", netnsPath, err)
+		}
+		// The sockets keep the namespace alive; the fd is only needed
+		// to create them.
+		defer unix.Close(fd)
+		nsFD = fd
+	}
+	src, err := dialNetlink(nsFD, opts.ReadBuffer)
+	if err != nil {
+		return nil, fmt.Errorf("open conntrack tracker: %w", err)
+	}
+	t, err := start(ctx, src, opts, time.Now)
+	if err != nil {
+		src.Close()
+		return nil, fmt.Errorf("open conntrack tracker: %w", err)
+	}
+	return t, nil
+}
+
+// start builds a tracker on any source: the initial dump, then the reader
+// and applier goroutines.
+func start(ctx context.Context, src source, opts Options, now func() time.Time) (*Tracker, error) {
+	opts = opts.withDefaults()
+	t := &Tracker{
+		src:     src,
+		opts:    opts,
+		now:     now,
+		tab:     newTable(opts.MaxEntries, opts.MaxDestroyed, opts.Retention),
+		updates: make(chan Entry, opts.UpdateBuffer),
+		queue:   make(chan item, 1024),
+		done:    make(chan struct{}),
+	}
+	if err := t.dump(false); err != nil {
+		return nil, err
+	}
+	ctx, t.cancel = context.WithCancel(ctx)
+	readerDone := make(chan struct{})
+	go t.read(readerDone)
+	go t.apply(ctx, readerDone)
+	go func() {
+		<-ctx.Done()
+		t.Close()
+	}()
+	return t, nil
+}
+
+// dump reads the whole table and replaces the live entries with it. Dumps
+// can fail transiently while the table changes under them (the kernel
+// flags an interrupted dump), so it retries a few times.
+func (t *Tracker) dump(redump bool) error {
+	start := time.Now()
+	var entries []Entry
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		entries, err = t.src.Dump()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	now := t.now()
+	for i := range entries {
+		entries[i].Seen = now
+	}
+	t.mu.Lock()
+	changed := t.tab.replace(entries, now)
+	t.mu.Unlock()
+	t.lastDump.Store(int64(time.Since(start)))
+	t.dumped.Store(int64(len(entries)))
+	if redump {
+		t.redumps.Add(1)
+		for _, e := range changed {
+			t.publish(e)
+		}
+	}
+	return nil
+}
+
+// read is the only goroutine on the event socket. It never waits for the
+// Updates consumer; it can wait for the applier, and if that makes the
+// kernel drop events the overrun is caught and repaired like any other.
+func (t *Tracker) read(done chan struct{}) {
+	defer close(done)
+	for {
+		ch, err := t.src.Receive()
+		switch {
+		case errors.Is(err, errClosed):
+			return
+		case errors.Is(err, errOverrun):
+			t.overruns.Add(1)
+			if !t.enqueue(item{overrun: true}) {
+				return
+			}
+			continue
+		case err != nil:
+			t.setErr(err)
+			return
+		}
+		if len(ch) > 0 && !t.enqueue(item{changes: ch}) {
+			return
+		}
+	}
+}
+
+func (t *Tracker) enqueue(it item) bool {
+	select {
+	case t.queue <- it:
+		return true
+	case <-t.done:
+		return false
+	}
+}
+
+// apply owns the table's writes: events, re-dumps and pruning.
+func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
+	defer close(t.updates)
+	prune := time.NewTicker(t.opts.pruneEvery)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-readerDone:
+			// Drain what the reader queued before it stopped.
+			for {
+				select {
+				case it := <-t.queue:
+					t.handle(it)
+				default:
+					return
+				}
+			}
+		case <-prune.C:
+			t.mu.Lock()
+			t.tab.prune(t.now())
+			t.mu.Unlock()
+		case it := <-t.queue:
+			t.handle(it)
+		}
+	}
+}
+
+func pruneInterval(retention time.Duration) time.Duration {
+	d := retention / 4
+	if d < 50*time.Millisecond {
+		d = 50 * time.Millisecond
+	}
+	if d > 10*time.Second {
+		d = 10 * time.Second
+	}
+	return d
+}
+
+func (t *Tracker) handle(it item) {
+	if it.overrun {
+		// Coalesce overruns already queued behind this one: one dump
+		// repairs them all, as long as it starts after they happened.
+	drain:
+		for {
+			select {
+			case next := <-t.queue:
+				if !next.overrun {
+					// Changes queued before the dump starts are
+					// older than it: applying them first lets the
+					// dump have the last word.
+					t.applyChanges(next.changes)
+				}
+			default:
+				break drain
+			}
+		}
+		if err := t.dump(true); err != nil {
+			// The table stays as it was; the next overrun (or the
+			// caller, through Stats.Err) learns it.
+			t.setErr(fmt.Errorf("redump after overrun: %w", err))
+		}
+		return
+	}
+	t.applyChanges(it.changes)
+}
+
+func (t *Tracker) applyChanges(ch []change) {
+	now := t.now()
+	out := make([]Entry, 0, len(ch))
+	t.mu.Lock()
+	for _, c := range ch {
+		c.entry.Seen = now
+		if c.destroy {
+			out = append(out, t.tab.destroy(c.entry))
+			continue
+		}
+		e, changed := t.tab.upsert(c.entry, false)
+		if changed {
+			out = append(out, e)
+		}
+	}
+	t.mu.Unlock()
+	for _, e := range out {
+		t.publish(e)
+	}
+}
+
+// publish never blocks: the joiner being slow must not stall the table.
+func (t *Tracker) publish(e Entry) {
+	select {
+	case t.updates <- e:
+	default:
+		t.dropped.Add(1)
+	}
+}
+
+func (t *Tracker) setErr(err error) {
+	t.errMu.Lock()
+	if t.err == nil {
+		t.err = err
+	}
+	t.errMu.Unlock()
+}
+
+// Lookup finds the entry whose original or reply tuple is tu (proto
+// included), live or destroyed within the retention.
+func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
+	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.tab.lookup(tu, t.now())
+}
+
+// Updates delivers every change after Open (and the changes a re-dump
+// found). It is closed when the tracker stops.
+func (t *Tracker) Updates() <-chan Entry { return t.updates }
+
+// Stats returns the counters.
+func (t *Tracker) Stats() Stats {
+	t.mu.RLock()
+	live, dead := t.tab.len()
+	evicted := t.tab.evicted
+	t.mu.RUnlock()
+	s := Stats{
+		Overruns:       t.overruns.Load(),
+		Redumps:        t.redumps.Load(),
+		DroppedUpdates: t.dropped.Load(),
+		Entries:        live + dead,
+		Destroyed:      dead,
+		Evicted:        evicted,
+		LastDump:       time.Duration(t.lastDump.Load()),
+		DumpedEntries:  int(t.dumped.Load()),
+	}
+	if dc, ok := t.src.(interface{ decodeErrorCount() uint64 }); ok {
+		s.DecodeErrors = dc.decodeErrorCount()
+	}
+	t.errMu.Lock()
+	if t.err != nil {
+		s.Err = t.err.Error()
+	}
+	t.errMu.Unlock()
+	return s
+}
+
+// Close stops the tracker and closes its sockets. Updates is closed once
+// the applier has stopped.
+func (t *Tracker) Close() error {
+	t.closeOnce.Do(func() {
+		close(t.done)
+		if t.cancel != nil {
+			t.cancel()
+		}
+		if err := t.src.Close(); err != nil {
+			t.closeErr = fmt.Errorf("close conntrack tracker: %w", err)
+		}
+	})
+	return t.closeErr
+}
