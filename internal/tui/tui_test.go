@@ -101,7 +101,9 @@ func TestScreensGolden(t *testing.T) {
 	}
 }
 
-func itoa(n int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + func() string { return fmtInt(n) }()) }
+func itoa(n int) string {
+	return strings.TrimSpace(strings.Repeat(" ", 0) + func() string { return fmtInt(n) }())
+}
 
 func fmtInt(n int) string {
 	if n == 0 {
