@@ -115,6 +115,10 @@ func (m *matrix) counts() (pass, fail, skip int) {
 	return
 }
 
+// maxReason caps a reason printed under the table; the full text is in the
+// console output and the package log.
+const maxReason = 240
+
 // write prints the table: one row per test, one column per kernel. Skip and
 // failure reasons are numbered below the table so columns stay narrow.
 func (m *matrix) write(w io.Writer) {
@@ -169,6 +173,9 @@ func (m *matrix) write(w io.Writer) {
 		}
 	}
 	for i, r := range reasons {
+		if len(r) > maxReason {
+			r = r[:maxReason] + "…"
+		}
 		fmt.Fprintf(w, "[%d] %s\n", i+1, r)
 	}
 	for _, n := range m.notes {

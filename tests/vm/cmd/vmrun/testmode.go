@@ -144,6 +144,10 @@ func testMode(ctx context.Context, o options) (int, error) {
 	fmt.Println()
 	fmt.Println("VM test matrix (kernel × test):")
 	m.write(os.Stdout)
+	fmt.Printf("\nfull output per kernel: %s/<kernel>/pkg-N.log\n", filepath.Join(o.cache, "results"))
+	for i, p := range pkgs {
+		fmt.Printf("  pkg-%d: %s\n", i, p.ImportPath)
+	}
 	printTimings(os.Stdout, runs)
 	pass, fail, skip := m.counts()
 	if fail > 0 {
