@@ -50,7 +50,8 @@ struct {
 } lost SEC(".maps");
 
 /* Packets of the connections the tracer reported on, in both directions:
- * a drop is worth reporting only for these (or when netfilter dropped it). */
+ * a drop is worth reporting only for these (or when netfilter dropped it).
+ * The value says why a tuple is followed (FOLLOW_*). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -158,18 +159,31 @@ static __always_inline struct event *reserve(__u8 kind, __u8 hook, __u8 via)
 	return e;
 }
 
-static __always_inline void follow_tuple(const struct tuple *t)
+/* Why a packet's tuple is followed: the connection was translated, or this
+ * very packet was answered with an ICMP error or a reset (the kernel frees
+ * it right after, and on kernels without drop reasons that free is the
+ * only sign of the drop). */
+#define FOLLOW_CONN 1
+#define FOLLOW_ANSWERED 2
+
+static __always_inline void tuple_key(struct flow_key *k, const struct tuple *t)
+{
+	__builtin_memcpy(k->src, t->src, 16);
+	__builtin_memcpy(k->dst, t->dst, 16);
+	k->sport = t->sport;
+	k->dport = t->dport;
+	k->proto = t->proto;
+}
+
+static __always_inline void follow_tuple(const struct tuple *t, __u8 why)
 {
 	if (!t->family)
 		return;
 	struct flow_key k = {};
-	__builtin_memcpy(k.src, t->src, 16);
-	__builtin_memcpy(k.dst, t->dst, 16);
-	k.sport = t->sport;
-	k.dport = t->dport;
-	k.proto = t->proto;
-	__u8 one = 1;
-	bpf_map_update_elem(&followed, &k, &one, BPF_ANY);
+	tuple_key(&k, t);
+	__u8 *old = bpf_map_lookup_elem(&followed, &k);
+	__u8 v = why | (old ? *old : 0);
+	bpf_map_update_elem(&followed, &k, &v, BPF_ANY);
 }
 
 /* Submits the event if it passes the filters, and follows its packets. */
@@ -179,9 +193,10 @@ static __always_inline void finish(struct event *e)
 		bpf_ringbuf_discard(e, 0);
 		return;
 	}
-	follow_tuple(&e->pkt);
-	follow_tuple(&e->orig);
-	follow_tuple(&e->reply);
+	bool answered = e->kind == KIND_REJECT || e->kind == KIND_RESET || e->kind == KIND_IPVS_NO_DEST;
+	follow_tuple(&e->pkt, answered ? FOLLOW_ANSWERED : FOLLOW_CONN);
+	follow_tuple(&e->orig, FOLLOW_CONN);
+	follow_tuple(&e->reply, FOLLOW_CONN);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -335,6 +350,9 @@ static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2
 	if (!e)
 		return 0;
 	read_ct(e, ct);
+	/* Before the call the reply tuple is still the original's inverse
+	 * (or has only the other manip): what it becomes is conntrack's to say. */
+	__builtin_memset(&e->reply, 0, sizeof(e->reply));
 	e->range_flags = r.flags;
 	e->to.family = e->orig.family;
 	e->to.proto = e->orig.proto;
@@ -602,12 +620,16 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP);
 	if (!nf_drop) {
 		struct flow_key k = {};
-		__builtin_memcpy(k.src, t.src, 16);
-		__builtin_memcpy(k.dst, t.dst, 16);
-		k.sport = t.sport;
-		k.dport = t.dport;
-		k.proto = t.proto;
-		if (!bpf_map_lookup_elem(&followed, &k))
+		tuple_key(&k, &t);
+		__u8 *why = bpf_map_lookup_elem(&followed, &k);
+		if (!why)
+			return 0;
+		/* Without a reason (before 5.17, or NOT_SPECIFIED, which many
+		 * ordinary frees still use), a free is a drop only for the
+		 * packet that was just answered with an error or reset. */
+		bool vague = !has_reason ||
+			     reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED);
+		if (vague && !(*why & FOLLOW_ANSWERED))
 			return 0;
 	}
 	__u32 ns = skb_netns(skb);
