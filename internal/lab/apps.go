@@ -1,0 +1,342 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// How long a client waits before it calls an attempt a timeout: longer
+// than the first SYN retransmission (1 s), so a dropped SYN is retried once.
+const (
+	connectTimeout = 3 * time.Second
+	answerTimeout  = 2 * time.Second
+)
+
+// serve starts, inside ns, a server for every port that answers each
+// connection (TCP) or datagram (UDP) with the pod's name.
+func (c *cluster) serve(ns netlab.Namespace, name string, ports []containerPort) error {
+	for _, p := range ports {
+		var err error
+		switch p.Proto {
+		case "tcp":
+			err = c.serveTCP(ns, name, p.Port)
+		case "udp":
+			err = c.serveUDP(ns, name, p.Port)
+		default:
+			err = fmt.Errorf("unknown protocol %q", p.Proto)
+		}
+		if err != nil {
+			return fmt.Errorf("serve %s %s/%d: %w", name, p.Proto, p.Port, err)
+		}
+	}
+	return nil
+}
+
+func (c *cluster) serveTCP(ns netlab.Namespace, name string, port int) error {
+	var ln net.Listener
+	err := ns.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", ":"+strconv.Itoa(port))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.closers = append(c.closers, ln.Close)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return // closed
+			}
+			go func() {
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(answerTimeout))
+				fmt.Fprintf(conn, "%s\n", name)
+			}()
+		}
+	}()
+	return nil
+}
+
+func (c *cluster) serveUDP(ns netlab.Namespace, name string, port int) error {
+	var pc net.PacketConn
+	err := ns.Do(func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", ":"+strconv.Itoa(port))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.closers = append(c.closers, pc.Close)
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return // closed
+			}
+			pc.WriteTo([]byte(name+"\n"), from)
+		}
+	}()
+	return nil
+}
+
+// dialTCP connects from srcIP inside ns to dst and reports the source
+// address it used and what it saw: "connected to NAME", refused, reset or
+// timeout. The source port is bound before connect so it is known even
+// when the connection fails.
+func dialTCP(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (src, saw string, err error) {
+	err = ns.Do(func() error {
+		var port int
+		d := net.Dialer{Timeout: connectTimeout, Control: bindControl(srcIP, &port)}
+		conn, derr := d.DialContext(ctx, "tcp4", dst)
+		src = net.JoinHostPort(srcIP, strconv.Itoa(port))
+		if derr != nil {
+			saw = classify(derr)
+			return nil
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(answerTimeout))
+		line, rerr := bufio.NewReader(conn).ReadString('\n')
+		if rerr != nil && line == "" {
+			saw = "connected, no answer: " + classify(rerr)
+			return nil
+		}
+		saw = Connected(strings.TrimSpace(line))
+		return nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("dial %s from %s: %w", dst, ns.Name, err)
+	}
+	return src, saw, nil
+}
+
+// bindControl binds the socket to ip with an ephemeral port before connect
+// and records the port.
+func bindControl(ip string, port *int) func(string, string, syscall.RawConn) error {
+	return func(_, _ string, rc syscall.RawConn) error {
+		var berr error
+		err := rc.Control(func(fd uintptr) {
+			sa := &unix.SockaddrInet4{}
+			copy(sa.Addr[:], net.ParseIP(ip).To4())
+			if berr = unix.Bind(int(fd), sa); berr != nil {
+				return
+			}
+			var got unix.Sockaddr
+			if got, berr = unix.Getsockname(int(fd)); berr == nil {
+				*port = got.(*unix.SockaddrInet4).Port
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if berr != nil {
+			return fmt.Errorf("bind %s: %w", ip, berr)
+		}
+		return nil
+	}
+}
+
+// classify turns a socket error into what a user would say they saw.
+func classify(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return OutcomeRefused
+	case errors.Is(err, syscall.ECONNRESET):
+		return OutcomeReset
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return OutcomeTimeout
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "unreachable"
+	}
+	return "error: " + err.Error()
+}
+
+// exchangeUDP sends one datagram from srcIP inside ns to dst on a connected
+// socket (so an ICMP error comes back as ECONNREFUSED) and reports the
+// answer.
+func exchangeUDP(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (src, saw string, err error) {
+	err = ns.Do(func() error {
+		raddr, err := net.ResolveUDPAddr("udp4", dst)
+		if err != nil {
+			return err
+		}
+		conn, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(srcIP)}, raddr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		src = conn.LocalAddr().String()
+		deadline := time.Now().Add(answerTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		conn.SetDeadline(deadline)
+		if _, err := conn.Write([]byte("who\n")); err != nil {
+			saw = classify(err)
+			return nil
+		}
+		buf := make([]byte, 1500)
+		n, err := conn.Read(buf)
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			saw = OutcomeUnreachable
+		case err != nil:
+			saw = classify(err)
+		default:
+			saw = Connected(strings.TrimSpace(string(buf[:n])))
+		}
+		return nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("udp exchange %s from %s: %w", dst, ns.Name, err)
+	}
+	return src, saw, nil
+}
+
+// ping sends one ICMP echo request from srcIP inside ns to dst on a raw
+// socket (no ping binary is needed, and datagram ICMP sockets are closed to
+// root by net.ipv4.ping_group_range's default) and reports "echo reply",
+// "icmp port unreachable", another ICMP error, or timeout.
+func ping(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (saw string, err error) {
+	err = ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+		if err != nil {
+			return fmt.Errorf("raw icmp socket: %w", err)
+		}
+		defer unix.Close(fd)
+		src, dstIP := net.ParseIP(srcIP).To4(), net.ParseIP(dst).To4()
+		if src == nil || dstIP == nil {
+			return fmt.Errorf("bad address %s -> %s", srcIP, dst)
+		}
+		sa := &unix.SockaddrInet4{}
+		copy(sa.Addr[:], src)
+		if err := unix.Bind(fd, sa); err != nil {
+			return fmt.Errorf("bind %s: %w", srcIP, err)
+		}
+		id := uint16(rand.IntN(0xffff) + 1)
+		to := &unix.SockaddrInet4{}
+		copy(to.Addr[:], dstIP)
+		if err := unix.Sendto(fd, echoRequest(id, 1), 0, to); err != nil {
+			return fmt.Errorf("send echo to %s: %w", dst, err)
+		}
+		saw = awaitICMP(ctx, fd, dstIP, id)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("ping %s from %s: %w", dst, ns.Name, err)
+	}
+	return saw, nil
+}
+
+func echoRequest(id, seq uint16) []byte {
+	b := make([]byte, 8, 8+16)
+	b[0] = 8 // echo request
+	binary.BigEndian.PutUint16(b[4:], id)
+	binary.BigEndian.PutUint16(b[6:], seq)
+	b = append(b, "trlab echo probe"...)
+	binary.BigEndian.PutUint16(b[2:], checksum(b))
+	return b
+}
+
+func checksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+// awaitICMP reads the raw socket (which sees every ICMP packet arriving in
+// the namespace) until the answer to echo id arrives: an echo reply from
+// dst, or an ICMP error quoting our echo request.
+func awaitICMP(ctx context.Context, fd int, dst net.IP, id uint16) string {
+	deadline := time.Now().Add(answerTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	buf := make([]byte, 1500)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return OutcomeTimeout
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return "error: " + err.Error()
+		}
+		if saw := matchICMP(buf[:n], dst, id); saw != "" {
+			return saw
+		}
+	}
+}
+
+// matchICMP interprets one received IPv4 packet; "" when it is not about
+// our echo request.
+func matchICMP(pkt []byte, dst net.IP, id uint16) string {
+	icmp, ok := ipPayload(pkt)
+	if !ok || len(icmp) < 8 {
+		return ""
+	}
+	switch icmp[0] {
+	case 0: // echo reply
+		if binary.BigEndian.Uint16(icmp[4:]) == id && net.IP(pkt[12:16]).Equal(dst) {
+			return OutcomeEchoReply
+		}
+	case 3, 11: // destination unreachable, time exceeded: they quote our packet
+		inner := icmp[8:]
+		quoted, ok := ipPayload(inner)
+		if !ok || len(quoted) < 8 || inner[9] != unix.IPPROTO_ICMP || !net.IP(inner[16:20]).Equal(dst) {
+			return ""
+		}
+		if quoted[0] != 8 || binary.BigEndian.Uint16(quoted[4:]) != id {
+			return ""
+		}
+		if icmp[0] == 3 && icmp[1] == 3 {
+			return OutcomeUnreachable
+		}
+		return fmt.Sprintf("icmp type %d code %d", icmp[0], icmp[1])
+	}
+	return ""
+}
+
+// ipPayload returns what follows an IPv4 header.
+func ipPayload(pkt []byte) ([]byte, bool) {
+	if len(pkt) < 20 || pkt[0]>>4 != 4 {
+		return nil, false
+	}
+	ihl := int(pkt[0]&0x0f) * 4
+	if ihl < 20 || len(pkt) < ihl {
+		return nil, false
+	}
+	return pkt[ihl:], true
+}

@@ -1,0 +1,219 @@
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// Addresses shared by every scenario (each scenario has its own
+// namespaces, so they never collide).
+const (
+	lanCIDRBits = "/24"
+	clusterCIDR = "10.244.0.0/16"
+	netName     = "cbr0" // the CNI network name, as flannel's conflist
+)
+
+// cluster is one scenario's nodes, pods and Services, joined by a LAN: a
+// bridge in its own namespace, so a reply can go from one node straight to
+// an outside client without passing the node that DNAT'd the request.
+type cluster struct {
+	env      *Env
+	scenario string
+	lab      *netlab.Lab
+	lan      netlab.Namespace
+	lanPorts int
+	stateDir string
+
+	nodes    []*node
+	outside  []*host
+	pods     []*pod
+	services []*service
+	closers  []func() error
+}
+
+// node is a Kubernetes node: a namespace with eth0 on the LAN, a cni0
+// bridge made by the bridge plugin, and (optionally) kube-proxy's state.
+type node struct {
+	name    string // the Kubernetes node name
+	ns      netlab.Namespace
+	ip      string // on the LAN
+	podCIDR string
+	kp      *kubeProxy
+	// portmapFirst reproduces portmap ≤ 0.7.4, which prepended its jump to
+	// CNI-HOSTPORT-DNAT ahead of kube-proxy's KUBE-SERVICES.
+	portmapFirst bool
+}
+
+// host is a machine outside the cluster on the LAN.
+type host struct {
+	name string
+	ns   netlab.Namespace
+	ip   string
+}
+
+func newCluster(env *Env, scenario string) (*cluster, error) {
+	l, err := netlab.New(Prefix + "-" + scenario)
+	if err != nil {
+		return nil, fmt.Errorf("start lab %s: %w", scenario, err)
+	}
+	c := &cluster{env: env, scenario: scenario, lab: l, stateDir: filepath.Join(stateRoot, scenario)}
+	if err := os.RemoveAll(c.stateDir); err != nil {
+		return nil, fmt.Errorf("remove old state %s: %w", c.stateDir, err)
+	}
+	c.lan, err = l.Namespace("lan")
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("create lan: %w", err)
+	}
+	if err := runAll(c.lan, [][]string{
+		{"ip", "link", "add", "br0", "type", "bridge"},
+		{"ip", "link", "set", "br0", "up"},
+	}); err != nil {
+		c.close()
+		return nil, fmt.Errorf("create lan bridge: %w", err)
+	}
+	return c, nil
+}
+
+// plug connects ns to the LAN bridge with eth0 = cidr. The veth is created
+// inside the LAN namespace with its peer directly in ns, so the host's
+// namespace never holds either end.
+func (c *cluster) plug(ns netlab.Namespace, cidr string) error {
+	port := fmt.Sprintf("lp%d", c.lanPorts)
+	c.lanPorts++
+	if _, err := c.lan.Run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns.Name); err != nil {
+		return fmt.Errorf("plug %s into lan: %w", ns.Name, err)
+	}
+	if _, err := c.lan.Run("ip", "link", "set", port, "master", "br0", "up"); err != nil {
+		return fmt.Errorf("plug %s into lan: %w", ns.Name, err)
+	}
+	return runAll(ns, [][]string{
+		{"ip", "addr", "add", cidr, "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+	})
+}
+
+// addNode creates a node with eth0 = ip on the LAN and podCIDR for cni0.
+func (c *cluster) addNode(name, ip, podCIDR string) (*node, error) {
+	ns, err := c.lab.Namespace(name)
+	if err != nil {
+		return nil, fmt.Errorf("create node %s: %w", name, err)
+	}
+	n := &node{name: name, ns: ns, ip: ip, podCIDR: podCIDR}
+	if err := c.plug(ns, ip+lanCIDRBits); err != nil {
+		return nil, err
+	}
+	// A node forwards; it must not answer a DNAT back out of the interface
+	// it came in on with an ICMP redirect, which would be noise in a trace.
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.ipv4.conf.all.send_redirects", "0"},
+		{"net.ipv4.conf.default.send_redirects", "0"},
+		{"net.ipv4.conf.eth0.send_redirects", "0"},
+	} {
+		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+			return nil, fmt.Errorf("node %s: %w", name, err)
+		}
+	}
+	c.nodes = append(c.nodes, n)
+	return n, nil
+}
+
+// addOutside creates a machine on the LAN outside the cluster whose
+// default route is gw (the node a cloud load balancer would pick).
+func (c *cluster) addOutside(name, ip, gw string) (*host, error) {
+	ns, err := c.lab.Namespace(name)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", name, err)
+	}
+	if err := c.plug(ns, ip+lanCIDRBits); err != nil {
+		return nil, err
+	}
+	if _, err := ns.Run("ip", "route", "add", "default", "via", gw); err != nil {
+		return nil, fmt.Errorf("route %s via %s: %w", name, gw, err)
+	}
+	h := &host{name: name, ns: ns, ip: ip}
+	c.outside = append(c.outside, h)
+	return h, nil
+}
+
+// routeNodes gives every node a route to every other node's pod CIDR, as
+// flannel's host-gw backend does.
+func (c *cluster) routeNodes() error {
+	for _, a := range c.nodes {
+		for _, b := range c.nodes {
+			if a == b {
+				continue
+			}
+			if _, err := a.ns.Run("ip", "route", "add", b.podCIDR, "via", b.ip); err != nil {
+				return fmt.Errorf("route %s to %s: %w", a.name, b.podCIDR, err)
+			}
+		}
+	}
+	return nil
+}
+
+// close stops the servers, deletes the namespaces and the IPAM state.
+func (c *cluster) close() error {
+	var errs []error
+	for i := len(c.closers) - 1; i >= 0; i-- {
+		errs = append(errs, c.closers[i]())
+	}
+	c.closers = nil
+	errs = append(errs, c.lab.Close())
+	if err := os.RemoveAll(c.stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", c.stateDir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// built wraps the cluster as a Built observed at node (and extra).
+func (c *cluster) built(n *node, traffic func(context.Context) ([]Expectation, error), extra ...netlab.Namespace) (*Built, error) {
+	meta, err := c.metadata()
+	if err != nil {
+		return nil, err
+	}
+	mode := "ipvs"
+	if !c.env.IPVS {
+		mode = "iptables stand-in for IPVS"
+	}
+	return &Built{
+		Node:         n.ns,
+		Observe:      append([]netlab.Namespace{n.ns}, extra...),
+		MetadataJSON: meta,
+		NodeName:     n.name,
+		Mode:         mode,
+		Traffic:      traffic,
+		Close:        c.close,
+		cluster:      c,
+	}, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n/2)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+func newUID() string {
+	h := randomHex(32)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+func runAll(ns netlab.Namespace, cmds [][]string) error {
+	for _, c := range cmds {
+		if _, err := ns.Run(c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,498 @@
+package lab
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// service is a Kubernetes Service and its endpoints.
+type service struct {
+	namespace, name string
+	uid             string
+	typ             string // ClusterIP, NodePort or LoadBalancer
+	clusterIP       string
+	lbIP            string
+	etpLocal        bool // externalTrafficPolicy: Local
+	healthCheckPort int
+	ports           []servicePort
+	endpoints       []*pod
+}
+
+type servicePort struct {
+	Name       string
+	Proto      string // tcp or udp
+	Port       int
+	TargetPort int
+	NodePort   int
+}
+
+// portName is kube-proxy's ServicePortName.String(): "ns/name:port".
+func (s *service) portName(p servicePort) string {
+	return s.namespace + "/" + s.name + ":" + p.Name
+}
+
+// kubeProxy is kube-proxy's IPVS-mode state on one node (kube-proxy-ipvs.md).
+// Where the kernel has no IPVS, the virtual servers are stood in for by
+// kube-proxy iptables-mode KUBE-SVC/KUBE-SEP DNAT chains jumped to exactly
+// where IPVS would take the packet: just before KUBE-SERVICES' ACCEPT for
+// cluster and load-balancer IPs, and after all of nat PREROUTING/OUTPUT
+// (KUBE-NODEPORTS) for NodePorts, since IPVS runs at LOCAL_IN.
+type kubeProxy struct {
+	n    *node
+	ipvs bool
+	// before124 reproduces kube-proxy < 1.24: an externalTrafficPolicy=Local
+	// virtual server on a node without a local endpoint has no real server.
+	before124 bool
+}
+
+// Stand-in chain for the NodePort virtual servers, and its jump's comment.
+const (
+	standInNodePorts = "KUBE-NODEPORTS"
+	standInComment   = "lab stand-in for IPVS NodePort virtual servers (kernel without IPVS)"
+)
+
+// ipsets kube-proxy creates, in its order.
+var kubeProxyIPSets = []string{
+	"KUBE-LOOP-BACK hash:ip,port,ip",
+	"KUBE-CLUSTER-IP hash:ip,port",
+	"KUBE-EXTERNAL-IP hash:ip,port",
+	"KUBE-EXTERNAL-IP-LOCAL hash:ip,port",
+	"KUBE-LOAD-BALANCER hash:ip,port",
+	"KUBE-LOAD-BALANCER-FW hash:ip,port",
+	"KUBE-LOAD-BALANCER-LOCAL hash:ip,port",
+	"KUBE-LOAD-BALANCER-SOURCE-IP hash:ip,port,ip",
+	"KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net",
+	"KUBE-NODE-PORT-TCP bitmap:port",
+	"KUBE-NODE-PORT-LOCAL-TCP bitmap:port",
+	"KUBE-NODE-PORT-UDP bitmap:port",
+	"KUBE-NODE-PORT-LOCAL-UDP bitmap:port",
+	"KUBE-NODE-PORT-SCTP-HASH hash:ip,port",
+	"KUBE-NODE-PORT-LOCAL-SCTP-HASH hash:ip,port",
+	"KUBE-HEALTH-CHECK-NODE-PORT bitmap:port",
+	"KUBE-IPVS-IPS hash:ip",
+}
+
+// kubeProxyJumps are prepended (-I) by kube-proxy, in this order.
+var kubeProxyJumps = [][]string{
+	{"nat", "OUTPUT", "kubernetes service portals", "KUBE-SERVICES"},
+	{"nat", "PREROUTING", "kubernetes service portals", "KUBE-SERVICES"},
+	{"nat", "POSTROUTING", "kubernetes postrouting rules", "KUBE-POSTROUTING"},
+	{"filter", "FORWARD", "kubernetes forwarding rules", "KUBE-FORWARD"},
+	{"filter", "INPUT", "kubernetes health check rules", "KUBE-NODE-PORT"},
+	{"filter", "INPUT", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"},
+	{"filter", "FORWARD", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"},
+	{"filter", "INPUT", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"},
+	{"filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"},
+}
+
+// kubeProxyRules is kube-proxy's iptables-restore payload in IPVS mode.
+const kubeProxyRules = `*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-LOAD-BALANCER - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN
+-A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
+-A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER
+-A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s CLUSTERCIDR -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
+-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
+-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT
+-A KUBE-POSTROUTING -m mark ! --mark 0x004000/0x004000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --xor-mark 0x004000
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x004000
+COMMIT
+*filter
+:KUBE-FORWARD - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SOURCE-RANGES-FIREWALL - [0:0]
+:KUBE-IPVS-FILTER - [0:0]
+:KUBE-IPVS-OUT-FILTER - [0:0]
+-A KUBE-SOURCE-RANGES-FIREWALL -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x004000/0x004000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN
+-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
+COMMIT
+`
+
+// installKubeProxy writes kube-proxy's IPVS-mode state into n: kube-ipvs0,
+// the ipsets, the rules and (with IPVS) its sysctls.
+func (c *cluster) installKubeProxy(n *node) error {
+	kp := &kubeProxy{n: n, ipvs: c.env.IPVS}
+	kind := "bridge" // left down, it gives the same local routes as dummy
+	if c.env.Dummy {
+		kind = "dummy"
+	}
+	if _, err := n.ns.Run("ip", "link", "add", "kube-ipvs0", "type", kind); err != nil {
+		return fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
+	}
+	var sets strings.Builder
+	for _, s := range kubeProxyIPSets {
+		name, typ, _ := strings.Cut(s, " ")
+		opts := "family inet hashsize 1024 maxelem 65536"
+		if strings.HasPrefix(typ, "bitmap") {
+			opts = "range 0-65535"
+		}
+		fmt.Fprintf(&sets, "create %s %s %s -exist\n", name, typ, opts)
+	}
+	if err := runStdin(n.ns, sets.String(), "ipset", "restore"); err != nil {
+		return fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
+	}
+	rules := strings.ReplaceAll(kubeProxyRules, "CLUSTERCIDR", clusterCIDR)
+	if err := runStdin(n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
+		return fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
+	}
+	for _, j := range kubeProxyJumps {
+		if _, err := n.ns.Run("iptables", "-w", "-t", j[0], "-I", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]); err != nil {
+			return fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
+		}
+	}
+	if kp.ipvs {
+		if err := kp.ipvsSysctls(); err != nil {
+			return err
+		}
+	} else if err := kp.installStandIn(); err != nil {
+		return err
+	}
+	n.kp = kp
+	return nil
+}
+
+func (kp *kubeProxy) ipvsSysctls() error {
+	for _, k := range []string{"net.ipv4.vs.conntrack", "net.ipv4.vs.expire_nodest_conn", "net.ipv4.vs.expire_quiescent_template"} {
+		if err := kp.n.ns.Sysctl(k, "1"); err != nil {
+			return fmt.Errorf("kube-proxy on %s: %w", kp.n.name, err)
+		}
+	}
+	return nil
+}
+
+func (kp *kubeProxy) installStandIn() error {
+	if _, err := kp.n.ns.Run("iptables", "-w", "-t", "nat", "-N", standInNodePorts); err != nil {
+		return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
+	}
+	return kp.keepStandInLast()
+}
+
+// keepStandInLast (re)appends the NodePort stand-in's jumps, so they stay
+// after every other nat PREROUTING/OUTPUT rule, portmap's included: IPVS
+// sees a packet only once all of nat PREROUTING is done with it.
+func (kp *kubeProxy) keepStandInLast() error {
+	if kp.ipvs {
+		return nil
+	}
+	for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+		rule := []string{chain, "-m", "comment", "--comment", standInComment, "-m", "addrtype", "--dst-type", "LOCAL", "-j", standInNodePorts}
+		if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-C"}, rule...)...); err == nil {
+			if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-D"}, rule...)...); err != nil {
+				return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
+			}
+		}
+		if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-A"}, rule...)...); err != nil {
+			return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
+		}
+	}
+	return nil
+}
+
+// addService makes the node's kube-proxy serve s: its addresses on
+// kube-ipvs0, its ipset entries, and its virtual servers (or stand-ins).
+func (kp *kubeProxy) addService(s *service) error {
+	if err := kp.bindAddresses(s); err != nil {
+		return err
+	}
+	if err := runStdin(kp.n.ns, kp.ipsetEntries(s), "ipset", "restore"); err != nil {
+		return fmt.Errorf("kube-proxy on %s: ipset entries of %s: %w", kp.n.name, s.name, err)
+	}
+	for _, p := range s.ports {
+		var err error
+		if kp.ipvs {
+			err = kp.virtualServers(s, p)
+		} else {
+			err = kp.standInRules(s, p)
+		}
+		if err != nil {
+			return fmt.Errorf("kube-proxy on %s: service %s: %w", kp.n.name, s.portName(p), err)
+		}
+	}
+	return nil
+}
+
+func (kp *kubeProxy) bindAddresses(s *service) error {
+	for _, ip := range []string{s.clusterIP, s.lbIP} {
+		if ip == "" {
+			continue
+		}
+		if _, err := kp.n.ns.Run("ip", "addr", "add", ip+"/32", "dev", "kube-ipvs0"); err != nil {
+			return fmt.Errorf("kube-proxy on %s: bind %s to kube-ipvs0: %w", kp.n.name, ip, err)
+		}
+	}
+	return nil
+}
+
+func (kp *kubeProxy) ipsetEntries(s *service) string {
+	var b strings.Builder
+	add := func(set, entry string) { fmt.Fprintf(&b, "add %s %s -exist\n", set, entry) }
+	for _, ip := range []string{s.clusterIP, s.lbIP} {
+		if ip != "" {
+			add("KUBE-IPVS-IPS", ip)
+		}
+	}
+	for _, p := range s.ports {
+		ipPort := func(ip string) string { return ip + "," + p.Proto + ":" + strconv.Itoa(p.Port) }
+		add("KUBE-CLUSTER-IP", ipPort(s.clusterIP))
+		if s.lbIP != "" {
+			add("KUBE-LOAD-BALANCER", ipPort(s.lbIP))
+			if s.etpLocal {
+				add("KUBE-LOAD-BALANCER-LOCAL", ipPort(s.lbIP))
+			}
+		}
+		if p.NodePort > 0 {
+			proto := strings.ToUpper(p.Proto)
+			add("KUBE-NODE-PORT-"+proto, strconv.Itoa(p.NodePort))
+			if s.etpLocal {
+				add("KUBE-NODE-PORT-LOCAL-"+proto, strconv.Itoa(p.NodePort))
+			}
+		}
+		for _, ep := range s.endpoints {
+			if ep.node == kp.n {
+				add("KUBE-LOOP-BACK", ep.ip+","+p.Proto+":"+strconv.Itoa(p.TargetPort)+","+ep.ip)
+			}
+		}
+	}
+	if s.healthCheckPort > 0 {
+		add("KUBE-HEALTH-CHECK-NODE-PORT", strconv.Itoa(s.healthCheckPort))
+	}
+	return b.String()
+}
+
+// externalEndpoints are the real servers of the external (LB, NodePort)
+// virtual servers: with externalTrafficPolicy=Local the node's own
+// endpoints; when it has none, all endpoints since 1.24 (PR 97081) and
+// none before.
+func (kp *kubeProxy) externalEndpoints(s *service) []*pod {
+	if !s.etpLocal {
+		return s.endpoints
+	}
+	var local []*pod
+	for _, ep := range s.endpoints {
+		if ep.node == kp.n {
+			local = append(local, ep)
+		}
+	}
+	if len(local) > 0 || kp.before124 {
+		return local
+	}
+	return s.endpoints
+}
+
+// virtualServers adds the IPVS virtual servers of one service port.
+func (kp *kubeProxy) virtualServers(s *service, p servicePort) error {
+	flag := "-t"
+	if p.Proto == "udp" {
+		flag = "-u"
+	}
+	vs := func(addr string, eps []*pod) error {
+		if _, err := kp.n.ns.Run("ipvsadm", "-A", flag, addr, "-s", "rr"); err != nil {
+			return err
+		}
+		for _, ep := range eps {
+			rs := net4(ep.ip, p.TargetPort)
+			if _, err := kp.n.ns.Run("ipvsadm", "-a", flag, addr, "-r", rs, "-m", "-w", "1"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := vs(net4(s.clusterIP, p.Port), s.endpoints); err != nil {
+		return err
+	}
+	ext := kp.externalEndpoints(s)
+	if s.lbIP != "" {
+		if err := vs(net4(s.lbIP, p.Port), ext); err != nil {
+			return err
+		}
+	}
+	if p.NodePort > 0 {
+		// One virtual server per node address that is not on kube-ipvs0.
+		for _, ip := range kp.nodeAddresses() {
+			if err := vs(net4(ip, p.NodePort), ext); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// nodeAddresses are the node's own addresses kube-proxy binds NodePorts to:
+// eth0's, and cni0's gateway when the bridge plugin has made it.
+func (kp *kubeProxy) nodeAddresses() []string {
+	addrs := []string{kp.n.ip}
+	out, err := kp.n.ns.Run("ip", "-4", "-o", "addr", "show", "dev", "cni0")
+	if err != nil {
+		return addrs
+	}
+	for _, f := range strings.Fields(out) {
+		if ip, _, ok := strings.Cut(f, "/"); ok && strings.Count(ip, ".") == 3 {
+			addrs = append(addrs, ip)
+		}
+	}
+	return addrs
+}
+
+// standInRules are kube-proxy iptables-mode style chains standing in for
+// one service port's virtual servers.
+func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
+	if len(s.endpoints) == 0 {
+		return fmt.Errorf("service has no endpoints")
+	}
+	svcChain, err := kp.svcChain("KUBE-SVC-", s, p, s.endpoints)
+	if err != nil {
+		return err
+	}
+	extChain := svcChain
+	if ext := kp.externalEndpoints(s); len(ext) != len(s.endpoints) {
+		if len(ext) == 0 {
+			return fmt.Errorf("%w: no real server for an externalTrafficPolicy=Local virtual server cannot be stood in for by iptables", ErrNeedsIPVS)
+		}
+		if extChain, err = kp.svcChain("KUBE-SVL-", s, p, ext); err != nil {
+			return err
+		}
+	}
+	pos, err := kp.firstAccept()
+	if err != nil {
+		return err
+	}
+	name := s.portName(p)
+	portal := func(ip, what, chain string) []string {
+		return []string{"-d", ip + "/32", "-p", p.Proto, "-m", "comment", "--comment", name + " " + what,
+			"-m", p.Proto, "--dport", strconv.Itoa(p.Port), "-j", chain}
+	}
+	if err := kp.nat(append([]string{"-I", "KUBE-SERVICES", strconv.Itoa(pos)}, portal(s.clusterIP, "cluster IP", svcChain)...)...); err != nil {
+		return err
+	}
+	if s.lbIP != "" {
+		if err := kp.nat(append([]string{"-I", "KUBE-SERVICES", strconv.Itoa(pos + 1)}, portal(s.lbIP, "loadbalancer IP", extChain)...)...); err != nil {
+			return err
+		}
+	}
+	if p.NodePort > 0 {
+		return kp.nat("-A", standInNodePorts, "-p", p.Proto, "-m", "comment", "--comment", name,
+			"-m", p.Proto, "--dport", strconv.Itoa(p.NodePort), "-j", extChain)
+	}
+	return nil
+}
+
+// svcChain writes a KUBE-SVC-style chain spreading over eps, one KUBE-SEP
+// chain each, and returns its name.
+func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*pod) (string, error) {
+	name := s.portName(p)
+	chain := prefix + portProtoHash(name, p.Proto)
+	if err := kp.nat("-N", chain); err != nil {
+		return "", err
+	}
+	for i, ep := range eps {
+		dest := net4(ep.ip, p.TargetPort)
+		sep := "KUBE-SEP-" + portProtoHash(name, p.Proto+dest)
+		if err := kp.nat("-N", sep); err != nil {
+			return "", err
+		}
+		if err := kp.nat("-A", sep, "-s", ep.ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
+			return "", err
+		}
+		if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
+			return "", err
+		}
+		jump := []string{"-A", chain, "-m", "comment", "--comment", name + " -> " + dest}
+		if left := len(eps) - i; left > 1 {
+			jump = append(jump, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%.11f", 1/float64(left)))
+		}
+		if err := kp.nat(append(jump, "-j", sep)...); err != nil {
+			return "", err
+		}
+	}
+	return chain, nil
+}
+
+// firstAccept is the 1-based position of KUBE-SERVICES' first ACCEPT: IPVS
+// takes over exactly there.
+func (kp *kubeProxy) firstAccept() (int, error) {
+	out, err := kp.n.ns.Run("iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
+	if err != nil {
+		return 0, err
+	}
+	pos := 0
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "-A ") {
+			continue
+		}
+		pos++
+		if strings.HasSuffix(line, "-j ACCEPT") {
+			return pos, nil
+		}
+	}
+	return 0, fmt.Errorf("KUBE-SERVICES has no ACCEPT rule")
+}
+
+func (kp *kubeProxy) nat(args ...string) error {
+	_, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat"}, args...)...)
+	return err
+}
+
+// portProtoHash is kube-proxy's chain-name hash: base32(sha256(name +
+// protocol)), first 16 characters.
+func portProtoHash(name, proto string) string {
+	sum := sha256.Sum256([]byte(name + proto))
+	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
+
+func net4(ip string, port int) string { return ip + ":" + strconv.Itoa(port) }
+
+// runStdin runs a command inside ns with stdin.
+func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) error {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, name}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// addService registers s in the cluster and on every node with kube-proxy.
+func (c *cluster) addService(s *service) error {
+	s.uid = newUID()
+	for _, n := range c.nodes {
+		if n.kp == nil {
+			continue
+		}
+		if err := n.kp.addService(s); err != nil {
+			return err
+		}
+	}
+	c.services = append(c.services, s)
+	return nil
+}

@@ -1,0 +1,195 @@
+// Package lab rebuilds the incidents of ../shared/INCIDENTS.md for real in
+// throwaway network namespaces: node namespaces with a cni0 bridge and pods
+// made by the real CNI plugins (bridge, host-local, portmap), kube-proxy's
+// IPVS-mode state (kube-ipvs0, ipsets, iptables, IPVS virtual servers where
+// the kernel has IPVS), Go servers in the pods that answer with the pod's
+// name, and Go clients that report what they really saw.
+//
+// The tracer itself is not part of this package: `tracer lab` builds a
+// Scenario, attaches the tracer to Built.Observe, runs Built.Traffic and
+// compares what it reports with the returned Expectations.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// Prefix starts the name of every namespace the lab creates, so Cleanup
+// (and the next run) can find what a crashed run left behind.
+const Prefix = "trlab"
+
+// stateRoot holds the only files the lab writes outside namespaces: the
+// host-local IPAM plugin's allocations (its dataDir).
+const stateRoot = "/run/trlab"
+
+// ErrNeedsIPVS is wrapped by Build when the scenario cannot show its
+// incident without the kernel's IPVS.
+var ErrNeedsIPVS = errors.New("scenario needs IPVS")
+
+// Verdict identifiers of SPEC.md.
+const (
+	VerdictOK               = "ok"
+	VerdictHostportHijack   = "hostport-hijack"
+	VerdictIPVSFilterReject = "ipvs-filter-reject"
+	VerdictIPVSNoEndpoint   = "ipvs-no-endpoint"
+	VerdictReturnPath       = "return-path-mismatch"
+	VerdictRejected         = "rejected"
+	VerdictReset            = "reset"
+	VerdictDropped          = "dropped"
+)
+
+// Outcomes a client reports.
+const (
+	OutcomeRefused     = "refused"
+	OutcomeReset       = "reset"
+	OutcomeTimeout     = "timeout"
+	OutcomeUnreachable = "icmp port unreachable"
+	OutcomeEchoReply   = "echo reply"
+)
+
+// Connected is the outcome of a TCP connection (or UDP exchange) answered
+// by the named pod.
+func Connected(pod string) string { return "connected to " + pod }
+
+// Scenario is one incident rebuilt in namespaces.
+type Scenario struct {
+	Name  string // stable identifier, e.g. "hostport-hijack-clusterip"
+	Title string // one line
+	Shows string // what it demonstrates, the seed it comes from, and which kube-proxy mode ran
+	// NeedsIPVS: Build wraps ErrNeedsIPVS when the kernel has no IPVS.
+	NeedsIPVS bool
+	// NoIPVS says how the scenario degrades on a kernel without IPVS.
+	NoIPVS string
+	Build  func(ctx context.Context, env *Env) (*Built, error)
+}
+
+// Built is a scenario standing in its namespaces.
+type Built struct {
+	Node netlab.Namespace // the namespace the tracer observes
+	// Observe lists every namespace whose netfilter hooks must be attached.
+	Observe []netlab.Namespace
+	// MetadataJSON is shaped like `kubectl get pods,services,endpointslices
+	// -A -o json`, with the addresses the CNI plugins really assigned.
+	MetadataJSON []byte
+	NodeName     string
+	// Mode says how kube-proxy's service handling ran: "ipvs" or
+	// "iptables stand-in for IPVS".
+	Mode string
+	// Traffic makes the scenario's traffic; call it once tracing is attached.
+	Traffic func(ctx context.Context) ([]Expectation, error)
+	// Close removes everything the scenario created.
+	Close func() error
+
+	cluster *cluster
+}
+
+// Expectation is one connection attempt of Traffic: what the tracer must
+// report for it, what the client should see, and what it really saw.
+type Expectation struct {
+	Proto    string // tcp, udp, icmp
+	Src, Dst string // as the client sent it: "IP:PORT" (ICMP: "IP")
+	Verdict  string
+	Facts    []string // words the tracer's explanation must mention
+	Baseline bool     // healthy traffic of the same scenario (Verdict ok)
+	Outcome  string   // what the client should see if the incident is reproduced
+	Saw      string   // what the client really saw
+	Note     string   // one line: why this outcome
+}
+
+// Reproduced says whether the client saw what the scenario intends.
+func (e Expectation) Reproduced() bool { return e.Saw == e.Outcome }
+
+// Env is what Build needs to know about the machine.
+type Env struct {
+	CNIPath string // directory of the CNI plugins
+	IPVS    bool   // the kernel has IPVS (ip_vs loaded)
+	// IPVSReason says why IPVS is not available.
+	IPVSReason string
+	// Dummy: the kernel has the dummy link driver kube-proxy uses for
+	// kube-ipvs0; otherwise a bridge left down stands in.
+	Dummy bool
+	Logf  func(format string, args ...any)
+}
+
+// NewEnv probes the machine once: it tries `modprobe ip_vs` and whether a
+// dummy link can be created inside a throwaway namespace.
+func NewEnv() (*Env, error) {
+	env := &Env{CNIPath: "/usr/lib/cni", Logf: func(string, ...any) {}}
+	for _, tool := range []string{"ip", "iptables", "iptables-save", "iptables-restore", "ipset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("lab needs %s: %w (install iptables, ipset, iproute2)", tool, err)
+		}
+	}
+	for _, p := range []string{"bridge", "host-local", "portmap"} {
+		if _, err := os.Stat(env.CNIPath + "/" + p); err != nil {
+			return nil, fmt.Errorf("lab needs the CNI plugin %s: %w (install containernetworking-plugins)", p, err)
+		}
+	}
+	env.IPVS, env.IPVSReason = probeIPVS()
+	dummy, err := probeDummy()
+	if err != nil {
+		return nil, err
+	}
+	env.Dummy = dummy
+	return env, nil
+}
+
+// probeIPVS loads ip_vs once; /proc/net/ip_vs exists once it is loaded
+// (or built in).
+func probeIPVS() (bool, string) {
+	out, modErr := exec.Command("modprobe", "ip_vs").CombinedOutput()
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		if _, err := exec.LookPath("ipvsadm"); err != nil {
+			return false, "ipvsadm is not installed"
+		}
+		return true, ""
+	}
+	reason := "this kernel has no IPVS"
+	if modErr != nil {
+		reason += ": modprobe ip_vs: " + strings.TrimSpace(string(out))
+	}
+	return false, reason
+}
+
+// probeDummy tries a dummy link in a throwaway namespace, so the host's own
+// namespace is never touched.
+func probeDummy() (bool, error) {
+	l, err := netlab.New(Prefix + "-probe")
+	if err != nil {
+		return false, fmt.Errorf("probe dummy driver: %w", err)
+	}
+	defer l.Close()
+	ns, err := l.Namespace("dummy")
+	if err != nil {
+		return false, fmt.Errorf("probe dummy driver: %w", err)
+	}
+	_, err = ns.Run("ip", "link", "add", "probe0", "type", "dummy")
+	return err == nil, nil
+}
+
+// Cleanup removes every leftover of every scenario: the namespaces named
+// with Prefix and the IPAM state directory.
+func Cleanup() error {
+	errs := []error{netlab.Cleanup(Prefix)}
+	if err := os.RemoveAll(stateRoot); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", stateRoot, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Lookup finds a scenario by name.
+func Lookup(name string) (Scenario, bool) {
+	for _, s := range Scenarios() {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Scenario{}, false
+}

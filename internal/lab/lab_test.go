@@ -1,0 +1,428 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// netlab.New(prefix) removes every namespace named prefix-*, so no scenario
+// name may be such a prefix of another's, or building one would tear down
+// the other.
+func TestScenarioNamesDoNotShadow(t *testing.T) {
+	all := Scenarios()
+	if len(all) < 8 {
+		t.Fatalf("want at least 8 scenarios, have %d", len(all))
+	}
+	for i, a := range all {
+		if a.Name == "" || a.Title == "" || a.Shows == "" || a.NoIPVS == "" || a.Build == nil {
+			t.Errorf("scenario %d (%q) is incomplete", i, a.Name)
+		}
+		if _, ok := Lookup(a.Name); !ok {
+			t.Errorf("Lookup(%q) fails", a.Name)
+		}
+		for j, b := range all {
+			if i != j && (a.Name == b.Name || strings.HasPrefix(b.Name, a.Name+"-") || strings.HasPrefix("probe", a.Name)) {
+				t.Errorf("scenario %q shadows %q", a.Name, b.Name)
+			}
+		}
+	}
+}
+
+func TestMatchICMP(t *testing.T) {
+	dst := net.ParseIP("10.96.0.30").To4()
+	echo := echoRequest(0x1234, 1)
+	if checksum(echo) != 0 {
+		t.Fatalf("echo request checksum does not verify")
+	}
+	ipHdr := func(src, dst net.IP, proto byte) []byte {
+		h := make([]byte, 20)
+		h[0], h[9] = 0x45, proto
+		copy(h[12:], src.To4())
+		copy(h[16:], dst.To4())
+		return h
+	}
+	pod := net.ParseIP("10.244.1.2")
+	quoted := append(ipHdr(pod, dst, 1), echo...)
+	unreach := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, quoted...)
+	reply := append([]byte(nil), echo...)
+	reply[0] = 0
+	other := append([]byte(nil), echo...)
+	binary.BigEndian.PutUint16(other[4:], 0x9999)
+	cases := []struct {
+		name string
+		pkt  []byte
+		want string
+	}{
+		{"port unreachable quoting our echo", append(ipHdr(dst, pod, 1), unreach...), OutcomeUnreachable},
+		{"echo reply from dst", append(ipHdr(dst, pod, 1), reply...), OutcomeEchoReply},
+		{"echo reply from elsewhere", append(ipHdr(pod, pod, 1), reply...), ""},
+		{"someone else's echo", append(ipHdr(dst, pod, 1), other...), ""},
+		{"truncated", []byte{0x45, 0}, ""},
+	}
+	for _, c := range cases {
+		if got := matchICMP(c.pkt, dst, 0x1234); got != c.want {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestDNATChainNameShape(t *testing.T) {
+	got := dnatChainName("cbr0", strings.Repeat("a", 64))
+	if len(got) != 28 || !strings.HasPrefix(got, "CNI-DN-") {
+		t.Fatalf("chain %q: want CNI-DN- and 28 characters", got)
+	}
+	if got == dnatChainName("cbr0", strings.Repeat("b", 64)) {
+		t.Fatalf("chain name does not depend on the container id")
+	}
+}
+
+func requirePrivileged(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged lab test: skipped in -short mode (needs root, namespaces, iptables, CNI plugins)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged lab test: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for namespaces)")
+	}
+}
+
+var (
+	envOnce sync.Once
+	env     *Env
+	envErr  error
+)
+
+func testEnv(t *testing.T) *Env {
+	t.Helper()
+	envOnce.Do(func() { env, envErr = NewEnv() })
+	if envErr != nil {
+		t.Fatalf("lab environment: %v", envErr)
+	}
+	if inVM() && !env.IPVS {
+		t.Fatalf("VM matrix kernel without IPVS: %s", env.IPVSReason)
+	}
+	return env
+}
+
+func inVM() bool { return os.Getenv("TRACER_VM") != "" || os.Getenv("TRACER_VM_KERNEL") != "" }
+
+func TestScenarios(t *testing.T) {
+	requirePrivileged(t)
+	e := testEnv(t)
+	t.Logf("IPVS: %v %s; kube-ipvs0 as dummy: %v", e.IPVS, e.IPVSReason, e.Dummy)
+	for _, s := range Scenarios() {
+		t.Run(s.Name, func(t *testing.T) { testScenario(t, e, s) })
+	}
+}
+
+func testScenario(t *testing.T, e *Env, s Scenario) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := s.Build(ctx, e)
+	if s.NeedsIPVS && !e.IPVS {
+		if !errors.Is(err, ErrNeedsIPVS) {
+			t.Fatalf("without IPVS Build must wrap ErrNeedsIPVS, got %v", err)
+		}
+		t.Logf("not built, as it must not be: %v", err)
+		assertNoNamespaces(t, s.Name)
+		return
+	}
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			b.Close()
+		}
+	}()
+	checkBuilt(t, b)
+	checkMetadata(t, s.Name, b.MetadataJSON)
+	checkPortmapRules(t, b)
+
+	exps, err := b.Traffic(ctx)
+	if err != nil {
+		t.Fatalf("traffic: %v", err)
+	}
+	checkExpectations(t, exps)
+	if s.Name == "return-path-etp-local" {
+		checkUnreplied(t, b)
+	}
+
+	closed = true
+	if err := b.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	assertNoNamespaces(t, s.Name)
+}
+
+func checkBuilt(t *testing.T, b *Built) {
+	t.Helper()
+	if b.NodeName == "" || b.Traffic == nil || b.Close == nil || b.Mode == "" {
+		t.Fatalf("incomplete Built: %+v", b)
+	}
+	if len(b.Observe) == 0 || b.Observe[0] != b.Node {
+		t.Errorf("Observe %v does not start with the node %s", b.Observe, b.Node.Name)
+	}
+	for _, ns := range b.Observe {
+		if _, err := ns.Inode(); err != nil {
+			t.Errorf("observed namespace: %v", err)
+		}
+	}
+}
+
+// kubeList is the part of `kubectl get ... -o json` the tracer reads.
+type kubeList struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Items      []struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name, Namespace string
+		} `json:"metadata"`
+		Spec struct {
+			NodeName    string `json:"nodeName"`
+			HostNetwork bool   `json:"hostNetwork"`
+			ClusterIP   string `json:"clusterIP"`
+		} `json:"spec"`
+		Status struct {
+			PodIP             string `json:"podIP"`
+			HostIP            string `json:"hostIP"`
+			ContainerStatuses []struct {
+				ContainerID string `json:"containerID"`
+			} `json:"containerStatuses"`
+		} `json:"status"`
+		Endpoints []struct {
+			Addresses []string `json:"addresses"`
+			NodeName  string   `json:"nodeName"`
+		} `json:"endpoints"`
+	} `json:"items"`
+}
+
+// checkMetadata parses the metadata as a v1 List and checks every pod's IP
+// and host IP is an address really configured in the scenario's namespaces.
+func checkMetadata(t *testing.T, name string, raw []byte) {
+	t.Helper()
+	var l kubeList
+	if err := json.Unmarshal(raw, &l); err != nil {
+		t.Fatalf("metadata is not JSON: %v", err)
+	}
+	if l.APIVersion != "v1" || l.Kind != "List" {
+		t.Fatalf("metadata is %s %s, want v1 List", l.APIVersion, l.Kind)
+	}
+	real := scenarioAddresses(t, name)
+	podIPs := map[string]bool{}
+	kinds := map[string]int{}
+	for _, it := range l.Items {
+		kinds[it.Kind]++
+		if it.Kind != "Pod" {
+			continue
+		}
+		st := it.Status
+		if !real[st.PodIP] || !real[st.HostIP] || it.Spec.NodeName == "" {
+			t.Errorf("pod %s: podIP %s hostIP %s node %q not really assigned", it.Metadata.Name, st.PodIP, st.HostIP, it.Spec.NodeName)
+		}
+		if it.Spec.HostNetwork != (st.PodIP == st.HostIP) {
+			t.Errorf("pod %s: hostNetwork %v but podIP %s hostIP %s", it.Metadata.Name, it.Spec.HostNetwork, st.PodIP, st.HostIP)
+		}
+		if len(st.ContainerStatuses) == 0 || !strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
+			t.Errorf("pod %s: no container status", it.Metadata.Name)
+		}
+		podIPs[st.PodIP] = true
+	}
+	for _, it := range l.Items {
+		for _, ep := range it.Endpoints {
+			for _, a := range ep.Addresses {
+				if !podIPs[a] {
+					t.Errorf("EndpointSlice %s: address %s is no pod's", it.Metadata.Name, a)
+				}
+			}
+		}
+	}
+	if kinds["Pod"] == 0 {
+		t.Errorf("metadata has no pods: %v", kinds)
+	}
+	if kinds["Service"] != kinds["EndpointSlice"] {
+		t.Errorf("metadata has %d Services but %d EndpointSlices", kinds["Service"], kinds["EndpointSlice"])
+	}
+}
+
+// scenarioAddresses lists the IPv4 addresses configured in every namespace
+// of the scenario.
+func scenarioAddresses(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	addrs := map[string]bool{}
+	for _, ns := range scenarioNamespaces(t, name) {
+		out, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr").CombinedOutput()
+		if err != nil {
+			t.Fatalf("addresses of %s: %v: %s", ns, err, out)
+		}
+		for _, f := range strings.Fields(string(out)) {
+			if ip, _, ok := strings.Cut(f, "/"); ok && net.ParseIP(ip) != nil {
+				addrs[ip] = true
+			}
+		}
+	}
+	return addrs
+}
+
+func scenarioNamespaces(t *testing.T, name string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/run/netns")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("list namespaces: %v", err)
+	}
+	var nss []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), Prefix+"-"+name+"-") {
+			nss = append(nss, e.Name())
+		}
+	}
+	return nss
+}
+
+func assertNoNamespaces(t *testing.T, name string) {
+	t.Helper()
+	if left := scenarioNamespaces(t, name); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+	if _, err := os.Stat(stateRoot + "/" + name); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state directory %s/%s left behind (%v)", stateRoot, name, err)
+	}
+}
+
+// checkPortmapRules finds, for every hostPort pod, the rules the real
+// portmap plugin wrote into its node: the CNI-HOSTPORT-DNAT jump with the
+// dnat comment naming the sandbox, and the DNAT to the pod.
+func checkPortmapRules(t *testing.T, b *Built) {
+	t.Helper()
+	for _, p := range b.cluster.pods {
+		hps := p.hostPorts()
+		if len(hps) == 0 {
+			continue
+		}
+		out, err := p.node.ns.Run("iptables-save", "-t", "nat")
+		if err != nil {
+			t.Fatalf("iptables-save on %s: %v", p.node.name, err)
+		}
+		comment := fmt.Sprintf(`--comment "dnat name: \"%s\" id: \"%s\""`, netName, p.sandboxID)
+		if !hasLine(out, "-A CNI-HOSTPORT-DNAT ", comment, "-j "+p.dnatChain) {
+			t.Errorf("pod %s: no CNI-HOSTPORT-DNAT jump to %s with comment %s in:\n%s", p.name, p.dnatChain, comment, out)
+		}
+		for _, hp := range hps {
+			dnat := fmt.Sprintf("--dport %d -j DNAT --to-destination %s:%d", hp.HostPort, p.ip, hp.Port)
+			if !hasLine(out, "-A "+p.dnatChain+" ", dnat) {
+				t.Errorf("pod %s: chain %s has no %q", p.name, p.dnatChain, dnat)
+			}
+		}
+		if p.node.portmapFirst && !firstRule(out, "PREROUTING", "-j CNI-HOSTPORT-DNAT") {
+			t.Errorf("node %s: portmap's jump is not first in PREROUTING", p.node.name)
+		}
+	}
+}
+
+func hasLine(out string, parts ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		ok := true
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func firstRule(out, chain, want string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-A "+chain+" ") {
+			return strings.Contains(line, want)
+		}
+	}
+	return false
+}
+
+func checkExpectations(t *testing.T, exps []Expectation) {
+	t.Helper()
+	var baseline, incident int
+	for _, e := range exps {
+		t.Logf("%-4s %-21s -> %-20s verdict %-20s saw %q (want %q)", e.Proto, e.Src, e.Dst, e.Verdict, e.Saw, e.Outcome)
+		if !e.Reproduced() {
+			t.Errorf("%s %s -> %s: client saw %q, want %q", e.Proto, e.Src, e.Dst, e.Saw, e.Outcome)
+		}
+		if e.Src == "" || e.Dst == "" || len(e.Facts) == 0 {
+			t.Errorf("%s -> %s: incomplete expectation %+v", e.Src, e.Dst, e)
+		}
+		for _, f := range e.Facts {
+			if f == "" {
+				t.Errorf("%s -> %s: empty fact", e.Src, e.Dst)
+			}
+		}
+		if e.Baseline {
+			baseline++
+			if e.Verdict != VerdictOK {
+				t.Errorf("baseline %s -> %s has verdict %q", e.Src, e.Dst, e.Verdict)
+			}
+		} else {
+			incident++
+		}
+	}
+	if baseline == 0 || incident == 0 {
+		t.Errorf("want incident and baseline traffic, have %d and %d", incident, baseline)
+	}
+}
+
+// checkUnreplied: the DNAT'd connection's conntrack entry on the node never
+// saw a reply.
+func checkUnreplied(t *testing.T, b *Built) {
+	t.Helper()
+	if _, err := exec.LookPath("conntrack"); err != nil {
+		t.Logf("conntrack tool missing, UNREPLIED not checked: %v", err)
+		return
+	}
+	out, err := b.Node.Run("conntrack", "-L", "-p", "tcp", "--orig-dst", "192.168.1.200", "--orig-port-dst", "80")
+	if err != nil {
+		t.Fatalf("conntrack -L: %v", err)
+	}
+	if !strings.Contains(out, "UNREPLIED") {
+		t.Errorf("node-1's entry for the LB is not UNREPLIED:\n%s", out)
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	requirePrivileged(t)
+	l, err := netlab.New(Prefix + "-leftover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Namespace("crashed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(stateRoot+"/leftover/ipam", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	assertNoNamespaces(t, "leftover")
+	if _, err := os.Stat(stateRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left behind", stateRoot)
+	}
+}

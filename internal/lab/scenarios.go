@@ -1,0 +1,453 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+)
+
+// Scenarios lists the incidents in the order INCIDENTS.md tells them.
+func Scenarios() []Scenario {
+	return []Scenario{
+		{
+			Name:  "hostport-hijack-clusterip",
+			Title: "connecting to mysql-a's ClusterIP lands on mysql-b's hostPort",
+			Shows: "seed 000: mysql-b has hostPort 3306 on node-2 (real bridge/host-local/portmap plugins); " +
+				"mysql-a's ClusterIP is on kube-ipvs0, so it is LOCAL and portmap's CNI-DN chain DNATs it to mysql-b. " +
+				"portmap's jump is moved ahead of KUBE-SERVICES, where portmap <= 0.7.4 put it (CVE-2019-9946), as in the seed's cluster. " +
+				"Baseline: another Service and mysql-a's pod IP work.",
+			NoIPVS: "runs: the hijack needs no IPVS; the baseline Service runs on kube-proxy iptables-mode KUBE-SVC/KUBE-SEP DNAT chains standing in for the IPVS virtual server",
+			Build:  buildHostportClusterIP,
+		},
+		{
+			Name:  "hostport-vs-nodeport",
+			Title: "a hostPort equal to a NodePort wins, whatever the creation order",
+			Shows: "seed 000's nginx experiment: NodePorts 30080 (Service created before the hostPort pod) and 30081 " +
+				"(pod created before the Service) are both answered by the hostPort pods: KUBE-SERVICES never ACCEPTs a NodePort, " +
+				"so the packet reaches CNI-HOSTPORT-DNAT (current portmap order, appended) before IPVS sees it. Baseline: NodePort 30082 without a hostPort.",
+			NoIPVS: "runs: the hijack needs no IPVS; the NodePort virtual servers are stood in for by a KUBE-NODEPORTS DNAT chain kept at the end of nat PREROUTING/OUTPUT, where IPVS would act",
+			Build:  buildHostportNodePort,
+		},
+		{
+			Name:  "hostnetwork-vs-hostport",
+			Title: "a hostPort :80 bypasses the hostNetwork listener on :80",
+			Shows: "seed 002: ingress-agent (hostNetwork) listens on the node's :80 and web-hp has hostPort 80; " +
+				"traffic to the node address :80, from outside and from a pod, is DNAT'd to web-hp and never reaches the listener. " +
+				"Baseline: the listener's other port works.",
+			NoIPVS: "runs unchanged: no kube-proxy is involved",
+			Build:  buildHostNetworkHostPort,
+		},
+		{
+			Name:  "ping-clusterip",
+			Title: "ping to a ClusterIP: Destination Port Unreachable from KUBE-IPVS-FILTER",
+			Shows: "seed 003: kube-proxy >= 1.26 rejects in filter INPUT anything to a kube-ipvs0 address that is not a service ip,port: " +
+				"ICMP echo and TCP to a non-service port. Baseline: TCP to the service port, ping to the pod IP.",
+			NoIPVS: "runs: KUBE-IPVS-FILTER is plain filter INPUT; the service port runs on KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildPingClusterIP,
+		},
+		{
+			Name:  "lb-port-outside-cluster",
+			Title: "an LB IP port that belongs outside the cluster is refused from pods",
+			Shows: "seed 004 part 1: the LoadBalancer IP is on kube-ipvs0 of every node, so in-cluster traffic never leaves the node: " +
+				":80 (a virtual server) works, :443 (served by the cloud LB for something outside the cluster) is rejected by KUBE-IPVS-FILTER.",
+			NoIPVS: "runs: the rejection is filter INPUT; :80 runs on KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildLBPortOutside,
+		},
+		{
+			Name:      "ipvs-no-endpoint",
+			Title:     "an IPVS virtual server without a real server answers port unreachable",
+			Shows:     "externalTrafficPolicy=Local before kube-proxy 1.24: node-1 has no local endpoint, so its LB virtual server has no real server and IPVS (ip_vs_leave) sends ICMP port unreachable. Baseline: an ETP=Cluster LB.",
+			NeedsIPVS: true,
+			NoIPVS:    "skipped: only IPVS itself answers for a virtual server without real servers",
+			Build:     buildIPVSNoEndpoint,
+		},
+		{
+			Name:  "return-path-etp-local",
+			Title: "DNAT without SNAT: the reply bypasses the node and the client drops it",
+			Shows: "seed 004 part 2, externalTrafficPolicy=Local since kube-proxy 1.24: node-1 has no local endpoint and DNATs to the pod on node-2 without SNAT; " +
+				"the pod answers the outside client directly from podIP:8080, the client's stack resets that unknown five-tuple and its connect times out, " +
+				"node-1's conntrack entry stays UNREPLIED. Baseline: an ETP=Cluster LB (SNAT).",
+			NoIPVS: "runs with the IPVS masquerade forwarding stood in for by an iptables DNAT without SNAT (KUBE-SVC/KUBE-SEP chains), which takes the same return path",
+			Build:  buildReturnPath,
+		},
+		{
+			Name:  "reject-reset-drop",
+			Title: "plain REJECT, stack RST and DROP next to healthy Service traffic",
+			Shows: "a REJECT --reject-with tcp-reset and a DROP in a FORWARD policy chain on node-1, a stack RST from a node port nobody listens on; " +
+				"Baseline: a TCP Service and a UDP (DNS) Service work.",
+			NoIPVS: "runs: the rejects and drops are plain iptables; the Services run on KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildRejectResetDrop,
+		},
+	}
+}
+
+// Addresses of the two-node cluster every scenario starts from.
+const (
+	node1IP   = "172.18.0.2"
+	node2IP   = "172.18.0.3"
+	outsideIP = "172.18.0.100"
+)
+
+// twoNodes builds node-1 and node-2 routed to each other's pod CIDR, with
+// kube-proxy's IPVS-mode state when kubeProxy is set.
+func (c *cluster) twoNodes(kubeProxy bool) (*node, *node, error) {
+	n1, err := c.addNode("node-1", node1IP, "10.244.1.0/24")
+	if err != nil {
+		return nil, nil, err
+	}
+	n2, err := c.addNode("node-2", node2IP, "10.244.2.0/24")
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.routeNodes(); err != nil {
+		return nil, nil, err
+	}
+	if kubeProxy {
+		for _, n := range c.nodes {
+			if err := c.installKubeProxy(n); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return n1, n2, nil
+}
+
+func tcpPort(name string, port, hostPort int) containerPort {
+	return containerPort{Name: name, Proto: "tcp", Port: port, HostPort: hostPort}
+}
+
+// scenario runs build on a fresh cluster and removes it if build fails.
+func scenario(ctx context.Context, env *Env, name string, build func(c *cluster) (*Built, error)) (*Built, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := newCluster(env, name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := build(c)
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("build %s: %w", name, err)
+	}
+	return b, nil
+}
+
+func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "hostport-hijack-clusterip", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		n2.portmapFirst = true
+		mysqlA, err := c.addPod(n1, "db-a", "mysql-a", tcpPort("mysql", 3306, 0))
+		if err != nil {
+			return nil, err
+		}
+		web, err := c.addPod(n1, "shop", "web", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		mysqlB, err := c.addPod(n2, "db-b", "mysql-b", tcpPort("mysql", 3306, 3306))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n2, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		svcA := &service{namespace: "db-a", name: "mysql-a", typ: "ClusterIP", clusterIP: "10.96.0.10",
+			ports: []servicePort{{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}}, endpoints: []*pod{mysqlA}}
+		svcB := &service{namespace: "db-b", name: "mysql-b", typ: "ClusterIP", clusterIP: "10.96.0.11",
+			ports: []servicePort{{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}}, endpoints: []*pod{mysqlB}}
+		svcWeb := &service{namespace: "shop", name: "web", typ: "ClusterIP", clusterIP: "10.96.0.20",
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080}}, endpoints: []*pod{web}}
+		for _, s := range []*service{svcA, svcB, svcWeb} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		return c.built(n2, traffic(
+			tcp(client, "10.96.0.10:3306", Expectation{Verdict: VerdictHostportHijack,
+				Facts:   []string{mysqlB.dnatChain, "mysql-b", "mysql-a", "CNI-HOSTPORT-DNAT"},
+				Outcome: Connected("mysql-b"),
+				Note:    "mysql-a's ClusterIP is local on kube-ipvs0; portmap's DNAT for hostPort 3306 runs first"}),
+			tcp(client, "10.96.0.20:80", Expectation{Baseline: true, Facts: []string{"web"}, Outcome: Connected("web")}),
+			tcp(client, mysqlA.ip+":3306", Expectation{Baseline: true, Facts: []string{"mysql-a"}, Outcome: Connected("mysql-a"),
+				Note: "mysql-a itself is healthy"}),
+		))
+	})
+}
+
+func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "hostport-vs-nodeport", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		if err != nil {
+			return nil, err
+		}
+		backends := map[string]*pod{}
+		for _, name := range []string{"nginx-a", "nginx-b", "nginx-c"} {
+			if backends[name], err = c.addPod(n1, "web", name, tcpPort("http", 8080, 0)); err != nil {
+				return nil, err
+			}
+		}
+		nodePortSvc := func(name, ip string, nodePort int) *service {
+			return &service{namespace: "web", name: name, typ: "NodePort", clusterIP: ip,
+				ports:     []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: nodePort}},
+				endpoints: []*pod{backends[name]}}
+		}
+		// nginx-a's Service exists before the hostPort pod...
+		if err := c.addService(nodePortSvc("nginx-a", "10.96.0.80", 30080)); err != nil {
+			return nil, err
+		}
+		hpA, err := c.addPod(n2, "web", "hp-30080", tcpPort("http", 80, 30080))
+		if err != nil {
+			return nil, err
+		}
+		// ...nginx-b's hostPort pod exists before its Service.
+		hpB, err := c.addPod(n2, "web", "hp-30081", tcpPort("http", 80, 30081))
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range []*service{nodePortSvc("nginx-b", "10.96.0.81", 30081), nodePortSvc("nginx-c", "10.96.0.82", 30082)} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		return c.built(n2, traffic(
+			tcp(outside, node2IP+":30080", Expectation{Verdict: VerdictHostportHijack,
+				Facts: []string{hpA.dnatChain, "hp-30080", "nginx-a", "NodePort"}, Outcome: Connected("hp-30080"),
+				Note: "Service created first; the hostPort pod still answers"}),
+			tcp(outside, node2IP+":30081", Expectation{Verdict: VerdictHostportHijack,
+				Facts: []string{hpB.dnatChain, "hp-30081", "nginx-b", "NodePort"}, Outcome: Connected("hp-30081"),
+				Note: "hostPort pod created first; it answers too"}),
+			tcp(outside, node2IP+":30082", Expectation{Baseline: true, Facts: []string{"nginx-c"}, Outcome: Connected("nginx-c")}),
+		))
+	})
+}
+
+func buildHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "hostnetwork-vs-hostport", func(c *cluster) (*Built, error) {
+		n1, _, err := c.twoNodes(false)
+		if err != nil {
+			return nil, err
+		}
+		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := c.addHostNetworkPod(n1, "ingress", "ingress-agent", tcpPort("http", 80, 0), tcpPort("metrics", 9100, 0)); err != nil {
+			return nil, err
+		}
+		webHP, err := c.addPod(n1, "shop", "web-hp", tcpPort("http", 8080, 80))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		facts := []string{webHP.dnatChain, "web-hp", "ingress-agent"}
+		return c.built(n1, traffic(
+			tcp(outside, node1IP+":80", Expectation{Verdict: VerdictHostportHijack, Facts: facts, Outcome: Connected("web-hp"),
+				Note: "the hostNetwork listener on :80 is bypassed"}),
+			tcp(client, node1IP+":80", Expectation{Verdict: VerdictHostportHijack, Facts: facts, Outcome: Connected("web-hp"),
+				Note: "from a pod too"}),
+			tcp(outside, node1IP+":9100", Expectation{Baseline: true, Facts: []string{"ingress-agent"}, Outcome: Connected("ingress-agent")}),
+		))
+	})
+}
+
+func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "ping-clusterip", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		ldap, err := c.addPod(n2, "auth", "ldap", tcpPort("ldap", 389, 0))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "auth", "debug")
+		if err != nil {
+			return nil, err
+		}
+		if err := c.addService(&service{namespace: "auth", name: "ldap", typ: "ClusterIP", clusterIP: "10.96.0.30",
+			ports: []servicePort{{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}}, endpoints: []*pod{ldap}}); err != nil {
+			return nil, err
+		}
+		facts := []string{"KUBE-IPVS-FILTER", "KUBE-IPVS-IPS", "ldap"}
+		return c.built(n1, traffic(
+			icmp(client, "10.96.0.30", Expectation{Verdict: VerdictIPVSFilterReject, Facts: facts, Outcome: OutcomeUnreachable,
+				Note: "ICMP is never a service ip,port"}),
+			tcp(client, "10.96.0.30:22", Expectation{Verdict: VerdictIPVSFilterReject, Facts: facts, Outcome: OutcomeRefused,
+				Note: "22 is not a port of the Service"}),
+			tcp(client, "10.96.0.30:389", Expectation{Baseline: true, Facts: []string{"ldap"}, Outcome: Connected("ldap")}),
+			icmp(client, ldap.ip, Expectation{Baseline: true, Facts: []string{"ldap"}, Outcome: OutcomeEchoReply}),
+		))
+	})
+}
+
+func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "lb-port-outside-cluster", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		gw, err := c.addPod(n2, "edge", "gateway", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		if err := c.addService(&service{namespace: "edge", name: "gateway", typ: "LoadBalancer", clusterIP: "10.96.0.50", lbIP: "192.168.1.200",
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30090}}, endpoints: []*pod{gw}}); err != nil {
+			return nil, err
+		}
+		return c.built(n1, traffic(
+			tcp(client, "192.168.1.200:443", Expectation{Verdict: VerdictIPVSFilterReject,
+				Facts: []string{"KUBE-IPVS-FILTER", "192.168.1.200", "gateway"}, Outcome: OutcomeRefused,
+				Note: "443 is served by the cloud LB, not by a virtual server; the LB IP is local on kube-ipvs0"}),
+			tcp(client, "192.168.1.200:80", Expectation{Baseline: true, Facts: []string{"gateway"}, Outcome: Connected("gateway")}),
+		))
+	})
+}
+
+func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
+	if !env.IPVS {
+		return nil, fmt.Errorf("build ipvs-no-endpoint: %w: %s", ErrNeedsIPVS, env.IPVSReason)
+	}
+	return scenario(ctx, env, "ipvs-no-endpoint", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range c.nodes {
+			n.kp.before124 = true
+		}
+		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		if err != nil {
+			return nil, err
+		}
+		shop, err := c.addPod(n2, "shop", "shop", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		local := &service{namespace: "shop", name: "shop", typ: "LoadBalancer", clusterIP: "10.96.0.60", lbIP: "192.168.1.201",
+			etpLocal: true, healthCheckPort: 32001,
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
+		cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
+		for _, s := range []*service{local, cluster} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		return c.built(n1, traffic(
+			tcp(outside, "192.168.1.201:80", Expectation{Verdict: VerdictIPVSNoEndpoint,
+				Facts: []string{"192.168.1.201:80", "shop", "Local"}, Outcome: OutcomeRefused,
+				Note: "the virtual server on node-1 has no real server"}),
+			tcp(outside, "192.168.1.202:80", Expectation{Baseline: true, Facts: []string{"shop-any"}, Outcome: Connected("shop")}),
+		))
+	})
+}
+
+func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "return-path-etp-local", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		if err != nil {
+			return nil, err
+		}
+		shop, err := c.addPod(n2, "shop", "shop", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		local := &service{namespace: "shop", name: "shop", typ: "LoadBalancer", clusterIP: "10.96.0.60", lbIP: "192.168.1.200",
+			etpLocal: true, healthCheckPort: 32001,
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
+		cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
+		for _, s := range []*service{local, cluster} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		return c.built(n1, traffic(
+			tcp(outside, "192.168.1.200:80", Expectation{Verdict: VerdictReturnPath,
+				Facts: []string{shop.ip + ":8080", "shop", "UNREPLIED"}, Outcome: OutcomeTimeout,
+				Note: "the pod's SYN-ACK goes straight to the client, which resets it"}),
+			tcp(outside, "192.168.1.202:80", Expectation{Baseline: true, Facts: []string{"shop-any"}, Outcome: Connected("shop")}),
+		), outside.ns)
+	})
+}
+
+func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "reject-reset-drop", func(c *cluster) (*Built, error) {
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		api, err := c.addPod(n2, "backend", "api", tcpPort("https", 8443, 0), tcpPort("admin", 9000, 0), tcpPort("debug", 9001, 0))
+		if err != nil {
+			return nil, err
+		}
+		dns, err := c.addPod(n2, "kube-system", "coredns", containerPort{Name: "dns", Proto: "udp", Port: 53})
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range []*service{
+			{namespace: "backend", name: "api", typ: "ClusterIP", clusterIP: "10.96.0.40",
+				ports: []servicePort{{Name: "https", Proto: "tcp", Port: 443, TargetPort: 8443}}, endpoints: []*pod{api}},
+			{namespace: "kube-system", name: "kube-dns", typ: "ClusterIP", clusterIP: "10.96.0.53",
+				ports: []servicePort{{Name: "dns", Proto: "udp", Port: 53, TargetPort: 53}}, endpoints: []*pod{dns}},
+		} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		if err := policy(n1, api.ip); err != nil {
+			return nil, err
+		}
+		return c.built(n1, traffic(
+			tcp(client, api.ip+":9000", Expectation{Verdict: VerdictRejected,
+				Facts: []string{"LAB-POLICY", "REJECT", "tcp-reset", "api"}, Outcome: OutcomeRefused}),
+			tcp(client, node1IP+":2222", Expectation{Verdict: VerdictReset,
+				Facts: []string{"no socket", node1IP + ":2222"}, Outcome: OutcomeRefused,
+				Note: "nothing listens on node-1's :2222: the TCP stack resets"}),
+			tcp(client, api.ip+":9001", Expectation{Verdict: VerdictDropped,
+				Facts: []string{"LAB-POLICY", "DROP", "api"}, Outcome: OutcomeTimeout}),
+			tcp(client, "10.96.0.40:443", Expectation{Baseline: true, Facts: []string{"api"}, Outcome: Connected("api")}),
+			udp(client, "10.96.0.53:53", Expectation{Baseline: true, Facts: []string{"kube-dns", "coredns"}, Outcome: Connected("coredns")}),
+		))
+	})
+}
+
+// policy is a hand-written FORWARD policy on n: api's admin port is
+// rejected with a TCP reset, its debug port silently dropped.
+func policy(n *node, apiIP string) error {
+	rules := "*filter\n:LAB-POLICY - [0:0]\n" +
+		"-A FORWARD -m comment --comment \"lab network policy\" -j LAB-POLICY\n" +
+		"-A LAB-POLICY -d " + apiIP + "/32 -p tcp -m comment --comment \"deny backend/api admin\" -m tcp --dport 9000 -j REJECT --reject-with tcp-reset\n" +
+		"-A LAB-POLICY -d " + apiIP + "/32 -p tcp -m comment --comment \"drop backend/api debug\" -m tcp --dport 9001 -j DROP\n" +
+		"COMMIT\n"
+	if err := runStdin(n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
+		return fmt.Errorf("policy on %s: %w", n.name, err)
+	}
+	return nil
+}
