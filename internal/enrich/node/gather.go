@@ -1,0 +1,340 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+
+	"github.com/cloudflare/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/rules"
+)
+
+// Runner runs a read-only command in the observed namespace and returns its
+// standard output.
+type Runner = rules.Runner
+
+// nsRunner runs commands inside the namespace at path with nsenter, which
+// (unlike `ip netns exec`) takes any namespace file, /proc/PID/ns/net too,
+// and changes nothing but the network namespace of the child.
+func nsRunner(path string) Runner {
+	if path == "" {
+		return rules.ExecRunner
+	}
+	return func(ctx context.Context, name string, args ...string) ([]byte, error) {
+		return rules.ExecRunner(ctx, "nsenter", append([]string{"--net=" + path, "--", name}, args...)...)
+	}
+}
+
+// errNoTool says a command is not installed; it makes a note, not a failure.
+var errNoTool = errors.New("not installed")
+
+// haveTool checks for a command in our own PATH: nsenter only switches the
+// network namespace, so the child sees the same files.
+func haveTool(name string) error {
+	if _, err := exec.LookPath(name); err != nil {
+		return fmt.Errorf("%s: %w", name, errNoTool)
+	}
+	return nil
+}
+
+// readLinks reads the addresses and the local table through a netlink handle
+// opened in the namespace.
+func readLinks(h *netlink.Handle) ([]Address, []netip.Prefix, error) {
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list links: %w", err)
+	}
+	var addrs []Address
+	for _, l := range links {
+		as, err := h.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
+		}
+		for _, a := range as {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok {
+				continue
+			}
+			ones, _ := a.Mask.Size()
+			addrs = append(addrs, Address{
+				Interface: l.Attrs().Name,
+				Prefix:    netip.PrefixFrom(ip.Unmap(), ones),
+				Up:        l.Attrs().Flags&net.FlagUp != 0,
+			})
+		}
+	}
+	sort.Slice(addrs, func(i, j int) bool {
+		if addrs[i].Interface != addrs[j].Interface {
+			return addrs[i].Interface < addrs[j].Interface
+		}
+		return addrs[i].Prefix.String() < addrs[j].Prefix.String()
+	})
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list local routing table: %w", err)
+	}
+	var local []netip.Prefix
+	for _, r := range routes {
+		// Only "local" routes: broadcast, anycast and multicast routes of
+		// the same table are not what addrtype LOCAL matches.
+		if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		local = append(local, netip.PrefixFrom(ip.Unmap(), ones).Masked())
+	}
+	sort.Slice(local, func(i, j int) bool { return local[i].String() < local[j].String() })
+	local = compactPrefixes(local)
+	return addrs, local, nil
+}
+
+func compactPrefixes(p []netip.Prefix) []netip.Prefix {
+	out := p[:0]
+	for i, x := range p {
+		if i == 0 || x != p[i-1] {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// readRules runs iptables-save and ip6tables-save (all tables, as a user
+// reading them would) and returns the text per table. iptables-save with no
+// -t lists only the tables that exist, on legacy and nft alike, so it never
+// instantiates a table.
+func readRules(ctx context.Context, run Runner) (texts map[string]string, nftBackend bool, notes map[string]string) {
+	texts = map[string]string{}
+	notes = map[string]string{}
+	for _, c := range []struct{ cmd, prefix, part string }{
+		{"iptables-save", "", "rules"}, {"ip6tables-save", "ip6/", "rules6"},
+	} {
+		if err := haveTool(c.cmd); err != nil {
+			notes[c.part] = fmt.Sprintf("%v: its rules are not known", err)
+			continue
+		}
+		out, err := run(ctx, c.cmd)
+		if err != nil {
+			notes[c.part] = fmt.Sprintf("read rules with %s: %v", c.cmd, err)
+			continue
+		}
+		for k, v := range splitSave(string(out), c.prefix) {
+			texts[k] = v
+		}
+		if c.prefix == "" {
+			if v, err := run(ctx, c.cmd, "--version"); err == nil && bytes.Contains(v, []byte("nf_tables")) {
+				nftBackend = true
+			}
+		}
+	}
+	return texts, nftBackend, notes
+}
+
+var (
+	// ipsetVolatile are the per-member options whose values move on their
+	// own (timeouts count down, counters count): they say nothing about
+	// membership and would make every poll a change.
+	ipsetVolatile = regexp.MustCompile(` (timeout|packets|bytes) [0-9]+`)
+	// nftVolatile are counters and timers in `nft list` output.
+	nftVolatile = regexp.MustCompile(`counter packets [0-9]+ bytes [0-9]+|expires [0-9a-z.]+|used [0-9]+ bytes`)
+)
+
+func readIPSets(ctx context.Context, run Runner) (string, error) {
+	if err := haveTool("ipset"); err != nil {
+		return "", err
+	}
+	out, err := run(ctx, "ipset", "save")
+	if err != nil {
+		return "", fmt.Errorf("read ipsets: %w", err)
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "add ") {
+			line = ipsetVolatile.ReplaceAllString(line, "")
+		}
+		if strings.TrimSpace(line) != "" {
+			b.WriteString(line)
+			b.WriteString("\n")
+		}
+	}
+	return b.String(), nil
+}
+
+// compatTables are the tables iptables-nft, ip6tables-nft, ebtables-nft and
+// arptables-nft create; their content is what iptables-save shows.
+var compatTables = map[string]bool{
+	"ip filter": true, "ip nat": true, "ip mangle": true, "ip raw": true, "ip security": true,
+	"ip6 filter": true, "ip6 nat": true, "ip6 mangle": true, "ip6 raw": true, "ip6 security": true,
+	"bridge filter": true, "bridge nat": true, "bridge broute": true, "arp filter": true,
+}
+
+// readNFT lists the ruleset and keeps the native tables. When iptables is
+// the nft backend, its tables are left out (iptables-save already shows
+// them); with iptables-legacy every nftables table is native.
+func readNFT(ctx context.Context, run Runner, iptablesIsNFT bool) ([]NFTable, error) {
+	if err := haveTool("nft"); err != nil {
+		return nil, err
+	}
+	out, err := run(ctx, "nft", "list", "ruleset")
+	if err != nil {
+		return nil, fmt.Errorf("read nftables ruleset: %w", err)
+	}
+	return splitNFT(string(out), iptablesIsNFT), nil
+}
+
+func splitNFT(out string, iptablesIsNFT bool) []NFTable {
+	var tables []NFTable
+	var cur *NFTable
+	var b strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		if cur == nil {
+			f := strings.Fields(line)
+			if len(f) >= 3 && f[0] == "table" && strings.HasPrefix(line, "table ") {
+				cur = &NFTable{Family: f[1], Name: f[2]}
+				b.Reset()
+			} else {
+				continue
+			}
+		}
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			// nft's "managed by iptables-nft" warnings and comments.
+			continue
+		}
+		b.WriteString(nftVolatile.ReplaceAllStringFunc(line, func(m string) string {
+			if strings.HasPrefix(m, "counter") {
+				return "counter"
+			}
+			return ""
+		}))
+		b.WriteString("\n")
+		if line == "}" {
+			cur.Text = b.String()
+			if !(iptablesIsNFT && compatTables[cur.Family+" "+cur.Name]) {
+				tables = append(tables, *cur)
+			}
+			cur = nil
+		}
+	}
+	return tables
+}
+
+// ipvsLoaded reports whether the kernel has IPVS without asking for it:
+// a generic netlink request for the IPVS family would make the kernel load
+// the ip_vs module, which is a change the tracer must not make.
+func ipvsLoaded() bool {
+	_, err := os.Stat("/sys/module/ip_vs")
+	return err == nil
+}
+
+// dialIPVS creates the IPVS generic netlink client on a thread switched into
+// the namespace, so its socket belongs there. The thread is never switched
+// back: it exits with its goroutine, and no other goroutine runs on it.
+func dialIPVS(nsPath string) (ipvs.Client, error) {
+	if nsPath == "" {
+		return ipvs.New()
+	}
+	type res struct {
+		c   ipvs.Client
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		runtime.LockOSThread()
+		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			ch <- res{err: fmt.Errorf("open namespace %s: %w", nsPath, err)}
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			ch <- res{err: fmt.Errorf("enter namespace %s: %w", nsPath, err)}
+			return
+		}
+		c, err := ipvs.New()
+		ch <- res{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+func readIPVS(c ipvs.Client) ([]IPVSService, error) {
+	svcs, err := c.Services()
+	if err != nil {
+		return nil, fmt.Errorf("list ipvs services: %w", err)
+	}
+	var out []IPVSService
+	for _, s := range svcs {
+		v := IPVSService{Scheduler: s.Scheduler, FWMark: s.FWMark}
+		switch {
+		case s.FWMark != 0:
+			v.Proto = "fwmark"
+		default:
+			v.Proto = event.ProtoName(uint8(s.Protocol))
+			v.VIP = netip.AddrPortFrom(s.Address.Unmap(), s.Port)
+		}
+		dests, err := c.Destinations(s.Service)
+		if err != nil {
+			return nil, fmt.Errorf("list real servers of %s %s: %w", v.Proto, v.VIP, err)
+		}
+		for _, d := range dests {
+			v.Reals = append(v.Reals, IPVSReal{
+				Addr:    netip.AddrPortFrom(d.Address.Unmap(), d.Port),
+				Forward: event.IPVSForward(uint32(d.FwdMethod)),
+				Weight:  d.Weight,
+			})
+		}
+		sort.Slice(v.Reals, func(i, j int) bool { return v.Reals[i].Addr.String() < v.Reals[j].Addr.String() })
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return ipvsKey(out[i]) < ipvsKey(out[j]) })
+	return out, nil
+}
+
+func ipvsKey(v IPVSService) string {
+	return fmt.Sprintf("%s %s %d", v.Proto, v.VIP, v.FWMark)
+}
+
+// ipvsText is a stable rendering for change detection.
+func ipvsText(vs []IPVSService) string {
+	var b strings.Builder
+	for _, v := range vs {
+		fmt.Fprintf(&b, "%s %s\n", ipvsKey(v), v.Scheduler)
+		for _, r := range v.Reals {
+			fmt.Fprintf(&b, "  %s %s %d\n", r.Addr, r.Forward, r.Weight)
+		}
+	}
+	return b.String()
+}
+
+func listenersText(ls []Listener) string {
+	var b strings.Builder
+	for _, l := range ls {
+		fmt.Fprintf(&b, "%s %s %v %d\n", l.Proto, l.Addr, l.V6Only, l.Inode)
+	}
+	return b.String()
+}
+
+func sortListeners(ls []Listener) {
+	sort.Slice(ls, func(i, j int) bool {
+		if ls[i].Proto != ls[j].Proto {
+			return ls[i].Proto < ls[j].Proto
+		}
+		return ls[i].Addr.String() < ls[j].Addr.String()
+	})
+}

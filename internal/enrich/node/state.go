@@ -1,0 +1,411 @@
+// Package node reads the state of one network namespace ("the node") that
+// the tracer's diagnosis depends on: addresses and the local routing table,
+// iptables rules, ipsets, IPVS virtual servers, native nftables tables and
+// listening sockets. A State is immutable; a Watcher rebuilds it when the
+// namespace changes and hands it out with an atomic load, so the joiner
+// never waits for a refresh and never sees a half-built state.
+//
+// Everything is read, never written: the commands it runs (iptables-save,
+// ip6tables-save, ipset save, nft list ruleset) only print, and it does not
+// load kernel modules (IPVS is only queried when the kernel already has it).
+package node
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Address is one address on one interface.
+type Address struct {
+	Interface string
+	Prefix    netip.Prefix // the address with its subnet length
+	// Up is the link's administrative state. kube-ipvs0 is never up, yet
+	// its addresses are local.
+	Up bool
+}
+
+// Listener is a listening socket: TCP in LISTEN, or an unconnected UDP
+// socket bound to a port.
+type Listener struct {
+	Proto string // tcp or udp
+	Addr  netip.AddrPort
+	// V6Only is set for an IPv6 socket that does not take IPv4 (only
+	// matters for the [::] wildcard).
+	V6Only  bool
+	Process string // "comm[pid]" where it could be found, else ""
+	Inode   uint32
+}
+
+// IPVSService is one IPVS virtual server and its real servers.
+type IPVSService struct {
+	Proto     string // tcp, udp, sctp, or "fwmark"
+	VIP       netip.AddrPort
+	FWMark    uint32
+	Scheduler string
+	Reals     []IPVSReal
+}
+
+// IPVSReal is a real server of a virtual server.
+type IPVSReal struct {
+	Addr    netip.AddrPort
+	Forward string // masq, local, tunnel, route, bypass
+	Weight  uint32
+}
+
+// NFTable is a native nftables table (not one of iptables-nft's), kept as
+// `nft list table` prints it so users see exactly what the kernel has.
+type NFTable struct {
+	Family, Name string
+	Text         string
+}
+
+// State is a namespace's state at one moment. It is immutable once built;
+// every method is safe for concurrent use.
+type State struct {
+	addrs []Address
+	// local are the destinations of "local" routes in table local, which
+	// is what -m addrtype --dst-type LOCAL tests.
+	local []netip.Prefix
+	// rulesText is iptables-save text per table, keyed "nat", "filter",
+	// ... for IPv4 and "ip6/nat", ... for IPv6 (the trace format's keys).
+	rulesText      map[string]string
+	rules4, rules6 *rules.Ruleset
+	ipsetText      string
+	sets           map[string]*rules.IPSet
+	ipvs           []IPVSService
+	nft            []NFTable
+	listeners      []Listener
+	// notes say what could not be read and why (a missing tool, no IPVS
+	// in the kernel), keyed by part so a refresh replaces its own note.
+	notes map[string]string
+	mem   *rules.MemNode
+}
+
+// finish builds the derived indexes after the parts were set.
+func (s *State) finish() {
+	mem := &rules.MemNode{Local: s.local, Sets: s.sets}
+	if mem.Sets == nil {
+		mem.Sets = map[string]*rules.IPSet{}
+	}
+	s.mem = mem
+}
+
+// clone copies the part pointers so a refresh can replace some parts; the
+// parts themselves are never modified after being built.
+func (s *State) clone() *State {
+	c := *s
+	c.notes = make(map[string]string, len(s.notes))
+	for k, v := range s.notes {
+		c.notes[k] = v
+	}
+	return &c
+}
+
+// IsLocal reports whether a has a "local" route in the local routing table:
+// what `-m addrtype --dst-type LOCAL` matches. kube-ipvs0's addresses are
+// there even though the link is down.
+func (s *State) IsLocal(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.local {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// NodeState is the State as internal/rules' evaluator wants it (IsLocal with
+// an error result, ipset membership).
+func (s *State) NodeState() rules.NodeState { return s.mem }
+
+// SetMember reports whether the lookups find a member of the named ipset.
+func (s *State) SetMember(name string, lookups []rules.SetLookup) (bool, error) {
+	return s.mem.SetMember(name, lookups)
+}
+
+// Ruleset is the iptables rules of one family, nil when they could not be
+// read (then attribution must be skipped, not guessed).
+func (s *State) Ruleset(f rules.Family) *rules.Ruleset {
+	if f == rules.IPv6 {
+		return s.rules6
+	}
+	return s.rules4
+}
+
+// IPSets are the parsed sets, by name (sets of unsupported types are left
+// out by the parser).
+func (s *State) IPSets() map[string]*rules.IPSet { return s.sets }
+
+// Addresses are the interface addresses.
+func (s *State) Addresses() []Address { return s.addrs }
+
+// LocalRoutes are the destinations of the local table's local routes.
+func (s *State) LocalRoutes() []netip.Prefix { return s.local }
+
+// IPVS are the virtual servers.
+func (s *State) IPVS() []IPVSService { return s.ipvs }
+
+// IPVSService finds the virtual server for proto ("tcp") and vip.
+func (s *State) IPVSService(proto string, vip netip.AddrPort) (IPVSService, bool) {
+	for _, v := range s.ipvs {
+		if v.Proto == proto && v.VIP == vip {
+			return v, true
+		}
+	}
+	return IPVSService{}, false
+}
+
+// NFTables are the native nftables tables.
+func (s *State) NFTables() []NFTable { return s.nft }
+
+// Listeners are the listening sockets.
+func (s *State) Listeners() []Listener { return s.listeners }
+
+// Notes say which parts could not be read and why.
+func (s *State) Notes() []string {
+	keys := make([]string, 0, len(s.notes))
+	for k := range s.notes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, s.notes[k])
+	}
+	return out
+}
+
+// Listening finds the listening socket that would accept a connection (or
+// datagram) to ap: one bound to ap's address, else a wildcard one of the
+// same family (or [::] without V6ONLY for IPv4), as the kernel prefers.
+func (s *State) Listening(proto string, ap netip.AddrPort) (Listener, bool) {
+	a := ap.Addr().Unmap()
+	var wild *Listener
+	for i := range s.listeners {
+		l := &s.listeners[i]
+		if l.Proto != proto || l.Addr.Port() != ap.Port() {
+			continue
+		}
+		la := l.Addr.Addr()
+		switch {
+		case la.Unmap() == a:
+			return *l, true
+		case la.IsUnspecified() && la.Is4() && a.Is4():
+			wild = l
+		case la.IsUnspecified() && la.Is6() && (a.Is6() || !l.V6Only):
+			// For IPv4, a 0.0.0.0 socket is preferred over a dual-stack
+			// [::] one; for IPv6 only [::] can match.
+			if wild == nil {
+				wild = l
+			}
+		}
+	}
+	if wild != nil {
+		return *wild, true
+	}
+	return Listener{}, false
+}
+
+// Snapshot is the state as a trace header records it.
+func (s *State) Snapshot() *trace.Snapshot {
+	snap := &trace.Snapshot{Ipsets: s.ipsetText}
+	for _, a := range s.addrs {
+		snap.Addresses = append(snap.Addresses, trace.Address{Interface: a.Interface, Address: a.Prefix.String(), Up: a.Up})
+	}
+	for _, p := range s.local {
+		snap.LocalRoutes = append(snap.LocalRoutes, p.String())
+	}
+	if len(s.rulesText) > 0 {
+		snap.Rules = make(map[string]string, len(s.rulesText))
+		for k, v := range s.rulesText {
+			snap.Rules[k] = v
+		}
+	}
+	for _, v := range s.ipvs {
+		ts := trace.IPVSService{Proto: v.Proto, Address: v.VIP.String(), Scheduler: v.Scheduler}
+		if v.Proto == "fwmark" {
+			ts.Address = strconv.FormatUint(uint64(v.FWMark), 10)
+		}
+		for _, r := range v.Reals {
+			ts.Reals = append(ts.Reals, r.Addr.String())
+		}
+		snap.IPVS = append(snap.IPVS, ts)
+	}
+	for _, l := range s.listeners {
+		snap.Listeners = append(snap.Listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process})
+	}
+	return snap
+}
+
+// FromSnapshot rebuilds a State from a recorded trace's snapshot, so a
+// trace can be re-diagnosed on another machine. A malformed part is an error
+// naming it. Native nftables tables and notes are not in the trace format
+// and come back empty.
+func FromSnapshot(snap *trace.Snapshot) (*State, error) {
+	s := &State{notes: map[string]string{}}
+	if snap == nil {
+		s.finish()
+		return s, nil
+	}
+	for i, a := range snap.Addresses {
+		p, err := netip.ParsePrefix(a.Address)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot addresses[%d] %q on %s: %w", i, a.Address, a.Interface, err)
+		}
+		s.addrs = append(s.addrs, Address{Interface: a.Interface, Prefix: p, Up: a.Up})
+	}
+	if len(snap.LocalRoutes) > 0 {
+		for i, r := range snap.LocalRoutes {
+			p, err := parsePrefixOrAddr(r)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot local_routes[%d] %q: %w", i, r, err)
+			}
+			s.local = append(s.local, p)
+		}
+	} else {
+		// Older traces without the local table: every interface address
+		// (as a host address) and loopback is local, which is what the
+		// kernel's local table holds in the common case.
+		s.local = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+		for _, a := range s.addrs {
+			s.local = append(s.local, netip.PrefixFrom(a.Prefix.Addr(), a.Prefix.Addr().BitLen()))
+		}
+	}
+	if len(snap.Rules) > 0 {
+		s.rulesText = make(map[string]string, len(snap.Rules))
+		for k, v := range snap.Rules {
+			s.rulesText[k] = v
+		}
+		var err error
+		if s.rules4, s.rules6, err = parseRulesText(s.rulesText); err != nil {
+			return nil, fmt.Errorf("snapshot rules: %w", err)
+		}
+	}
+	if snap.Ipsets != "" {
+		sets, err := rules.ParseIPSetSave(strings.NewReader(snap.Ipsets))
+		if err != nil {
+			return nil, fmt.Errorf("snapshot ipsets: %w", err)
+		}
+		s.ipsetText, s.sets = snap.Ipsets, sets
+	}
+	for i, v := range snap.IPVS {
+		svc := IPVSService{Proto: v.Proto, Scheduler: v.Scheduler}
+		if v.Proto == "fwmark" {
+			m, err := strconv.ParseUint(v.Address, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot ipvs[%d] fwmark %q: %w", i, v.Address, err)
+			}
+			svc.FWMark = uint32(m)
+		} else {
+			ap, err := netip.ParseAddrPort(v.Address)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot ipvs[%d] address %q: %w", i, v.Address, err)
+			}
+			svc.VIP = ap
+		}
+		for j, r := range v.Reals {
+			ap, err := netip.ParseAddrPort(r)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot ipvs[%d] real server %d %q: %w", i, j, r, err)
+			}
+			svc.Reals = append(svc.Reals, IPVSReal{Addr: ap})
+		}
+		s.ipvs = append(s.ipvs, svc)
+	}
+	for i, l := range snap.Listeners {
+		ap, err := netip.ParseAddrPort(l.Address)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot listeners[%d] %q: %w", i, l.Address, err)
+		}
+		if l.Proto != "tcp" && l.Proto != "udp" {
+			return nil, fmt.Errorf("snapshot listeners[%d]: protocol %q is not tcp or udp", i, l.Proto)
+		}
+		s.listeners = append(s.listeners, Listener{Proto: l.Proto, Addr: ap, Process: l.Process})
+	}
+	s.finish()
+	return s, nil
+}
+
+func parsePrefixOrAddr(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("not a prefix or address: %w", err)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// parseRulesText parses the per-table texts, IPv4 and IPv6 separately. The
+// tables are joined in a fixed order so a parse error is reproducible.
+func parseRulesText(texts map[string]string) (v4, v6 *rules.Ruleset, err error) {
+	keys := make([]string, 0, len(texts))
+	for k := range texts {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b4, b6 strings.Builder
+	for _, k := range keys {
+		if strings.HasPrefix(k, "ip6/") {
+			b6.WriteString(texts[k])
+			b6.WriteString("\n")
+		} else {
+			b4.WriteString(texts[k])
+			b4.WriteString("\n")
+		}
+	}
+	if b4.Len() > 0 {
+		if v4, err = rules.ParseSaveString(b4.String(), rules.IPv4); err != nil {
+			return nil, nil, fmt.Errorf("parse iptables rules: %w", err)
+		}
+	}
+	if b6.Len() > 0 {
+		if v6, err = rules.ParseSaveString(b6.String(), rules.IPv6); err != nil {
+			return nil, nil, fmt.Errorf("parse ip6tables rules: %w", err)
+		}
+	}
+	return v4, v6, nil
+}
+
+// splitSave cuts iptables-save output into one text per table ("*nat" to
+// "COMMIT"), keyed by table name with prefix, dropping the "#" comment
+// lines (they carry a timestamp, which would make every poll look like a
+// change). Chain counters are zeroed for the same reason: iptables-legacy
+// prints them even without -c.
+func splitSave(out, prefix string) map[string]string {
+	tables := map[string]string{}
+	var cur string
+	var b strings.Builder
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimRight(line, "\r")
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+			continue
+		case strings.HasPrefix(line, "*"):
+			cur = strings.TrimPrefix(line, "*")
+			b.Reset()
+		case strings.HasPrefix(line, ":") && cur != "":
+			if i := strings.LastIndex(line, " ["); i > 0 && strings.HasSuffix(line, "]") {
+				line = line[:i] + " [0:0]"
+			}
+		}
+		if cur == "" {
+			continue
+		}
+		b.WriteString(line)
+		b.WriteString("\n")
+		if line == "COMMIT" {
+			tables[prefix+cur] = b.String()
+			cur = ""
+		}
+	}
+	return tables
+}

@@ -1,0 +1,491 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudflare/ipvs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/rules"
+)
+
+// WatchOptions tune a Watcher. Zero values take the defaults.
+type WatchOptions struct {
+	// Poll is how often rules, ipsets, nftables, IPVS and listeners are
+	// re-read (they have no change notification the tracer can use
+	// without loading modules). Default 2s.
+	Poll time.Duration
+	// Debounce coalesces a burst of address/route/link notifications
+	// into one re-read. Default 20ms.
+	Debounce time.Duration
+	// Runner runs the read-only commands; default: nsenter into the
+	// namespace (or directly for the caller's own).
+	Runner Runner
+}
+
+// WatchStats count the Watcher's work.
+type WatchStats struct {
+	// Builds counts the States published (the first one included).
+	Builds uint64
+	// Polls counts polling rounds; a round that found nothing changed
+	// publishes nothing.
+	Polls uint64
+	// LinkEvents counts address/route/link notifications received.
+	LinkEvents uint64
+	// SubscribeErrors counts netlink notification errors; the poll
+	// re-reads addresses too, so they are only late, never lost.
+	SubscribeErrors uint64
+}
+
+// Watcher keeps the State of one namespace current.
+type Watcher struct {
+	path string
+	opts WatchOptions
+	run  Runner
+
+	nsh  netns.NsHandle
+	h    *netlink.Handle
+	diag *sockDiag
+	ipvs ipvs.Client
+
+	cur     atomic.Pointer[State]
+	changed chan struct{}
+	// mu serialises publishing (the link refresher and the poller both
+	// build on the current state) and guards hashes.
+	mu     sync.Mutex
+	hashes map[string][32]byte
+	// nftBackend is whether iptables is iptables-nft, from the last rules
+	// read; it decides which nftables tables are iptables'.
+	nftBackend bool
+
+	builds, polls, linkEvents, subErrs atomic.Uint64
+
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// Watch builds the namespace's first State (netnsPath "" is the caller's
+// namespace), then keeps it current: addresses, routes and links on their
+// netlink notifications, everything else by polling, rebuilding only what
+// changed.
+func Watch(ctx context.Context, netnsPath string) (*Watcher, error) {
+	return WatchWith(ctx, netnsPath, WatchOptions{})
+}
+
+// WatchWith is Watch with options.
+func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watcher, error) {
+	if opts.Poll <= 0 {
+		opts.Poll = 2 * time.Second
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = 20 * time.Millisecond
+	}
+	w := &Watcher{path: netnsPath, opts: opts, run: opts.Runner, nsh: netns.None(),
+		changed: make(chan struct{}, 1), hashes: map[string][32]byte{}}
+	if w.run == nil {
+		w.run = nsRunner(netnsPath)
+	}
+	if err := w.open(); err != nil {
+		w.closeHandles()
+		return nil, fmt.Errorf("watch node state: %w", err)
+	}
+	st := &State{notes: map[string]string{}}
+	if err := w.refreshLinks(st); err != nil {
+		w.closeHandles()
+		return nil, fmt.Errorf("watch node state: %w", err)
+	}
+	w.changedHash("links", linksText(st))
+	w.pollParts(ctx, st)
+	st.finish()
+	w.cur.Store(st)
+	w.builds.Add(1)
+
+	ctx, w.cancel = context.WithCancel(ctx)
+	if err := w.subscribe(ctx); err != nil {
+		w.cancel()
+		w.closeHandles()
+		return nil, fmt.Errorf("watch node state: %w", err)
+	}
+	w.wg.Add(1)
+	go w.pollLoop(ctx)
+	return w, nil
+}
+
+func (w *Watcher) open() error {
+	if w.path != "" {
+		h, err := netns.GetFromPath(w.path)
+		if err != nil {
+			return fmt.Errorf("open namespace %s: %w", w.path, err)
+		}
+		w.nsh = h
+	}
+	h, err := netlink.NewHandleAt(w.nsh, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("open rtnetlink in namespace: %w", err)
+	}
+	w.h = h
+	fd := 0
+	if w.nsh.IsOpen() {
+		fd = int(w.nsh)
+	}
+	if w.diag, err = dialSockDiag(fd); err != nil {
+		return err
+	}
+	return nil
+}
+
+// subscribe starts the address, route and link notifications, in the
+// namespace, and the goroutine that turns them into refreshes.
+func (w *Watcher) subscribe(ctx context.Context) error {
+	var nsp *netns.NsHandle
+	if w.nsh.IsOpen() {
+		nsp = &w.nsh
+	}
+	onErr := func(error) { w.subErrs.Add(1) }
+	addrCh := make(chan netlink.AddrUpdate, 256)
+	routeCh := make(chan netlink.RouteUpdate, 256)
+	linkCh := make(chan netlink.LinkUpdate, 256)
+	done := ctx.Done()
+	if err := netlink.AddrSubscribeWithOptions(addrCh, done, netlink.AddrSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+		return fmt.Errorf("subscribe to address changes: %w", err)
+	}
+	if err := netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+		return fmt.Errorf("subscribe to route changes: %w", err)
+	}
+	if err := netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+		return fmt.Errorf("subscribe to link changes: %w", err)
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		timer := time.NewTimer(time.Hour)
+		timer.Stop()
+		armed := false
+		arm := func() {
+			w.linkEvents.Add(1)
+			if !armed {
+				timer.Reset(w.opts.Debounce)
+				armed = true
+			}
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-addrCh:
+				if !ok {
+					addrCh = nil
+					continue
+				}
+				arm()
+			case _, ok := <-routeCh:
+				if !ok {
+					routeCh = nil
+					continue
+				}
+				arm()
+			case _, ok := <-linkCh:
+				if !ok {
+					linkCh = nil
+					continue
+				}
+				arm()
+			case <-timer.C:
+				armed = false
+				w.update(func(st *State) bool {
+					return w.refreshLinks(st) == nil && w.changedHash("links", linksText(st))
+				})
+			}
+		}
+	}()
+	return nil
+}
+
+func (w *Watcher) pollLoop(ctx context.Context) {
+	defer w.wg.Done()
+	t := time.NewTicker(w.opts.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.polls.Add(1)
+			w.update(func(st *State) bool {
+				changed := false
+				// Addresses are re-read here too, in case a
+				// notification was lost (ENOBUFS on the
+				// subscription socket).
+				if w.refreshLinks(st) == nil && w.changedHash("links", linksText(st)) {
+					changed = true
+				}
+				if w.pollParts(ctx, st) {
+					changed = true
+				}
+				return changed
+			})
+		}
+	}
+}
+
+// update builds a candidate from a copy of the current State and publishes
+// it only when fn says something changed, so readers holding the old
+// pointer keep a consistent state and an idle node costs no allocation
+// beyond the copy.
+func (w *Watcher) update(fn func(st *State) bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.cur.Load().clone()
+	if !fn(st) {
+		return
+	}
+	st.finish()
+	w.cur.Store(st)
+	w.builds.Add(1)
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// changedHash records the hash of a part's text and reports whether it
+// differs from the last one. Caller holds mu (or is the constructor).
+func (w *Watcher) changedHash(part, text string) bool {
+	h := sha256.Sum256([]byte(text))
+	old, ok := w.hashes[part]
+	w.hashes[part] = h
+	return !ok || old != h
+}
+
+func (w *Watcher) refreshLinks(st *State) error {
+	addrs, local, err := readLinks(w.h)
+	if err != nil {
+		st.notes["links"] = fmt.Sprintf("read addresses and local routes: %v", err)
+		return err
+	}
+	delete(st.notes, "links")
+	st.addrs, st.local = addrs, local
+	return nil
+}
+
+func linksText(st *State) string {
+	var b strings.Builder
+	for _, a := range st.addrs {
+		fmt.Fprintf(&b, "%s %s %v\n", a.Interface, a.Prefix, a.Up)
+	}
+	for _, p := range st.local {
+		fmt.Fprintf(&b, "local %s\n", p)
+	}
+	return b.String()
+}
+
+// pollParts re-reads every polled part into st and reports whether any
+// changed. A part whose text hashes the same is not parsed again.
+func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
+	changed := false
+	for _, p := range []func(context.Context, *State) bool{w.pollRules, w.pollIPSets, w.pollNFT, w.pollIPVS, w.pollListeners} {
+		if p(ctx, st) {
+			changed = true
+		}
+	}
+	return changed
+}
+
+func (w *Watcher) setNote(st *State, part, note string) bool {
+	if st.notes[part] == note {
+		return false
+	}
+	if note == "" {
+		delete(st.notes, part)
+	} else {
+		st.notes[part] = note
+	}
+	return true
+}
+
+func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
+	texts, nftBackend, notes := readRules(ctx, w.run)
+	w.nftBackend = nftBackend
+	noteChanged := w.setNote(st, "rules", notes["rules"])
+	if w.setNote(st, "rules6", notes["rules6"]) {
+		noteChanged = true
+	}
+	keys := make([]string, 0, len(texts))
+	for k := range texts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var all strings.Builder
+	for _, k := range keys {
+		all.WriteString(k + "\n" + texts[k])
+	}
+	if !w.changedHash("rules", all.String()) {
+		return noteChanged
+	}
+	v4, v6, err := parseRulesText(texts)
+	if err != nil {
+		// Text that does not parse is left out of the state and the
+		// snapshot: a trace must re-load, and attribution with half
+		// the rules would be wrong.
+		st.rulesText, st.rules4, st.rules6 = nil, nil, nil
+		w.setNote(st, "rules-parse", err.Error())
+		return true
+	}
+	w.setNote(st, "rules-parse", "")
+	st.rulesText, st.rules4, st.rules6 = texts, v4, v6
+	return true
+}
+
+func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
+	text, err := readIPSets(ctx, w.run)
+	if err != nil {
+		note := fmt.Sprintf("ipsets not read: %v", err)
+		if errors.Is(err, errNoTool) {
+			note = fmt.Sprintf("%v: ipset members are not known", err)
+		}
+		ch := w.setNote(st, "ipsets", note)
+		if w.changedHash("ipsets", "") {
+			st.ipsetText, st.sets = "", nil
+			ch = true
+		}
+		return ch
+	}
+	noteChanged := w.setNote(st, "ipsets", "")
+	if !w.changedHash("ipsets", text) {
+		return noteChanged
+	}
+	sets, err := rules.ParseIPSetSave(strings.NewReader(text))
+	if err != nil {
+		st.ipsetText, st.sets = "", nil
+		w.setNote(st, "ipsets", fmt.Sprintf("ipsets not parsed: %v", err))
+		return true
+	}
+	st.ipsetText, st.sets = text, sets
+	return true
+}
+
+func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
+	tables, err := readNFT(ctx, w.run, w.nftBackend)
+	if err != nil {
+		note := fmt.Sprintf("native nftables tables not read: %v", err)
+		if errors.Is(err, errNoTool) {
+			note = fmt.Sprintf("%v: native nftables tables (e.g. portmap's cni_hostport) are not shown", err)
+		}
+		ch := w.setNote(st, "nft", note)
+		if w.changedHash("nft", "") {
+			st.nft = nil
+			ch = true
+		}
+		return ch
+	}
+	noteChanged := w.setNote(st, "nft", "")
+	var b strings.Builder
+	for _, t := range tables {
+		b.WriteString(t.Text)
+	}
+	if !w.changedHash("nft", b.String()) {
+		return noteChanged
+	}
+	st.nft = tables
+	return true
+}
+
+func (w *Watcher) pollIPVS(_ context.Context, st *State) bool {
+	if !ipvsLoaded() {
+		ch := w.setNote(st, "ipvs", "IPVS: the kernel has no ip_vs module loaded, so there are no IPVS virtual servers (not loading it: the tracer changes nothing)")
+		if w.changedHash("ipvs", "") {
+			st.ipvs = nil
+			ch = true
+		}
+		return ch
+	}
+	if w.ipvs == nil {
+		c, err := dialIPVS(w.path)
+		if err != nil {
+			return w.setNote(st, "ipvs", fmt.Sprintf("IPVS not read: %v", err))
+		}
+		w.ipvs = c
+	}
+	svcs, err := readIPVS(w.ipvs)
+	if err != nil {
+		return w.setNote(st, "ipvs", fmt.Sprintf("IPVS not read: %v", err))
+	}
+	noteChanged := w.setNote(st, "ipvs", "")
+	if !w.changedHash("ipvs", ipvsText(svcs)) {
+		return noteChanged
+	}
+	st.ipvs = svcs
+	return true
+}
+
+func (w *Watcher) pollListeners(_ context.Context, st *State) bool {
+	ls, err := w.diag.listeners()
+	if err != nil {
+		return w.setNote(st, "listeners", fmt.Sprintf("listening sockets not read: %v", err))
+	}
+	noteChanged := w.setNote(st, "listeners", "")
+	sortListeners(ls)
+	if !w.changedHash("listeners", listenersText(ls)) {
+		return noteChanged
+	}
+	inodes := map[uint32]bool{}
+	for _, l := range ls {
+		inodes[l.Inode] = true
+	}
+	names := processNames(inodes)
+	for i := range ls {
+		ls[i].Process = names[ls[i].Inode]
+	}
+	st.listeners = ls
+	return true
+}
+
+// Current is the latest State; it never blocks.
+func (w *Watcher) Current() *State { return w.cur.Load() }
+
+// Changed receives a signal (coalesced) after each new State.
+func (w *Watcher) Changed() <-chan struct{} { return w.changed }
+
+// Stats returns the counters.
+func (w *Watcher) Stats() WatchStats {
+	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load()}
+}
+
+// Close stops refreshing and releases the sockets. Current keeps returning
+// the last State.
+func (w *Watcher) Close() error {
+	w.closeOnce.Do(func() {
+		if w.cancel != nil {
+			w.cancel()
+		}
+		w.wg.Wait()
+		w.closeHandles()
+	})
+	return nil
+}
+
+func (w *Watcher) closeHandles() {
+	if w.h != nil {
+		w.h.Close()
+	}
+	if w.diag != nil {
+		w.diag.Close()
+	}
+	if c, ok := w.ipvs.(interface{ Close() error }); ok {
+		c.Close()
+	}
+	if w.nsh.IsOpen() {
+		w.nsh.Close()
+	}
+}
