@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -91,7 +92,7 @@ func TestScreensGolden(t *testing.T) {
 	}
 	for _, size := range [][2]int{{80, 24}, {160, 48}} {
 		for _, s := range screens {
-			t.Run(s.name+"-"+itoa(size[0])+"x"+itoa(size[1]), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s-%dx%d", s.name, size[0], size[1]), func(t *testing.T) {
 				m := drive(t, s.src(t), Options{ExportDir: t.TempDir()}, size[0], size[1], keys(s.keys)...)
 				out := screenText(m)
 				checkFits(t, out, size[0], size[1])
@@ -99,21 +100,6 @@ func TestScreensGolden(t *testing.T) {
 			})
 		}
 	}
-}
-
-func itoa(n int) string {
-	return strings.TrimSpace(strings.Repeat(" ", 0) + func() string { return fmtInt(n) }())
-}
-
-func fmtInt(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	s := ""
-	for ; n > 0; n /= 10 {
-		s = string(rune('0'+n%10)) + s
-	}
-	return s
 }
 
 func checkFits(t *testing.T, screen string, w, h int) {
@@ -131,7 +117,7 @@ func checkFits(t *testing.T, screen string, w, h int) {
 
 func TestExportWritesTheFilteredView(t *testing.T) {
 	dir := t.TempDir()
-	m := drive(t, incidentSource(t), Options{ExportDir: dir}, 80, 24, keys("/port:3306\ne")...)
+	drive(t, incidentSource(t), Options{ExportDir: dir}, 80, 24, keys("/port:3306\ne")...)
 	path := filepath.Join(dir, "tracer-export-20261130-084500.ndjson")
 	// The export runs as a command; the program may quit before it
 	// reports, so wait for the file itself.
@@ -153,7 +139,6 @@ func TestExportWritesTheFilteredView(t *testing.T) {
 	if !reflect.DeepEqual(got.Flows, []*trace.Flow{want.Flows[1], want.Flows[9]}) {
 		t.Error("exported flows differ from the trace's port:3306 flows")
 	}
-	_ = m
 }
 
 func TestVerdictQuickKeys(t *testing.T) {
