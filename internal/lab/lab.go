@@ -96,7 +96,7 @@ type Expectation struct {
 	Proto    string // tcp, udp, icmp
 	Src, Dst string // as the client sent it: "IP:PORT" (ICMP: "IP")
 	Verdict  string
-	Facts    []string // words the tracer's explanation must mention
+	Facts    []string // words the tracer's explanation must mention (compare case-insensitively)
 	Baseline bool     // healthy traffic of the same scenario (Verdict ok)
 	Outcome  string   // what the client should see if the incident is reproduced
 	Saw      string   // what the client really saw
@@ -115,13 +115,12 @@ type Env struct {
 	// Dummy: the kernel has the dummy link driver kube-proxy uses for
 	// kube-ipvs0; otherwise a bridge left down stands in.
 	Dummy bool
-	Logf  func(format string, args ...any)
 }
 
 // NewEnv probes the machine once: it tries `modprobe ip_vs` and whether a
 // dummy link can be created inside a throwaway namespace.
 func NewEnv() (*Env, error) {
-	env := &Env{CNIPath: "/usr/lib/cni", Logf: func(string, ...any) {}}
+	env := &Env{CNIPath: "/usr/lib/cni"}
 	for _, tool := range []string{"ip", "iptables", "iptables-save", "iptables-restore", "ipset"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("lab needs %s: %w (install iptables, ipset, iproute2)", tool, err)

@@ -157,8 +157,8 @@ func testScenario(t *testing.T, e *Env, s Scenario) {
 		t.Fatalf("traffic: %v", err)
 	}
 	checkExpectations(t, exps)
-	if s.Name == "return-path-etp-local" {
-		checkUnreplied(t, b)
+	if check := mechanisms[s.Name]; check != nil {
+		check(t, b)
 	}
 
 	closed = true
@@ -389,9 +389,47 @@ func checkExpectations(t *testing.T, exps []Expectation) {
 	}
 }
 
-// checkUnreplied: the DNAT'd connection's conntrack entry on the node never
-// saw a reply.
-func checkUnreplied(t *testing.T, b *Built) {
+// mechanisms check, after the traffic, that the outcome came from the
+// mechanism the scenario claims (a rule's counter, a conntrack state, the
+// client's resets), not from some accident of the topology.
+var mechanisms = map[string]func(*testing.T, *Built){
+	"hostport-hijack-clusterip": func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
+	"hostport-vs-nodeport":      func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
+	"hostnetwork-vs-hostport":   func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
+	"ping-clusterip":            func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
+	"lb-port-outside-cluster":   func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
+	"return-path-etp-local": func(t *testing.T, b *Built) {
+		unreplied(t, b)
+		clientResets(t, b.Observe[1])
+	},
+	"reject-reset-drop": func(t *testing.T, b *Built) {
+		ruleHit(t, b, "filter", "-A LAB-POLICY", "-j REJECT --reject-with tcp-reset")
+		ruleHit(t, b, "filter", "-A LAB-POLICY", "-j DROP")
+	},
+}
+
+// ruleHit insists a rule of the node whose line contains every part
+// counted packets.
+func ruleHit(t *testing.T, b *Built, table string, parts ...string) {
+	t.Helper()
+	out, err := b.Node.Run("iptables-save", "-c", "-t", table)
+	if err != nil {
+		t.Fatalf("iptables-save: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if !hasLine(line, parts...) {
+			continue
+		}
+		if strings.HasPrefix(line, "[") && !strings.HasPrefix(line, "[0:") {
+			return
+		}
+	}
+	t.Errorf("no rule matching %q counted a packet:\n%s", parts, out)
+}
+
+// unreplied: the DNAT'd connection's conntrack entry on the node never saw
+// a reply.
+func unreplied(t *testing.T, b *Built) {
 	t.Helper()
 	if _, err := exec.LookPath("conntrack"); err != nil {
 		t.Logf("conntrack tool missing, UNREPLIED not checked: %v", err)
@@ -404,6 +442,35 @@ func checkUnreplied(t *testing.T, b *Built) {
 	if !strings.Contains(out, "UNREPLIED") {
 		t.Errorf("node-1's entry for the LB is not UNREPLIED:\n%s", out)
 	}
+}
+
+// clientResets: the client's stack sent resets (for the SYN-ACK from the
+// pod's five-tuple it never connected to).
+func clientResets(t *testing.T, client netlab.Namespace) {
+	t.Helper()
+	out, err := client.Run("cat", "/proc/net/snmp")
+	if err != nil {
+		t.Fatalf("read snmp of %s: %v", client.Name, err)
+	}
+	var names, values []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "Tcp:" {
+			if names == nil {
+				names = f
+			} else {
+				values = f
+			}
+		}
+	}
+	for i, n := range names {
+		if n == "OutRsts" && i < len(values) {
+			if values[i] == "0" {
+				t.Errorf("the client sent no reset")
+			}
+			return
+		}
+	}
+	t.Errorf("no Tcp OutRsts in %s's /proc/net/snmp:\n%s", client.Name, out)
 }
 
 func TestCleanup(t *testing.T) {
