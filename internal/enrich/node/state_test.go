@@ -136,7 +136,7 @@ func TestListening(t *testing.T) {
 	st := sampleState(t)
 	for _, c := range []struct {
 		proto, dst string
-		want      string // listener address, "" for none
+		want       string // listener address, "" for none
 	}{
 		{"tcp", "127.0.0.1:80", "127.0.0.1:80"}, // exact beats wildcard
 		{"tcp", "10.96.0.10:80", "0.0.0.0:80"},
