@@ -309,40 +309,41 @@ func (kp *kubeProxy) externalEndpoints(s *service) []*pod {
 
 // virtualServers adds the IPVS virtual servers of one service port.
 func (kp *kubeProxy) virtualServers(s *service, p servicePort) error {
+	for _, args := range kp.ipvsPlan(s, p, kp.nodeAddresses()) {
+		if _, err := kp.n.ns.Run("ipvsadm", args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ipvsPlan is the ipvsadm commands kube-proxy's IPVS state amounts to for
+// one service port: a virtual server for the ClusterIP with every endpoint,
+// and for the LB IP and the NodePort on each node address with the
+// external endpoints; rr scheduling, masquerading, weight 1.
+func (kp *kubeProxy) ipvsPlan(s *service, p servicePort, nodeAddrs []string) [][]string {
 	flag := "-t"
 	if p.Proto == "udp" {
 		flag = "-u"
 	}
-	vs := func(addr string, eps []*pod) error {
-		if _, err := kp.n.ns.Run("ipvsadm", "-A", flag, addr, "-s", "rr"); err != nil {
-			return err
-		}
+	var cmds [][]string
+	vs := func(addr string, eps []*pod) {
+		cmds = append(cmds, []string{"-A", flag, addr, "-s", "rr"})
 		for _, ep := range eps {
-			rs := net4(ep.ip, p.TargetPort)
-			if _, err := kp.n.ns.Run("ipvsadm", "-a", flag, addr, "-r", rs, "-m", "-w", "1"); err != nil {
-				return err
-			}
+			cmds = append(cmds, []string{"-a", flag, addr, "-r", net4(ep.ip, p.TargetPort), "-m", "-w", "1"})
 		}
-		return nil
 	}
-	if err := vs(net4(s.clusterIP, p.Port), s.endpoints); err != nil {
-		return err
-	}
+	vs(net4(s.clusterIP, p.Port), s.endpoints)
 	ext := kp.externalEndpoints(s)
 	if s.lbIP != "" {
-		if err := vs(net4(s.lbIP, p.Port), ext); err != nil {
-			return err
-		}
+		vs(net4(s.lbIP, p.Port), ext)
 	}
 	if p.NodePort > 0 {
-		// One virtual server per node address that is not on kube-ipvs0.
-		for _, ip := range kp.nodeAddresses() {
-			if err := vs(net4(ip, p.NodePort), ext); err != nil {
-				return err
-			}
+		for _, ip := range nodeAddrs {
+			vs(net4(ip, p.NodePort), ext)
 		}
 	}
-	return nil
+	return cmds
 }
 
 // nodeAddresses are the node's own addresses kube-proxy binds NodePorts to:

@@ -157,10 +157,13 @@ func probeIPVS() (bool, string) {
 	return false, reason
 }
 
+// probeName names the throwaway namespace of probeDummy.
+const probeName = "probe"
+
 // probeDummy tries a dummy link in a throwaway namespace, so the host's own
 // namespace is never touched.
 func probeDummy() (bool, error) {
-	l, err := netlab.New(Prefix + "-probe")
+	l, err := netlab.New(Prefix + "-" + probeName)
 	if err != nil {
 		return false, fmt.Errorf("probe dummy driver: %w", err)
 	}

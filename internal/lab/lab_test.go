@@ -33,10 +33,113 @@ func TestScenarioNamesDoNotShadow(t *testing.T) {
 			t.Errorf("Lookup(%q) fails", a.Name)
 		}
 		for j, b := range all {
-			if i != j && (a.Name == b.Name || strings.HasPrefix(b.Name, a.Name+"-") || strings.HasPrefix("probe", a.Name)) {
+			if i != j && (a.Name == b.Name || strings.HasPrefix(b.Name, a.Name+"-")) {
 				t.Errorf("scenario %q shadows %q", a.Name, b.Name)
 			}
 		}
+		if a.Name == probeName || strings.HasPrefix(a.Name, probeName+"-") {
+			t.Errorf("scenario %q is shadowed by the dummy-driver probe", a.Name)
+		}
+	}
+}
+
+// The IPVS state cannot be built on this kernel; its plan can be checked.
+func TestIPVSPlan(t *testing.T) {
+	n1, n2 := &node{name: "node-1"}, &node{name: "node-2"}
+	remote := &pod{name: "shop", node: n2, ip: "10.244.2.7"}
+	local := &pod{name: "shop-1", node: n1, ip: "10.244.1.5"}
+	svc := func(eps ...*pod) *service {
+		return &service{namespace: "shop", name: "shop", clusterIP: "10.96.0.30", lbIP: "192.168.1.200", etpLocal: true,
+			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30081}}, endpoints: eps}
+	}
+	render := func(cmds [][]string) string {
+		var b strings.Builder
+		for _, c := range cmds {
+			b.WriteString(strings.Join(c, " ") + "\n")
+		}
+		return b.String()
+	}
+	cases := []struct {
+		name      string
+		before124 bool
+		s         *service
+		want      string
+	}{
+		{"ETP=Local without a local endpoint, since 1.24: every endpoint", false, svc(remote), `-A -t 10.96.0.30:80 -s rr
+-a -t 10.96.0.30:80 -r 10.244.2.7:8080 -m -w 1
+-A -t 192.168.1.200:80 -s rr
+-a -t 192.168.1.200:80 -r 10.244.2.7:8080 -m -w 1
+-A -t 172.18.0.2:30081 -s rr
+-a -t 172.18.0.2:30081 -r 10.244.2.7:8080 -m -w 1
+`},
+		{"ETP=Local without a local endpoint, before 1.24: no real server", true, svc(remote), `-A -t 10.96.0.30:80 -s rr
+-a -t 10.96.0.30:80 -r 10.244.2.7:8080 -m -w 1
+-A -t 192.168.1.200:80 -s rr
+-A -t 172.18.0.2:30081 -s rr
+`},
+		{"ETP=Local with a local endpoint: only it", false, svc(remote, local), `-A -t 10.96.0.30:80 -s rr
+-a -t 10.96.0.30:80 -r 10.244.2.7:8080 -m -w 1
+-a -t 10.96.0.30:80 -r 10.244.1.5:8080 -m -w 1
+-A -t 192.168.1.200:80 -s rr
+-a -t 192.168.1.200:80 -r 10.244.1.5:8080 -m -w 1
+-A -t 172.18.0.2:30081 -s rr
+-a -t 172.18.0.2:30081 -r 10.244.1.5:8080 -m -w 1
+`},
+	}
+	for _, c := range cases {
+		kp := &kubeProxy{n: n1, ipvs: true, before124: c.before124}
+		if got := render(kp.ipvsPlan(c.s, c.s.ports[0], []string{"172.18.0.2"})); got != c.want {
+			t.Errorf("%s:\ngot\n%s\nwant\n%s", c.name, got, c.want)
+		}
+	}
+}
+
+// The ipset entries for kube-proxy-ipvs.md's example node are the ones
+// that page lists.
+func TestIPSetEntriesMatchKubeProxy(t *testing.T) {
+	n1, n2 := &node{name: "node-1", ip: "172.18.0.2"}, &node{name: "node-2"}
+	local := &pod{name: "a", node: n1, ip: "10.244.1.5"}
+	remote := &pod{name: "b", node: n2, ip: "10.244.2.7"}
+	port := func(nodePort int) []servicePort {
+		return []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: nodePort}}
+	}
+	svcs := []*service{
+		{name: "a", clusterIP: "10.96.0.10", ports: port(0), endpoints: []*pod{local, remote}},
+		{name: "b", clusterIP: "10.96.0.20", ports: port(30080), endpoints: []*pod{local, remote}},
+		{name: "c", clusterIP: "10.96.0.30", lbIP: "192.168.1.200", etpLocal: true, healthCheckPort: 32000,
+			ports: port(30081), endpoints: []*pod{local, remote}},
+	}
+	kp := &kubeProxy{n: n1}
+	got := map[string]bool{}
+	for _, s := range svcs {
+		for _, line := range strings.Split(strings.TrimSpace(kp.ipsetEntries(s)), "\n") {
+			got[line] = true
+		}
+	}
+	want := []string{
+		"add KUBE-LOOP-BACK 10.244.1.5,tcp:8080,10.244.1.5 -exist",
+		"add KUBE-CLUSTER-IP 10.96.0.10,tcp:80 -exist",
+		"add KUBE-CLUSTER-IP 10.96.0.20,tcp:80 -exist",
+		"add KUBE-CLUSTER-IP 10.96.0.30,tcp:80 -exist",
+		"add KUBE-LOAD-BALANCER 192.168.1.200,tcp:80 -exist",
+		"add KUBE-LOAD-BALANCER-LOCAL 192.168.1.200,tcp:80 -exist",
+		"add KUBE-NODE-PORT-TCP 30080 -exist",
+		"add KUBE-NODE-PORT-TCP 30081 -exist",
+		"add KUBE-NODE-PORT-LOCAL-TCP 30081 -exist",
+		"add KUBE-HEALTH-CHECK-NODE-PORT 32000 -exist",
+		"add KUBE-IPVS-IPS 10.96.0.10 -exist",
+		"add KUBE-IPVS-IPS 10.96.0.20 -exist",
+		"add KUBE-IPVS-IPS 10.96.0.30 -exist",
+		"add KUBE-IPVS-IPS 192.168.1.200 -exist",
+	}
+	for _, w := range want {
+		if !got[w] {
+			t.Errorf("missing %q", w)
+		}
+		delete(got, w)
+	}
+	for extra := range got {
+		t.Errorf("unexpected %q", extra)
 	}
 }
 
