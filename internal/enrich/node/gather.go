@@ -41,13 +41,24 @@ func nsRunner(path string) Runner {
 // errNoTool says a command is not installed; it makes a note, not a failure.
 var errNoTool = errors.New("not installed")
 
-// haveTool checks for a command in our own PATH: nsenter only switches the
+// toolCheck says whether a command can be run; nil means "assume it can"
+// (an injected Runner answers for itself).
+type toolCheck func(name string) error
+
+// lookPath checks for a command in our own PATH: nsenter only switches the
 // network namespace, so the child sees the same files.
-func haveTool(name string) error {
+func lookPath(name string) error {
 	if _, err := exec.LookPath(name); err != nil {
 		return fmt.Errorf("%s: %w", name, errNoTool)
 	}
 	return nil
+}
+
+func (c toolCheck) have(name string) error {
+	if c == nil {
+		return nil
+	}
+	return c(name)
 }
 
 // readLinks reads the addresses and the local table through a netlink handle
@@ -119,13 +130,13 @@ func compactPrefixes(p []netip.Prefix) []netip.Prefix {
 // reading them would) and returns the text per table. iptables-save with no
 // -t lists only the tables that exist, on legacy and nft alike, so it never
 // instantiates a table.
-func readRules(ctx context.Context, run Runner) (texts map[string]string, nftBackend bool, notes map[string]string) {
+func readRules(ctx context.Context, run Runner, tools toolCheck) (texts map[string]string, notes map[string]string) {
 	texts = map[string]string{}
 	notes = map[string]string{}
 	for _, c := range []struct{ cmd, prefix, part string }{
 		{"iptables-save", "", "rules"}, {"ip6tables-save", "ip6/", "rules6"},
 	} {
-		if err := haveTool(c.cmd); err != nil {
+		if err := tools.have(c.cmd); err != nil {
 			notes[c.part] = fmt.Sprintf("%v: its rules are not known", err)
 			continue
 		}
@@ -137,13 +148,21 @@ func readRules(ctx context.Context, run Runner) (texts map[string]string, nftBac
 		for k, v := range splitSave(string(out), c.prefix) {
 			texts[k] = v
 		}
-		if c.prefix == "" {
-			if v, err := run(ctx, c.cmd, "--version"); err == nil && bytes.Contains(v, []byte("nf_tables")) {
-				nftBackend = true
-			}
-		}
 	}
-	return texts, nftBackend, notes
+	return texts, notes
+}
+
+// iptablesIsNFT asks iptables-save which backend it is: iptables-nft
+// prints "(nf_tables)" in its version.
+func iptablesIsNFT(ctx context.Context, run Runner, tools toolCheck) (isNFT, known bool) {
+	if tools.have("iptables-save") != nil {
+		return false, false
+	}
+	v, err := run(ctx, "iptables-save", "--version")
+	if err != nil {
+		return false, false
+	}
+	return bytes.Contains(v, []byte("nf_tables")), true
 }
 
 var (
@@ -155,8 +174,8 @@ var (
 	nftVolatile = regexp.MustCompile(`counter packets [0-9]+ bytes [0-9]+|expires [0-9a-z.]+|used [0-9]+ bytes`)
 )
 
-func readIPSets(ctx context.Context, run Runner) (string, error) {
-	if err := haveTool("ipset"); err != nil {
+func readIPSets(ctx context.Context, run Runner, tools toolCheck) (string, error) {
+	if err := tools.have("ipset"); err != nil {
 		return "", err
 	}
 	out, err := run(ctx, "ipset", "save")
@@ -187,8 +206,8 @@ var compatTables = map[string]bool{
 // readNFT lists the ruleset and keeps the native tables. When iptables is
 // the nft backend, its tables are left out (iptables-save already shows
 // them); with iptables-legacy every nftables table is native.
-func readNFT(ctx context.Context, run Runner, iptablesIsNFT bool) ([]NFTable, error) {
-	if err := haveTool("nft"); err != nil {
+func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT bool) ([]NFTable, error) {
+	if err := tools.have("nft"); err != nil {
 		return nil, err
 	}
 	out, err := run(ctx, "nft", "list", "ruleset")

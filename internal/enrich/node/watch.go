@@ -45,13 +45,17 @@ type WatchStats struct {
 	// SubscribeErrors counts netlink notification errors; the poll
 	// re-reads addresses too, so they are only late, never lost.
 	SubscribeErrors uint64
+	// LastPoll is how long the last polling round took (the commands
+	// and sock_diag).
+	LastPoll time.Duration
 }
 
 // Watcher keeps the State of one namespace current.
 type Watcher struct {
-	path string
-	opts WatchOptions
-	run  Runner
+	path  string
+	opts  WatchOptions
+	run   Runner
+	tools toolCheck
 
 	nsh  netns.NsHandle
 	h    *netlink.Handle
@@ -64,9 +68,11 @@ type Watcher struct {
 	// build on the current state) and guards hashes.
 	mu     sync.Mutex
 	hashes map[string][32]byte
-	// nftBackend is whether iptables is iptables-nft, from the last rules
-	// read; it decides which nftables tables are iptables'.
-	nftBackend bool
+	// nftBackend is whether iptables is iptables-nft; it decides which
+	// nftables tables are iptables'. Asked once: the binary does not
+	// change under a running tracer.
+	nftBackend, backendKnown bool
+	lastPoll                 atomic.Int64
 
 	builds, polls, linkEvents, subErrs atomic.Uint64
 
@@ -95,6 +101,7 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 		changed: make(chan struct{}, 1), hashes: map[string][32]byte{}}
 	if w.run == nil {
 		w.run = nsRunner(netnsPath)
+		w.tools = lookPath
 	}
 	if err := w.open(); err != nil {
 		w.closeHandles()
@@ -293,6 +300,8 @@ func linksText(st *State) string {
 // pollParts re-reads every polled part into st and reports whether any
 // changed. A part whose text hashes the same is not parsed again.
 func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
+	start := time.Now()
+	defer func() { w.lastPoll.Store(int64(time.Since(start))) }()
 	changed := false
 	for _, p := range []func(context.Context, *State) bool{w.pollRules, w.pollIPSets, w.pollNFT, w.pollIPVS, w.pollListeners} {
 		if p(ctx, st) {
@@ -315,8 +324,10 @@ func (w *Watcher) setNote(st *State, part, note string) bool {
 }
 
 func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
-	texts, nftBackend, notes := readRules(ctx, w.run)
-	w.nftBackend = nftBackend
+	if !w.backendKnown {
+		w.nftBackend, w.backendKnown = iptablesIsNFT(ctx, w.run, w.tools)
+	}
+	texts, notes := readRules(ctx, w.run, w.tools)
 	noteChanged := w.setNote(st, "rules", notes["rules"])
 	if w.setNote(st, "rules6", notes["rules6"]) {
 		noteChanged = true
@@ -348,7 +359,7 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 }
 
 func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
-	text, err := readIPSets(ctx, w.run)
+	text, err := readIPSets(ctx, w.run, w.tools)
 	if err != nil {
 		note := fmt.Sprintf("ipsets not read: %v", err)
 		if errors.Is(err, errNoTool) {
@@ -376,7 +387,7 @@ func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
 }
 
 func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
-	tables, err := readNFT(ctx, w.run, w.nftBackend)
+	tables, err := readNFT(ctx, w.run, w.tools, w.nftBackend)
 	if err != nil {
 		note := fmt.Sprintf("native nftables tables not read: %v", err)
 		if errors.Is(err, errNoTool) {
@@ -459,7 +470,8 @@ func (w *Watcher) Changed() <-chan struct{} { return w.changed }
 
 // Stats returns the counters.
 func (w *Watcher) Stats() WatchStats {
-	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load()}
+	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load(),
+		LastPoll: time.Duration(w.lastPoll.Load())}
 }
 
 // Close stops refreshing and releases the sockets. Current keeps returning

@@ -1,0 +1,107 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/rules"
+)
+
+// fakeRunner answers the read-only commands from a table the test edits.
+type fakeRunner struct {
+	mu    sync.Mutex
+	out   map[string]string
+	calls map[string]int
+}
+
+func (f *fakeRunner) set(cmd, out string) {
+	f.mu.Lock()
+	f.out[cmd] = out
+	f.mu.Unlock()
+}
+
+func (f *fakeRunner) count(cmd string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[cmd]
+}
+
+func (f *fakeRunner) run(_ context.Context, name string, args ...string) ([]byte, error) {
+	cmd := strings.Join(append([]string{name}, args...), " ")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[cmd]++
+	out, ok := f.out[cmd]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", name, errNoTool)
+	}
+	return []byte(out), nil
+}
+
+// TestWatcherRebuildsOnlyChangedParts runs in the caller's namespace (no
+// root needed: rtnetlink and sock_diag reads are unprivileged) with the
+// commands faked, and checks that a part is re-parsed only when its text
+// changed, and that counters moving are not a change.
+func TestWatcherRebuildsOnlyChangedParts(t *testing.T) {
+	f := &fakeRunner{out: map[string]string{
+		"iptables-save":           natSave,
+		"ip6tables-save":          "",
+		"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
+		"ipset save":              ipsetSave,
+	}, calls: map[string]int{}}
+	w, err := WatchWith(context.Background(), "", WatchOptions{Poll: 20 * time.Millisecond, Runner: f.run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	st := w.Current()
+	rs := st.Ruleset(rules.IPv4)
+	if rs == nil || rs.Chain("nat", "CNI-HOSTPORT-DNAT") == nil || st.IPSets()["KUBE-IPVS-IPS"] == nil {
+		t.Fatalf("first state: rules %v sets %v notes %v", rs, st.IPSets(), st.Notes())
+	}
+	if notes := strings.Join(st.Notes(), "\n"); !strings.Contains(notes, "nft: not installed") {
+		t.Errorf("missing nft is not a note: %q", notes)
+	}
+
+	// Only counters move: never re-parsed.
+	f.set("iptables-save", strings.ReplaceAll(natSave, "[1234:56789]", "[5555:66666]"))
+	f.set("ipset save", strings.ReplaceAll(ipsetSave, "add KUBE-IPVS-IPS 10.96.0.10", "add KUBE-IPVS-IPS 10.96.0.10 timeout 100 packets 3 bytes 180"))
+	polls := w.Stats().Polls
+	for w.Stats().Polls < polls+5 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w.Current().Ruleset(rules.IPv4) != rs {
+		t.Error("rules re-parsed although only counters changed")
+	}
+
+	// A real change is picked up by the next polls.
+	f.set("iptables-save", strings.Replace(natSave, "COMMIT", "-A OUTPUT -j CNI-HOSTPORT-DNAT\nCOMMIT", 1))
+	deadline := time.Now().Add(3 * time.Second)
+	for w.Current().Ruleset(rules.IPv4).Chain("nat", "OUTPUT") == nil || len(w.Current().Ruleset(rules.IPv4).Chain("nat", "OUTPUT").Rules) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("rule change not picked up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A rules text that does not parse drops the rules (attribution must
+	// not use stale or half rules) and says why.
+	f.set("iptables-save", "*nat\n-A NOWHERE -j ACCEPT\nbogus line\nCOMMIT\n")
+	deadline = time.Now().Add(3 * time.Second)
+	for w.Current().Ruleset(rules.IPv4) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("unparsable rules kept")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if notes := strings.Join(w.Current().Notes(), "\n"); !strings.Contains(notes, "parse iptables rules") {
+		t.Errorf("notes %q", notes)
+	}
+	if n := f.count("iptables-save --version"); n != 1 {
+		t.Errorf("backend asked %d times", n)
+	}
+	t.Logf("stats %+v", w.Stats())
+}
