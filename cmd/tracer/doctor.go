@@ -10,9 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -46,7 +45,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	rep := doctorReport{Kernel: kernelRelease()}
+	rep := doctorReport{Kernel: live.KernelRelease()}
 	_, statErr := os.Stat("/sys/kernel/btf/vmlinux")
 	rep.BTF = statErr == nil
 	if err := preflight(); err != nil {
@@ -54,7 +53,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	t, err := loader.Open(loader.Config{Only: vias})
 	if t != nil {
-		rep.Hooks = hookRecords(t.Plan)
+		rep.Hooks = live.HookRecords(t.Plan)
 		if cerr := t.Close(); cerr != nil {
 			return fmt.Errorf("detach: %w", cerr)
 		}
@@ -103,43 +102,6 @@ func printDoctor(w io.Writer, rep doctorReport, err error) {
 	tw.Flush()
 }
 
-// hookRecords turns the attach plan into the trace header's hook list.
-func hookRecords(p loader.Plan) []trace.Hook {
-	out := make([]trace.Hook, 0, len(p))
-	for _, h := range p {
-		rec := trace.Hook{Hook: h.Hook.String(), Via: h.Via.String(), Target: h.Target}
-		var why, plain []string
-		for _, a := range h.Attempts {
-			ar := trace.Attempt{Via: a.Via.String(), Target: a.Target}
-			if a.Err != nil {
-				ar.Error = a.Err.Error()
-				e := loader.Explain(a.Via, a.Target, a.Err)
-				why = append(why, a.Via.String()+": "+e)
-				plain = append(plain, e)
-			}
-			rec.Attempts = append(rec.Attempts, ar)
-		}
-		if len(dedup(plain)) == 1 {
-			why = plain[:1] // every method failed for the same reason
-		}
-		rec.Error = strings.Join(dedup(why), "; ")
-		out = append(out, rec)
-	}
-	return out
-}
-
-func dedup(s []string) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, x := range s {
-		if !seen[x] {
-			seen[x] = true
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
 func parseVias(s string) ([]event.Via, error) {
 	if s == "" {
 		return nil, nil
@@ -169,12 +131,4 @@ func preflight() error {
 		return err
 	}
 	return nil
-}
-
-func kernelRelease() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return "unknown"
-	}
-	return unix.ByteSliceToString(u.Release[:])
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/filter"
+	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -129,8 +130,8 @@ func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, f filte
 		}
 	}
 	out := newEventWriter(o.output, stdout)
-	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: hostname(), Kernel: kernelRelease(),
-		Started: time.Now().UTC(), Command: "trace", Filter: o.filter, Hooks: hookRecords(t.Plan)}
+	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: hostname(), Kernel: live.KernelRelease(),
+		Started: time.Now().UTC(), Command: "trace", Filter: o.filter, Hooks: live.HookRecords(t.Plan)}
 	if err := out.header(hdr); err != nil {
 		return err
 	}

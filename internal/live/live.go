@@ -1,0 +1,253 @@
+// Package live runs the tracer on a node: kernel events from the loader,
+// joined with conntrack, node state and metadata into diagnosed flows. The
+// trace command, the UI and the lab all drive it.
+package live
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/enrich/node"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/loader"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Config is what to observe and with which metadata.
+type Config struct {
+	Loader loader.Config
+	// NetnsPath is the observed namespace for conntrack and node state
+	// ("" is the caller's).
+	NetnsPath string
+	NodeName  string
+	// Metadata names pods and Services; nil runs without.
+	Metadata enrich.Metadata
+	// MetadataSnapshot records the metadata in the trace header.
+	MetadataSnapshot func() ([]trace.Pod, []trace.Service)
+	// MetadataWarnings are shown in the header and the UI (API server
+	// unreachable, ...).
+	MetadataWarnings func() []string
+	// Linger is how long a flow waits for more of its events.
+	Linger time.Duration
+	// RawEvents also hands every event to Run's onEvent.
+	Command string
+	Filter  string
+}
+
+// Stats are the running counters the UI header shows.
+type Stats struct {
+	Events       uint64
+	Flows        uint64
+	DecodeErrors uint64
+	Lost         uint64
+}
+
+// Pipeline is the attached, running tracer.
+type Pipeline struct {
+	cfg     Config
+	tracer  *loader.Tracer
+	ct      *conntrack.Tracker
+	watcher *node.Watcher
+	header  trace.Header
+
+	events, flows, decodeErrors atomic.Uint64
+
+	envMu    sync.Mutex
+	envState *node.State
+	env      enrich.Env
+	warnings []string
+
+	closeOnce sync.Once
+}
+
+// Start attaches the kernel side and opens conntrack and the node watcher.
+// Conntrack or node state that cannot be read is a warning, not a failure:
+// the kernel's decisions are still worth showing.
+func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
+	tr, err := loader.Open(cfg.Loader)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{cfg: cfg, tracer: tr}
+	if p.ct, err = conntrack.Open(ctx, cfg.NetnsPath); err != nil {
+		p.warn("conntrack unavailable, flows carry only what the kernel events say: %v", err)
+		p.ct = nil
+	}
+	if p.watcher, err = node.Watch(ctx, cfg.NetnsPath); err != nil {
+		p.warn("node state unavailable, no rule attribution: %v", err)
+		p.watcher = nil
+	}
+	p.header = p.buildHeader()
+	return p, nil
+}
+
+func (p *Pipeline) warn(format string, a ...any) {
+	p.warnings = append(p.warnings, fmt.Sprintf(format, a...))
+}
+
+// Header is the trace header: node, kernel, hook plan, and the snapshot the
+// diagnosis starts from.
+func (p *Pipeline) Header() trace.Header { return p.header }
+
+// Plan is how every hook is attached.
+func (p *Pipeline) Plan() loader.Plan { return p.tracer.Plan }
+
+func (p *Pipeline) buildHeader() trace.Header {
+	h := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: p.cfg.NodeName, Kernel: KernelRelease(),
+		Started: time.Now().UTC(), Command: p.cfg.Command, Filter: p.cfg.Filter, Hooks: HookRecords(p.tracer.Plan)}
+	h.Snapshot = p.snapshot()
+	h.Warnings = append(h.Warnings, p.warnings...)
+	if p.cfg.MetadataWarnings != nil {
+		h.Warnings = append(h.Warnings, p.cfg.MetadataWarnings()...)
+	}
+	return h
+}
+
+func (p *Pipeline) snapshot() *trace.Snapshot {
+	snap := &trace.Snapshot{}
+	if p.watcher != nil {
+		snap = p.watcher.Current().Snapshot()
+	}
+	if p.cfg.MetadataSnapshot != nil {
+		snap.Pods, snap.Services = p.cfg.MetadataSnapshot()
+	}
+	return snap
+}
+
+// currentEnv is the enrichment environment for the node's current state,
+// rebuilt only when the watcher has a new state.
+func (p *Pipeline) currentEnv() enrich.Env {
+	p.envMu.Lock()
+	defer p.envMu.Unlock()
+	var st *node.State
+	if p.watcher != nil {
+		st = p.watcher.Current()
+	}
+	if p.env != nil && st == p.envState {
+		return p.env
+	}
+	var snap *trace.Snapshot
+	if st != nil {
+		snap = st.Snapshot()
+	}
+	env, err := enrich.NewNodeEnv(p.cfg.NodeName, snap, p.cfg.Metadata)
+	if err != nil {
+		// The watcher's own state always parses; keep the last good env.
+		if p.env != nil {
+			return p.env
+		}
+		env, _ = enrich.NewNodeEnv(p.cfg.NodeName, nil, p.cfg.Metadata)
+	}
+	p.env, p.envState = env, st
+	return env
+}
+
+// Stats reads the running counters.
+func (p *Pipeline) Stats() Stats {
+	s := Stats{Events: p.events.Load(), Flows: p.flows.Load(), DecodeErrors: p.decodeErrors.Load()}
+	if lost, err := p.tracer.Lost(); err == nil {
+		for _, n := range lost {
+			s.Lost += n
+		}
+	}
+	return s
+}
+
+type decoded struct {
+	ev  event.Event
+	rec trace.Event
+}
+
+// Run joins events into flows until ctx is done, handing each finished
+// flow to emit (and each event to onEvent, if set), then flushes the open
+// flows and returns the summary. It detaches the kernel side on the way out.
+func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func(trace.Event)) (trace.Summary, error) {
+	evc := make(chan decoded, 1024)
+	go p.read(evc)
+	stop := context.AfterFunc(ctx, func() { p.tracer.Close() })
+	defer stop()
+
+	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.currentEnv, Emit: func(f *trace.Flow) {
+		p.flows.Add(1)
+		sum.Flows++
+		sum.Verdicts[f.Verdict]++
+		emit(f)
+	}}
+	if p.ct != nil {
+		j.CT = p.ct
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case d, ok := <-evc:
+			if !ok {
+				j.Flush()
+				return p.finish(sum), nil
+			}
+			sum.Events++
+			if onEvent != nil {
+				onEvent(d.rec)
+			}
+			j.Add(d.ev, d.rec, time.Now())
+		case now := <-tick.C:
+			j.Expire(now)
+		}
+	}
+}
+
+// read decodes the ring buffer until the tracer is closed.
+func (p *Pipeline) read(out chan<- decoded) {
+	defer close(out)
+	var raw ringbuf.Record
+	for {
+		ev, err := p.tracer.Next(&raw)
+		if errors.Is(err, os.ErrClosed) {
+			return
+		}
+		if err != nil {
+			p.decodeErrors.Add(1)
+			continue
+		}
+		p.events.Add(1)
+		out <- decoded{ev, ev.Record(p.tracer.Reasons())}
+	}
+}
+
+func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
+	sum.Ended = time.Now().UTC()
+	sum.DecodeErrors = int(p.decodeErrors.Load())
+	if lost, err := p.tracer.Lost(); err == nil {
+		sum.LostByHook = map[string]uint64{}
+		for h, n := range lost {
+			sum.LostByHook[h.String()] = n
+			sum.LostEvents += n
+		}
+	}
+	return sum
+}
+
+// Close detaches everything; safe to call more than once.
+func (p *Pipeline) Close() error {
+	var errs []error
+	p.closeOnce.Do(func() {
+		errs = append(errs, p.tracer.Close())
+		if p.ct != nil {
+			errs = append(errs, p.ct.Close())
+		}
+		if p.watcher != nil {
+			errs = append(errs, p.watcher.Close())
+		}
+	})
+	return errors.Join(errs...)
+}
