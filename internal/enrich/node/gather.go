@@ -130,14 +130,23 @@ func compactPrefixes(p []netip.Prefix) []netip.Prefix {
 // reading them would) and returns the text per table. iptables-save with no
 // -t lists only the tables that exist, on legacy and nft alike, so it never
 // instantiates a table.
-func readRules(ctx context.Context, run Runner, tools toolCheck) (texts map[string]string, notes map[string]string) {
+func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool, ready func(string) bool) (texts map[string]string, notes map[string]string) {
 	texts = map[string]string{}
 	notes = map[string]string{}
-	for _, c := range []struct{ cmd, prefix, part string }{
-		{"iptables-save", "", "rules"}, {"ip6tables-save", "ip6/", "rules6"},
+	for _, c := range []struct{ cmd, prefix, part, legacyMod string }{
+		{"iptables-save", "", "rules", "ip_tables"}, {"ip6tables-save", "ip6/", "rules6", "ip6_tables"},
 	} {
 		if err := tools.have(c.cmd); err != nil {
 			notes[c.part] = fmt.Sprintf("%v: its rules are not known", err)
+			continue
+		}
+		mod := c.legacyMod
+		if nftBackend {
+			mod = "nf_tables"
+		}
+		if !ready(mod) {
+			// Nothing can be in a table whose module is not loaded.
+			notes[c.part] = fmt.Sprintf("%s: module %s is not loaded, so there are no rules (not loading it)", c.cmd, mod)
 			continue
 		}
 		out, err := run(ctx, c.cmd)
@@ -147,6 +156,11 @@ func readRules(ctx context.Context, run Runner, tools toolCheck) (texts map[stri
 		}
 		for k, v := range splitSave(string(out), c.prefix) {
 			texts[k] = v
+		}
+		if bytes.Contains(out, []byte("legacy tables present")) {
+			// Both backends hold rules and the kernel runs both; the
+			// user's iptables-save shows only one of them.
+			notes[c.part+"-legacy"] = fmt.Sprintf("%s says iptables-legacy tables are also present: those rules run too but are not shown or attributed (see %s-legacy-save)", c.cmd, strings.TrimSuffix(c.cmd, "-save"))
 		}
 	}
 	return texts, notes
@@ -251,6 +265,31 @@ func splitNFT(out string, iptablesIsNFT bool) []NFTable {
 		}
 	}
 	return tables
+}
+
+// moduleReady reports whether using a kernel subsystem cannot load a
+// module: it is loaded or built in, or the kernel cannot load modules at
+// all. `ipset save`, `nft list` and iptables-nft-save talk nfnetlink, which
+// loads the subsystem's module on demand (ip_set, nf_tables), and legacy
+// iptables-save modprobes ip_tables when its proc file is missing; on a
+// node that does not use them, reading must not load them.
+func moduleReady(name string) bool {
+	if _, err := os.Stat("/sys/module/" + name); err == nil {
+		return true
+	}
+	if _, err := os.Stat("/proc/modules"); err != nil {
+		// CONFIG_MODULES off: everything there is, is built in.
+		return true
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return false
+	}
+	b, err := os.ReadFile("/lib/modules/" + unix.ByteSliceToString(uts.Release[:]) + "/modules.builtin")
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte("/"+name+".ko\n"))
 }
 
 // ipvsLoaded reports whether the kernel has IPVS without asking for it:

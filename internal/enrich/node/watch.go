@@ -31,6 +31,9 @@ type WatchOptions struct {
 	// Runner runs the read-only commands; default: nsenter into the
 	// namespace (or directly for the caller's own).
 	Runner Runner
+
+	// moduleReady replaces the kernel module check (tests).
+	moduleReady func(string) bool
 }
 
 // WatchStats count the Watcher's work.
@@ -56,6 +59,8 @@ type Watcher struct {
 	opts  WatchOptions
 	run   Runner
 	tools toolCheck
+	// ready says whether a kernel module may be used without loading it.
+	ready func(string) bool
 
 	nsh  netns.NsHandle
 	h    *netlink.Handle
@@ -97,8 +102,11 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 	if opts.Debounce <= 0 {
 		opts.Debounce = 20 * time.Millisecond
 	}
-	w := &Watcher{path: netnsPath, opts: opts, run: opts.Runner, nsh: netns.None(),
+	w := &Watcher{path: netnsPath, opts: opts, run: opts.Runner, nsh: netns.None(), ready: moduleReady,
 		changed: make(chan struct{}, 1), hashes: map[string][32]byte{}}
+	if opts.moduleReady != nil {
+		w.ready = opts.moduleReady
+	}
 	if w.run == nil {
 		w.run = nsRunner(netnsPath)
 		w.tools = lookPath
@@ -327,10 +335,15 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 	if !w.backendKnown {
 		w.nftBackend, w.backendKnown = iptablesIsNFT(ctx, w.run, w.tools)
 	}
-	texts, notes := readRules(ctx, w.run, w.tools)
+	texts, notes := readRules(ctx, w.run, w.tools, w.nftBackend, w.ready)
 	noteChanged := w.setNote(st, "rules", notes["rules"])
 	if w.setNote(st, "rules6", notes["rules6"]) {
 		noteChanged = true
+	}
+	for _, k := range []string{"rules-legacy", "rules6-legacy"} {
+		if w.setNote(st, k, notes[k]) {
+			noteChanged = true
+		}
 	}
 	keys := make([]string, 0, len(texts))
 	for k := range texts {
@@ -359,7 +372,13 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 }
 
 func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
-	text, err := readIPSets(ctx, w.run, w.tools)
+	var text string
+	var err error
+	if w.ready("ip_set") {
+		text, err = readIPSets(ctx, w.run, w.tools)
+	} else {
+		err = errors.New("module ip_set is not loaded, so there are no ipsets (not loading it)")
+	}
 	if err != nil {
 		note := fmt.Sprintf("ipsets not read: %v", err)
 		if errors.Is(err, errNoTool) {
@@ -387,7 +406,13 @@ func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
 }
 
 func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
-	tables, err := readNFT(ctx, w.run, w.tools, w.nftBackend)
+	var tables []NFTable
+	var err error
+	if w.ready("nf_tables") {
+		tables, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
+	} else {
+		err = errors.New("module nf_tables is not loaded, so there are no nftables tables (not loading it)")
+	}
 	if err != nil {
 		note := fmt.Sprintf("native nftables tables not read: %v", err)
 		if errors.Is(err, errNoTool) {

@@ -105,3 +105,46 @@ func TestWatcherRebuildsOnlyChangedParts(t *testing.T) {
 	}
 	t.Logf("stats %+v", w.Stats())
 }
+
+// TestWatcherLoadsNoModules: on a node whose kernel has neither nf_tables,
+// ip_set nor ip_tables loaded, nothing that would load them is run, and
+// each absence is a note.
+func TestWatcherLoadsNoModules(t *testing.T) {
+	f := &fakeRunner{out: map[string]string{
+		"iptables-save":           natSave,
+		"ip6tables-save":          "",
+		"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
+		"ipset save":              ipsetSave,
+		"nft list ruleset":        "",
+	}, calls: map[string]int{}}
+	w, err := WatchWith(context.Background(), "", WatchOptions{Poll: time.Hour, Runner: f.run, moduleReady: func(string) bool { return false }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, cmd := range []string{"iptables-save", "ip6tables-save", "ipset save", "nft list ruleset"} {
+		if n := f.count(cmd); n != 0 {
+			t.Errorf("%q run %d times although its module is not loaded", cmd, n)
+		}
+	}
+	notes := strings.Join(w.Current().Notes(), "\n")
+	for _, want := range []string{"module nf_tables is not loaded", "module ip_set is not loaded", "iptables-save: module nf_tables"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	if w.Current().Ruleset(rules.IPv4) != nil {
+		t.Error("rules without reading them")
+	}
+}
+
+func TestLegacyTablesPresentIsANote(t *testing.T) {
+	f := &fakeRunner{out: map[string]string{
+		"iptables-save":  natSave + "# Warning: iptables-legacy tables present, use iptables-legacy-save to see them\n",
+		"ip6tables-save": "",
+	}, calls: map[string]int{}}
+	texts, notes := readRules(context.Background(), f.run, nil, true, func(string) bool { return true })
+	if len(texts) != 2 || !strings.Contains(notes["rules-legacy"], "iptables-legacy-save") {
+		t.Errorf("texts %d notes %v", len(texts), notes)
+	}
+}
