@@ -80,8 +80,9 @@ type Options struct {
 	// UpdateBuffer is the capacity of the Updates channel. Default 4096.
 	UpdateBuffer int
 	// ReadBuffer sets the event socket's receive buffer in bytes (the
-	// kernel doubles it and enforces a minimum); 0 keeps the default. Tests
-	// make it tiny to force overruns.
+	// kernel doubles it, caps it at net.core.rmem_max and enforces a
+	// minimum). Default 4 MiB, so that bursts of new connections overrun
+	// less often; tests make it tiny to force overruns.
 	ReadBuffer int
 
 	// pruneEvery overrides how often destroyed entries are pruned (tests
@@ -161,6 +162,9 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 		// to create them.
 		defer unix.Close(fd)
 		nsFD = fd
+	}
+	if opts.ReadBuffer <= 0 {
+		opts.ReadBuffer = 4 << 20
 	}
 	src, err := dialNetlink(nsFD, opts.ReadBuffer)
 	if err != nil {
