@@ -2,106 +2,134 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/live"
-	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 func init() {
 	commands["trace"] = command{
-		summary: "stream the kernel's decisions to stdout (-o json: NDJSON)",
+		summary: "stream explained flows to stdout (-o json: NDJSON; --events: the raw kernel events)",
 		run:     runTrace,
 	}
 }
 
-// traceOptions are the flags of `tracer trace`.
+// traceOptions are the flags `tracer trace` and `tracer ui` share.
 type traceOptions struct {
-	output    string
-	filter    string
-	netns     string
-	allNetns  bool
-	duration  time.Duration
-	readyFile string
-	only      string
+	output     string
+	filter     string
+	netns      string
+	allNetns   bool
+	duration   time.Duration
+	readyFile  string
+	only       string
+	record     string
+	events     bool
+	kubeconfig string
+	metadata   string
+	node       string
+	linger     time.Duration
+}
+
+func (o *traceOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.filter, "filter", "", "filter `EXPR`: pod:NS/NAME, ns:NS, port:N, ip:ADDR|CIDR, verdict:ID, proto:P, words; terms AND, !term negates")
+	fs.StringVar(&o.netns, "netns", "", "observe the network namespace at `PATH` (e.g. /run/netns/NAME) instead of the caller's")
+	fs.BoolVar(&o.allNetns, "all-netns", false, "report kernel decisions from every network namespace")
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (e.g. 30s); 0 runs until interrupted")
+	fs.StringVar(&o.readyFile, "ready-file", "", "create `PATH` once every hook that can attach is attached")
+	fs.StringVar(&o.only, "only", "", "use only these attach methods, comma-separated (fentry,kprobe,tracepoint,netfilter)")
+	fs.StringVar(&o.record, "record", "", "also write the whole trace (header, flows, summary) to `FILE`")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "pod and Service metadata from the cluster of this kubeconfig (in a pod: the in-cluster config)")
+	fs.StringVar(&o.metadata, "metadata", "", "pod and Service metadata from `FILE`: kubectl get pods,services,endpointslices -A -o json")
+	fs.StringVar(&o.node, "node", "", "this node's name (default: the hostname)")
+	fs.DurationVar(&o.linger, "linger", enrich.DefaultLinger, "how long a flow waits for more of its events before it is diagnosed")
 }
 
 func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o traceOptions
 	fs := newFlagSet("trace", stderr)
 	fs.StringVar(&o.output, "o", "text", "output format: text or json (NDJSON)")
-	fs.StringVar(&o.filter, "filter", "", "filter expression (port:N, ip:ADDR|CIDR, proto:P, ...)")
-	fs.StringVar(&o.netns, "netns", "", "observe this network namespace (a path like /run/netns/NAME) instead of the caller's")
-	fs.BoolVar(&o.allNetns, "all-netns", false, "report decisions in every network namespace")
-	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (e.g. 30s); 0 runs until interrupted")
-	fs.StringVar(&o.readyFile, "ready-file", "", "create this file once every hook that can attach is attached")
-	fs.StringVar(&o.only, "only", "", "use only these attach methods, comma-separated (fentry,kprobe,tracepoint,netfilter)")
+	fs.BoolVar(&o.events, "events", false, "stream the raw kernel events instead of joined flows")
+	o.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := o.loaderConfig()
+	if o.output != "text" && o.output != "json" {
+		return usagef("-o %q: want text or json", o.output)
+	}
+	cfg, flt, err := o.pipelineConfig(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	f, _ := parseFilter(o.filter) // validated by loaderConfig
 	if err := preflight(); err != nil {
 		return err
 	}
-	t, err := loader.Open(cfg)
+	p, err := live.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer t.Close()
-	return streamEvents(ctx, t, o, f, stdout)
+	defer p.Close()
+	return streamFlows(ctx, p, o, flt, stdout, stderr)
 }
 
-// loaderConfig validates the flags into the kernel side's configuration.
-func (o traceOptions) loaderConfig() (loader.Config, error) {
-	var cfg loader.Config
-	if o.output != "text" && o.output != "json" {
-		return cfg, usagef("-o %q: want text or json", o.output)
-	}
+// pipelineConfig validates the flags into the pipeline's configuration.
+func (o *traceOptions) pipelineConfig(ctx context.Context, stderr io.Writer) (live.Config, filter.Filter, error) {
+	var cfg live.Config
 	if o.duration < 0 {
-		return cfg, usagef("--duration %s: must not be negative", o.duration)
+		return cfg, filter.Filter{}, usagef("--duration %s: must not be negative", o.duration)
 	}
 	if o.netns != "" && o.allNetns {
-		return cfg, usagef("--netns and --all-netns exclude each other")
+		return cfg, filter.Filter{}, usagef("--netns and --all-netns exclude each other")
+	}
+	if o.kubeconfig != "" && o.metadata != "" {
+		return cfg, filter.Filter{}, usagef("--kubeconfig and --metadata exclude each other")
 	}
 	vias, err := parseVias(o.only)
 	if err != nil {
-		return cfg, err
+		return cfg, filter.Filter{}, err
 	}
-	cfg.Only = vias
-	f, err := parseFilter(o.filter)
+	flt, err := parseFilter(o.filter)
 	if err != nil {
-		return cfg, err
+		return cfg, filter.Filter{}, err
 	}
-	applyKernelFilter(&cfg, f)
+	cfg.Loader.Only = vias
+	applyKernelFilter(&cfg.Loader, flt)
 	if !o.allNetns {
 		path := o.netns
 		if path == "" {
 			path = "/proc/self/ns/net"
 		} else {
-			cfg.NetnsPaths = []string{path}
+			cfg.Loader.NetnsPaths = []string{path}
+			cfg.NetnsPath = path
 		}
 		ino, err := netnsInode(path)
 		if err != nil {
-			return cfg, usagef("--netns %s: %v", path, err)
+			return cfg, flt, usagef("--netns %s: %v", path, err)
 		}
-		cfg.Netns = ino
+		cfg.Loader.Netns = ino
 	}
-	return cfg, nil
+	cfg.NodeName = o.node
+	if cfg.NodeName == "" {
+		cfg.NodeName = hostname()
+	}
+	cfg.Linger = o.linger
+	cfg.Filter = o.filter
+	cfg.Command = "trace"
+	if err := attachMetadata(ctx, &cfg, o.kubeconfig, o.metadata, stderr); err != nil {
+		return cfg, flt, err
+	}
+	return cfg, flt, nil
 }
 
 // netnsInode identifies a network namespace by its nsfs inode, as the
@@ -121,61 +149,46 @@ func netnsInode(path string) (uint32, error) {
 	return uint32(st.Ino), nil
 }
 
-// streamEvents writes the header, every event, and on the way out the
-// summary with the lost counters, so the output is complete after SIGINT.
-func streamEvents(ctx context.Context, t *loader.Tracer, o traceOptions, f filter.Filter, stdout io.Writer) error {
+// streamFlows writes the header, every flow (or event) that passes the
+// filter, and on the way out the summary with the lost counters, so the
+// output and the recording are complete after SIGINT or --duration.
+func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filter.Filter, stdout, stderr io.Writer) error {
+	hdr := p.Header()
+	for _, w := range hdr.Warnings {
+		fmt.Fprintf(stderr, "tracer: warning: %s\n", w)
+	}
+	out, err := newOutput(o, hdr, stdout)
+	if err != nil {
+		return err
+	}
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte("ready\n"), 0o644); err != nil {
+			out.abort()
 			return fmt.Errorf("write ready file: %w", err)
 		}
-	}
-	out := newEventWriter(o.output, stdout)
-	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: hostname(), Kernel: live.KernelRelease(),
-		Started: time.Now().UTC(), Command: "trace", Filter: o.filter, Hooks: live.HookRecords(t.Plan)}
-	if err := out.header(hdr); err != nil {
-		return err
 	}
 	if o.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
 		defer cancel()
 	}
-	stop := context.AfterFunc(ctx, func() { t.Close() })
-	defer stop()
-
-	sum := trace.Summary{Type: trace.TypeSummary}
-	var raw ringbuf.Record
-	var readErr error
-	for {
-		ev, err := t.Next(&raw)
-		if errors.Is(err, os.ErrClosed) {
-			break
-		}
-		if err != nil {
-			sum.DecodeErrors++
-			continue
-		}
-		rec := ev.Record(t.Reasons())
-		if !f.Empty() && !f.Match(eventFlow(&rec)) {
-			continue
-		}
-		sum.Events++
-		if err := out.event(rec); err != nil {
-			readErr = err
-			break
+	var writeErr error
+	emit := func(f *trace.Flow) {
+		if writeErr == nil && (flt.Empty() || flt.Match(f)) {
+			writeErr = out.flow(f)
 		}
 	}
-	lost, err := t.Lost()
-	if err != nil {
-		return errors.Join(readErr, err)
+	var onEvent func(trace.Event)
+	if o.events {
+		emit = func(*trace.Flow) {}
+		onEvent = func(e trace.Event) {
+			if writeErr == nil && (flt.Empty() || flt.Match(eventFlow(&e))) {
+				writeErr = out.event(&e)
+			}
+		}
 	}
-	sum.LostByHook = map[string]uint64{}
-	for h, n := range lost {
-		sum.LostByHook[h.String()] = n
-		sum.LostEvents += n
-	}
-	sum.Ended = time.Now().UTC()
-	return errors.Join(readErr, out.summary(sum))
+	sum, err := p.Run(ctx, emit, onEvent)
+	return errors.Join(err, writeErr, out.close(sum))
 }
 
 func hostname() string {
@@ -183,47 +196,97 @@ func hostname() string {
 	return h
 }
 
-// eventWriter renders the stream as NDJSON or as one line per event.
-type eventWriter struct {
-	json bool
-	w    io.Writer
-	enc  *json.Encoder
+// output writes the stream to stdout (text or NDJSON) and, with --record,
+// the whole trace to a file.
+type output struct {
+	text   io.Writer
+	json   *trace.Writer
+	record *trace.Writer
 }
 
-func newEventWriter(format string, w io.Writer) *eventWriter {
-	return &eventWriter{json: format == "json", w: w, enc: json.NewEncoder(w)}
-}
-
-func (e *eventWriter) header(h trace.Header) error {
-	if e.json {
-		return e.enc.Encode(h)
+func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error) {
+	out := &output{}
+	var err error
+	if o.output == "json" {
+		if out.json, err = trace.NewWriter(stdout, h); err != nil {
+			return nil, fmt.Errorf("write header: %w", err)
+		}
+	} else {
+		out.text = stdout
+		fmt.Fprintln(stdout, textHeader(h))
 	}
+	if o.record != "" {
+		if out.record, err = trace.Create(o.record, h); err != nil {
+			return nil, usagef("--record %s: %v", o.record, err)
+		}
+	}
+	return out, nil
+}
+
+func (o *output) each(fn func(w *trace.Writer) error) error {
+	var errs []error
+	for _, w := range []*trace.Writer{o.json, o.record} {
+		if w != nil {
+			errs = append(errs, fn(w))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o *output) flow(f *trace.Flow) error {
+	if o.text != nil {
+		if _, err := fmt.Fprintln(o.text, flowLine(f)); err != nil {
+			return err
+		}
+	}
+	return o.each(func(w *trace.Writer) error { return w.WriteFlow(f) })
+}
+
+func (o *output) event(e *trace.Event) error {
+	if o.text != nil {
+		if _, err := fmt.Fprintln(o.text, eventLine(*e)); err != nil {
+			return err
+		}
+	}
+	return o.each(func(w *trace.Writer) error { return w.WriteEvent(e) })
+}
+
+func (o *output) close(sum trace.Summary) error {
+	if o.text != nil {
+		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
+	}
+	return o.each(func(w *trace.Writer) error {
+		w.SetLost(sum.LostEvents, sum.LostByHook)
+		return w.Close()
+	})
+}
+
+func (o *output) abort() {
+	if o.record != nil {
+		o.record.Abort()
+	}
+}
+
+func textHeader(h trace.Header) string {
 	var parts []string
 	for _, hk := range h.Hooks {
 		parts = append(parts, hk.Hook+"="+hk.Via)
 	}
-	_, err := fmt.Fprintf(e.w, "# tracer on %s, kernel %s; hooks: %s\n", h.Node, h.Kernel, strings.Join(parts, " "))
-	return err
+	return fmt.Sprintf("# tracer on %s, kernel %s; hooks: %s", h.Node, h.Kernel, strings.Join(parts, " "))
 }
 
-func (e *eventWriter) event(r trace.Event) error {
-	if e.json {
-		r.Type = trace.TypeEvent
-		return e.enc.Encode(r)
+// flowLine is the text form of a flow: time, proto, the tuple and where it
+// went, the verdict, and the explanation.
+func flowLine(f *trace.Flow) string {
+	went := ""
+	if f.Reply != nil && f.Reply.Src != f.Orig.Dst {
+		went = " => " + f.Reply.Src
 	}
-	_, err := fmt.Fprintln(e.w, eventLine(r))
-	return err
+	return fmt.Sprintf("%s %-5s %s -> %s%s  [%s] %s", f.Time.Local().Format("15:04:05.000"), f.Proto,
+		f.Orig.Src, f.Orig.Dst, went, f.Verdict, f.Explanation)
 }
 
-func (e *eventWriter) summary(s trace.Summary) error {
-	if e.json {
-		return e.enc.Encode(s)
-	}
-	_, err := fmt.Fprintf(e.w, "# %d events, %d lost\n", s.Events, s.LostEvents)
-	return err
-}
-
-// eventLine is the text form: time, kind, tuple, what it became, where seen.
+// eventLine is the text form of a raw event.
 func eventLine(r trace.Event) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %-12s %-5s", r.Time.Local().Format("15:04:05.000000"), r.Kind, r.Proto)
@@ -248,3 +311,5 @@ func eventLine(r trace.Event) string {
 	b.WriteString("]")
 	return b.String()
 }
+
+

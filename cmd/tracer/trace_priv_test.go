@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	}()
 
 	ready := filepath.Join(t.TempDir(), "ready")
-	cmd := exec.Command(bin, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--filter", "port:80")
+	cmd := exec.Command(bin, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--filter", "port:80", "--linger", "500ms")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
@@ -101,7 +102,7 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	}
 
 	var types []string
-	var dnat *trace.Event
+	var flow *trace.Flow
 	var sum trace.Summary
 	sc := bufio.NewScanner(&stdout)
 	for sc.Scan() {
@@ -111,11 +112,11 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 		}
 		types = append(types, rec.Type)
 		switch rec.Type {
-		case trace.TypeEvent:
-			var e trace.Event
-			json.Unmarshal(sc.Bytes(), &e)
-			if e.Kind == "dnat" {
-				dnat = &e
+		case trace.TypeFlow:
+			var f trace.Flow
+			json.Unmarshal(sc.Bytes(), &f)
+			if f.Orig.Dst == "10.96.78.1:80" {
+				flow = &f
 			}
 		case trace.TypeSummary:
 			json.Unmarshal(sc.Bytes(), &sum)
@@ -124,14 +125,26 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if len(types) < 3 || types[0] != trace.TypeHeader || types[len(types)-1] != trace.TypeSummary {
 		t.Fatalf("want header, events, summary; got %v", types)
 	}
-	if dnat == nil {
-		t.Fatalf("no dnat event in %v", types)
+	if flow == nil {
+		t.Fatalf("no flow to 10.96.78.1:80 in %v", types)
 	}
-	if dnat.Orig == nil || dnat.Orig.Dst != "10.96.78.1:80" || dnat.To != "10.78.0.1:8080" {
-		t.Errorf("dnat event %+v orig %+v", dnat, dnat.Orig)
+	if len(flow.Events) == 0 || flow.Events[0].Kind != "dnat" || flow.Events[0].To != "10.78.0.1:8080" {
+		t.Errorf("flow events %+v", flow.Events)
 	}
-	if sum.Events != len(types)-2 || sum.LostEvents != 0 {
-		t.Errorf("summary %+v for %d events", sum, len(types)-2)
+	if flow.Reply == nil || flow.Reply.Src != "10.78.0.1:8080" {
+		t.Errorf("reply %+v: where the connection really went", flow.Reply)
+	}
+	if flow.Conntrack == nil || !flow.Conntrack.Replied {
+		t.Errorf("conntrack %+v: the connection was answered", flow.Conntrack)
+	}
+	if flow.Rule == nil || !strings.Contains(flow.Rule.Text, "--to-destination 10.78.0.1:8080") {
+		t.Errorf("rule %+v", flow.Rule)
+	}
+	if flow.Verdict != trace.VerdictOK {
+		t.Errorf("verdict %s: %s", flow.Verdict, flow.Explanation)
+	}
+	if sum.Flows != len(types)-2 || sum.LostEvents != 0 {
+		t.Errorf("summary %+v for %d flows", sum, len(types)-2)
 	}
 }
 
