@@ -311,5 +311,3 @@ func eventLine(r trace.Event) string {
 	b.WriteString("]")
 	return b.String()
 }
-
-
