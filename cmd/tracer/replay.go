@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/internal/tui"
@@ -22,10 +23,24 @@ func init() {
 }
 
 // rediagnose runs on every flow a replay reads, before filtering, so a
-// trace recorded by an older tracer is shown with today's diagnosis. The
-// diagnosis package installs itself here; until it does, a replay shows
-// each flow's recorded verdict and explanation unchanged.
-var rediagnose = func(*trace.Flow) {}
+// trace recorded by an older tracer, or on another machine, is shown with
+// today's diagnosis against the node state its header recorded.
+func rediagnose(tr *trace.File) error {
+	h := tr.Header
+	var pods []trace.Pod
+	var services []trace.Service
+	if h.Snapshot != nil {
+		pods, services = h.Snapshot.Pods, h.Snapshot.Services
+	}
+	env, err := enrich.NewNodeEnv(h.Node, h.Snapshot, enrich.NewSnapshotMetadata(pods, services))
+	if err != nil {
+		return usagef("trace header: %v", err)
+	}
+	for _, f := range tr.Flows {
+		enrich.Enrich(f, env)
+	}
+	return nil
+}
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("replay", stderr)
@@ -53,8 +68,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, w := range tr.Warnings {
 		fmt.Fprintf(stderr, "tracer: warning: %s\n", w)
 	}
-	for _, f := range tr.Flows {
-		rediagnose(f)
+	if err := rediagnose(tr); err != nil {
+		return err
 	}
 	if *output == "json" {
 		return emitJSON(stdout, tr, flt)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -37,12 +38,44 @@ func TestReplayJSONReemitsFiltered(t *testing.T) {
 	}
 }
 
-func TestReplayRediagnoseHook(t *testing.T) {
-	defer func(old func(*trace.Flow)) { rediagnose = old }(rediagnose)
-	rediagnose = func(f *trace.Flow) { f.Explanation = "re-diagnosed" }
-	_, out, _ := runTracer("replay", "-o", "json", incidentTrace)
-	if strings.Count(out, `"explanation":"re-diagnosed"`) != 11 {
-		t.Errorf("rediagnose did not run on every flow:\n%s", out)
+// A recorded verdict is not trusted: replay diagnoses each flow again
+// against the header's snapshot, so a stale or older verdict is corrected.
+func TestReplayRediagnoses(t *testing.T) {
+	data, err := os.ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	stale := 0
+	for i, l := range lines {
+		if strings.Contains(l, `"verdict":"ipvs-filter-reject"`) {
+			l = strings.Replace(l, `"verdict":"ipvs-filter-reject"`, `"verdict":"ok"`, 1)
+			lines[i] = regexp.MustCompile(`"explanation":"[^"]*"`).ReplaceAllString(l, `"explanation":"stale"`)
+			stale++
+		}
+	}
+	if stale == 0 {
+		t.Fatal("the incident trace has no ipvs-filter-reject flow to make stale")
+	}
+	path := filepath.Join(t.TempDir(), "stale.ndjson")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runTracer("replay", "-o", "json", "--filter", "verdict:ipvs-filter-reject", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	tr, err := trace.ReadAll(strings.NewReader(out), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Flows) != stale {
+		t.Fatalf("%d flows re-diagnosed as ipvs-filter-reject, want %d", len(tr.Flows), stale)
+	}
+	for _, f := range tr.Flows {
+		if f.Explanation == "stale" || !strings.Contains(f.Explanation, "KUBE-IPVS-FILTER") {
+			t.Errorf("explanation not re-derived: %s", f.Explanation)
+		}
 	}
 }
 

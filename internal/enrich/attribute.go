@@ -40,15 +40,16 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 }
 
 // attribute finds the rule behind the flow's deciding event, or nil when
-// there is none to find or the rules are unknown.
-func attribute(f *trace.Flow, env Env) *trace.Rule {
+// there is none to find; known is false when the rules are unknown, so
+// nothing can be said either way.
+func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	ev, kind := decidingEvent(f)
 	if ev == nil {
-		return nil
+		return nil, true
 	}
 	pkt, ok := attributionPacket(f, ev, kind)
 	if !ok {
-		return nil
+		return nil, true
 	}
 	family := rules.IPv4
 	if pkt.Src.Addr().Is6() {
@@ -56,7 +57,7 @@ func attribute(f *trace.Flow, env Env) *trace.Rule {
 	}
 	rs := env.Ruleset(family)
 	if rs == nil {
-		return nil
+		return nil, false
 	}
 	act := rules.KernelAction{Kind: kind, Hook: hookOf(ev, kind, pkt, env)}
 	if kind == rules.ActionDNAT || kind == rules.ActionSNAT {
@@ -69,9 +70,9 @@ func attribute(f *trace.Flow, env Env) *trace.Rule {
 	}
 	at, err := rs.Attribute(pkt, env, act)
 	if err != nil || at == nil || at.Result == nil || !canExplain(at.Result.Outcome.Verdict, kind) {
-		return nil
+		return nil, true
 	}
-	return ruleRecord(at)
+	return ruleRecord(at), true
 }
 
 // canExplain: an ICMP error or a drop can come from outside netfilter (the

@@ -13,10 +13,15 @@ import (
 
 // Enrich fills a flow's rule, pods, Service, verdict and explanation from
 // its events and conntrack entry. It is the whole of re-diagnosis for a
-// recorded flow.
+// recorded flow: what the environment cannot tell (no rules, no metadata
+// in an old trace) keeps its recorded value.
 func Enrich(f *trace.Flow, env Env) {
 	slices.SortStableFunc(f.Events, func(a, b trace.Event) int { return a.Time.Compare(b.Time) })
-	f.Rule = attribute(f, env)
+	// A recorded rule stays when the snapshot's rules cannot say which one
+	// did it (the rules may have changed since; the kernel's event is fact).
+	if r, known := attribute(f, env); known && (r != nil || f.Rule == nil) {
+		f.Rule = r
+	}
 	names(f, env)
 	r := diagnose.Diagnose(f, env)
 	f.Verdict, f.Explanation = r.Verdict, r.Explanation
