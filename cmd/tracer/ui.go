@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/internal/tui"
+)
+
+func init() {
+	commands["ui"] = command{
+		summary: "live terminal UI on this node (the default command)",
+		run:     runUI,
+	}
+}
+
+func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o traceOptions
+	fs := newFlagSet("ui", stderr)
+	o.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := requireTerminal(); err != nil {
+		return err
+	}
+	cfg, _, err := o.pipelineConfig(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Command = "ui"
+	if err := preflight(); err != nil {
+		return err
+	}
+	p, err := live.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return showLive(ctx, p, o, "live", stderr)
+}
+
+// requireTerminal: the UI needs a terminal; pipes and files get a pointer
+// to the command that streams instead.
+func requireTerminal() error {
+	if !term.IsTerminal(int(os.Stdout.Fd())) || !term.IsTerminal(int(os.Stdin.Fd())) {
+		return usageError{fmt.Errorf("%w: use `tracer trace` (-o json for NDJSON) to stream flows to a pipe or file", tui.ErrNotTerminal)}
+	}
+	return nil
+}
+
+// showLive runs the pipeline into the UI's store until the user quits,
+// the context ends or --duration passes; --record gets the whole trace.
+func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, title string, stderr io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if o.duration > 0 {
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	var rec *trace.Writer
+	if o.record != "" {
+		var err error
+		if rec, err = trace.Create(o.record, p.Header()); err != nil {
+			return usagef("--record %s: %v", o.record, err)
+		}
+	}
+	if o.readyFile != "" {
+		if err := os.WriteFile(o.readyFile, []byte("ready\n"), 0o644); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	store := trace.NewStore()
+	var wg sync.WaitGroup
+	var sum trace.Summary
+	var runErr, recErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sum, runErr = p.Run(ctx, func(f *trace.Flow) {
+			store.Append(f)
+			if rec != nil && recErr == nil {
+				recErr = rec.WriteFlow(f)
+			}
+		}, nil)
+	}()
+	src := tui.Source{Header: p.Header(), Title: title, Store: store, Live: true, Stats: rateOf(p)}
+	uiErr := tui.Run(ctx, src, tui.Options{Filter: o.filter})
+	cancel()
+	wg.Wait()
+	if rec != nil {
+		rec.SetLost(sum.LostEvents, sum.LostByHook)
+		recErr = errors.Join(recErr, rec.Close())
+	}
+	if errors.Is(uiErr, tui.ErrNotTerminal) {
+		uiErr = usageError{uiErr}
+	}
+	return errors.Join(uiErr, runErr, recErr)
+}
+
+// rateOf turns the pipeline's counters into the header's events per second.
+func rateOf(p *live.Pipeline) func() tui.Stats {
+	var mu sync.Mutex
+	last, lastAt := uint64(0), time.Now()
+	rate := 0.0
+	return func() tui.Stats {
+		s := p.Stats()
+		mu.Lock()
+		defer mu.Unlock()
+		if dt := time.Since(lastAt).Seconds(); dt >= 1 {
+			rate = float64(s.Events-last) / dt
+			last, lastAt = s.Events, time.Now()
+		}
+		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost}
+	}
+}
