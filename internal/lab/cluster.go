@@ -180,9 +180,14 @@ func (c *cluster) built(n *node, traffic func(context.Context) ([]Expectation, e
 	if err != nil {
 		return nil, err
 	}
-	mode := "ipvs"
-	if !c.env.IPVS {
-		mode = "iptables stand-in for IPVS"
+	mode := "no kube-proxy"
+	for _, n := range c.nodes {
+		if n.kp != nil {
+			mode = "ipvs"
+			if !n.kp.ipvs {
+				mode = "iptables stand-in for IPVS"
+			}
+		}
 	}
 	return &Built{
 		Node:         n.ns,

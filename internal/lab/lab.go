@@ -79,8 +79,8 @@ type Built struct {
 	// -A -o json`, with the addresses the CNI plugins really assigned.
 	MetadataJSON []byte
 	NodeName     string
-	// Mode says how kube-proxy's service handling ran: "ipvs" or
-	// "iptables stand-in for IPVS".
+	// Mode says how kube-proxy's service handling ran: "ipvs", "iptables
+	// stand-in for IPVS" (kernel without IPVS), or "no kube-proxy".
 	Mode string
 	// Traffic makes the scenario's traffic; call it once tracing is attached.
 	Traffic func(ctx context.Context) ([]Expectation, error)

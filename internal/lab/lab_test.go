@@ -496,11 +496,31 @@ func checkExpectations(t *testing.T, exps []Expectation) {
 // mechanism the scenario claims (a rule's counter, a conntrack state, the
 // client's resets), not from some accident of the topology.
 var mechanisms = map[string]func(*testing.T, *Built){
-	"hostport-hijack-clusterip": func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
-	"hostport-vs-nodeport":      func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
-	"hostnetwork-vs-hostport":   func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
-	"ping-clusterip":            func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
-	"lb-port-outside-cluster":   func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
+	"hostport-hijack-clusterip": func(t *testing.T, b *Built) {
+		ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-")
+		if b.Mode == "ipvs" {
+			// mysql-a's virtual server never saw the connection.
+			if n := ipvsConns(t, b, "10.96.0.10:3306"); n != 0 {
+				t.Errorf("mysql-a's virtual server has %d connections, want 0", n)
+			}
+		}
+	},
+	"hostport-vs-nodeport":    func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
+	"hostnetwork-vs-hostport": func(t *testing.T, b *Built) { ruleHit(t, b, "nat", "-j DNAT --to-destination", "CNI-DN-") },
+	"ping-clusterip":          func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
+	"lb-port-outside-cluster": func(t *testing.T, b *Built) { ruleHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT") },
+	"ipvs-no-endpoint": func(t *testing.T, b *Built) {
+		// Refused, but not by KUBE-IPVS-FILTER: by the virtual server that
+		// has no real server.
+		ruleNotHit(t, b, "filter", "-A KUBE-IPVS-FILTER", "-j REJECT")
+		out, err := b.Node.Run("ipvsadm", "-Ln", "-t", "192.168.1.201:80")
+		if err != nil {
+			t.Fatalf("ipvsadm: %v", err)
+		}
+		if !strings.Contains(out, "192.168.1.201:80") || strings.Contains(out, "Masq") {
+			t.Errorf("want the virtual server without real servers:\n%s", out)
+		}
+	},
 	"return-path-etp-local": func(t *testing.T, b *Built) {
 		unreplied(t, b)
 		clientResets(t, b.Observe[1])
@@ -528,6 +548,39 @@ func ruleHit(t *testing.T, b *Built, table string, parts ...string) {
 		}
 	}
 	t.Errorf("no rule matching %q counted a packet:\n%s", parts, out)
+}
+
+func ruleNotHit(t *testing.T, b *Built, table string, parts ...string) {
+	t.Helper()
+	out, err := b.Node.Run("iptables-save", "-c", "-t", table)
+	if err != nil {
+		t.Fatalf("iptables-save: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if hasLine(line, parts...) && !strings.HasPrefix(line, "[0:") {
+			t.Errorf("rule counted packets: %s", line)
+		}
+	}
+}
+
+// ipvsConns is the connection count of a TCP virtual server.
+func ipvsConns(t *testing.T, b *Built, vs string) int {
+	t.Helper()
+	out, err := b.Node.Run("ipvsadm", "-Ln", "--stats", "-t", vs)
+	if err != nil {
+		t.Fatalf("ipvsadm: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "TCP" && f[1] == vs {
+			var n int
+			if _, err := fmt.Sscan(f[2], &n); err != nil {
+				t.Fatalf("ipvsadm conns %q: %v", f[2], err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no virtual server %s:\n%s", vs, out)
+	return 0
 }
 
 // unreplied: the DNAT'd connection's conntrack entry on the node never saw
