@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -263,3 +264,23 @@ func (t *table) replace(dump []Entry, now time.Time) []Entry {
 }
 
 func (t *table) len() (live, dead int) { return t.live.n, t.dead.n }
+
+// bySource lists the entries, live and recently destroyed, whose original
+// tuple leaves from src. It walks the whole table: it serves the rare
+// question "which of my connections does this stray packet answer?", never
+// the per-event path.
+func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time) []Entry {
+	var out []Entry
+	for _, l := range []*list{&t.live, &t.dead} {
+		for n := l.head; n != nil; n = n.next {
+			if n.e.Orig.Proto != proto || n.e.Orig.SrcAddrPort() != src {
+				continue
+			}
+			if n.dead && now.Sub(n.e.Seen) > t.retention {
+				continue
+			}
+			out = append(out, n.e)
+		}
+	}
+	return out
+}

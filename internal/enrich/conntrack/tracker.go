@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -433,4 +434,14 @@ func (t *Tracker) Close() error {
 		}
 	})
 	return t.closeErr
+}
+
+// BySource lists the connections whose original direction leaves from src:
+// how a reply from the wrong five-tuple is tied to the client connection it
+// was meant for.
+func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
+	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.tab.bySource(proto, src, t.now())
 }
