@@ -5,8 +5,18 @@ import (
 	"fmt"
 )
 
-// Scenarios lists the incidents in the order INCIDENTS.md tells them.
+// Scenarios lists the incidents in the order INCIDENTS.md tells them. Each
+// Shows ends with how the scenario runs on a kernel without IPVS, so a
+// listing says which kube-proxy mode a run used.
 func Scenarios() []Scenario {
+	all := scenarios()
+	for i := range all {
+		all[i].Shows += " Without IPVS: " + all[i].NoIPVS + "."
+	}
+	return all
+}
+
+func scenarios() []Scenario {
 	return []Scenario{
 		{
 			Name:  "hostport-hijack-clusterip",
