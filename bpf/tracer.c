@@ -28,7 +28,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define TCP_FLAG_RST 0x04
 
 /* Load-time configuration (rodata): the in-kernel filters. */
-const volatile __u32 cfg_netns = 0; /* 0: every namespace */
+const volatile __u32 cfg_nnetns = 0; /* 0: every namespace */
+const volatile __u32 cfg_netns[MAX_FILTER_NETNS] = {};
 const volatile __u32 cfg_proto_mask = 0; /* bit (1 << proto class); 0: all */
 const volatile __u32 cfg_nports = 0;
 const volatile __u16 cfg_ports[MAX_FILTER_PORTS] = {};
@@ -116,11 +117,24 @@ static __always_inline bool tuple_has_port(const struct tuple *t)
 	return t->family && (port_in(t->sport) || port_in(t->dport));
 }
 
+static __always_inline bool netns_wanted(__u32 ns)
+{
+	if (!cfg_nnetns)
+		return true;
+	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
+		if (i >= cfg_nnetns)
+			break;
+		if (cfg_netns[i] == ns)
+			return true;
+	}
+	return false;
+}
+
 /* The load-time filter: every configured term must match some part of the
  * event (packet, conntrack tuples or NAT target). */
 static __always_inline bool wanted(const struct event *e)
 {
-	if (cfg_netns && e->netns != cfg_netns)
+	if (!netns_wanted(e->netns))
 		return false;
 	if (cfg_proto_mask) {
 		__u8 proto = e->pkt.family ? e->pkt.proto : e->orig.proto;
@@ -633,7 +647,7 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 			return 0;
 	}
 	__u32 ns = skb_netns(skb);
-	if (cfg_netns && ns != cfg_netns)
+	if (!netns_wanted(ns))
 		return 0;
 	struct event *e = reserve(KIND_DROP, HOOK_KFREE_SKB, VIA_TRACEPOINT);
 	if (!e)

@@ -94,3 +94,4 @@ struct prefix {
 
 #define MAX_FILTER_PORTS 8
 #define MAX_FILTER_PREFIXES 4
+#define MAX_FILTER_NETNS 4

@@ -117,7 +117,7 @@ func (o *traceOptions) pipelineConfig(ctx context.Context, stderr io.Writer) (li
 		if err != nil {
 			return cfg, flt, usagef("--netns %s: %v", path, err)
 		}
-		cfg.Loader.Netns = ino
+		cfg.Loader.Netns = []uint32{ino}
 	}
 	cfg.NodeName = o.node
 	if cfg.NodeName == "" {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -25,9 +26,13 @@ import (
 // Config is what to observe and with which metadata.
 type Config struct {
 	Loader loader.Config
-	// NetnsPath is the observed namespace for conntrack and node state
-	// ("" is the caller's).
+	// NetnsPath is the observed node's namespace, for conntrack and node
+	// state ("" is the caller's).
 	NetnsPath string
+	// PeerNetns are further namespaces whose conntrack the join reads (a
+	// client's, to tie a stray reply to its connection); the loader must
+	// observe them too.
+	PeerNetns []string
 	NodeName  string
 	// Metadata names pods and Services; nil runs without.
 	Metadata enrich.Metadata
@@ -55,7 +60,7 @@ type Stats struct {
 type Pipeline struct {
 	cfg     Config
 	tracer  *loader.Tracer
-	ct      *conntrack.Tracker
+	ct      multiConntrack
 	watcher *node.Watcher
 	header  trace.Header
 
@@ -78,9 +83,13 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
-	if p.ct, err = conntrack.Open(ctx, cfg.NetnsPath); err != nil {
-		p.warn("conntrack unavailable, flows carry only what the kernel events say: %v", err)
-		p.ct = nil
+	for _, path := range append([]string{cfg.NetnsPath}, cfg.PeerNetns...) {
+		ct, err := conntrack.Open(ctx, path)
+		if err != nil {
+			p.warn("conntrack of %s unavailable, its flows carry only what the kernel events say: %v", orCaller(path), err)
+			continue
+		}
+		p.ct = append(p.ct, ct)
 	}
 	if p.watcher, err = node.Watch(ctx, cfg.NetnsPath); err != nil {
 		p.warn("node state unavailable, no rule attribution: %v", err)
@@ -183,7 +192,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		sum.Verdicts[f.Verdict]++
 		emit(f)
 	}}
-	if p.ct != nil {
+	if len(p.ct) > 0 {
 		j.CT = p.ct
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -242,12 +251,40 @@ func (p *Pipeline) Close() error {
 	var errs []error
 	p.closeOnce.Do(func() {
 		errs = append(errs, p.tracer.Close())
-		if p.ct != nil {
-			errs = append(errs, p.ct.Close())
+		for _, ct := range p.ct {
+			errs = append(errs, ct.Close())
 		}
 		if p.watcher != nil {
 			errs = append(errs, p.watcher.Close())
 		}
 	})
 	return errors.Join(errs...)
+}
+
+func orCaller(path string) string {
+	if path == "" {
+		return "this namespace"
+	}
+	return path
+}
+
+// multiConntrack reads the conntrack tables of several namespaces: a
+// five-tuple names one connection in one of them.
+type multiConntrack []*conntrack.Tracker
+
+func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
+	for _, t := range m {
+		if e, ok := t.Lookup(tu); ok {
+			return e, true
+		}
+	}
+	return conntrack.Entry{}, false
+}
+
+func (m multiConntrack) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
+	var out []conntrack.Entry
+	for _, t := range m {
+		out = append(out, t.BySource(proto, src)...)
+	}
+	return out
 }

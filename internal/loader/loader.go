@@ -23,9 +23,9 @@ import (
 
 // Config selects what the kernel side reports.
 type Config struct {
-	// Netns is the inode of the network namespace to observe; 0 means all.
-	// Kernel-wide hooks are filtered to it in the kernel.
-	Netns uint32
+	// Netns are the inodes of the network namespaces to observe (at most
+	// four); none means all. Kernel-wide hooks are filtered in the kernel.
+	Netns []uint32
 	// NetnsPaths are where netfilter-tier links attach (they are per
 	// namespace); none means the caller's namespace.
 	NetnsPaths []string
@@ -42,12 +42,16 @@ type Config struct {
 const (
 	maxPorts    = 8 // MAX_FILTER_PORTS
 	maxPrefixes = 4 // MAX_FILTER_PREFIXES
+	maxNetns    = 4 // MAX_FILTER_NETNS
 )
 
 // Validate checks the filters fit the kernel side.
 func (c Config) Validate() error {
 	if len(c.Ports) > maxPorts {
 		return fmt.Errorf("at most %d ports can be filtered in the kernel, got %d", maxPorts, len(c.Ports))
+	}
+	if len(c.Netns) > maxNetns {
+		return fmt.Errorf("at most %d network namespaces can be observed at once, got %d", maxNetns, len(c.Netns))
 	}
 	if len(c.Prefixes) > maxPrefixes {
 		return fmt.Errorf("at most %d address prefixes can be filtered in the kernel, got %d", maxPrefixes, len(c.Prefixes))
@@ -159,6 +163,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		return nil
 	}
+	var netns [maxNetns]uint32
+	copy(netns[:], cfg.Netns)
 	var ports [maxPorts]uint16
 	copy(ports[:], cfg.Ports)
 	var prefixes [maxPrefixes]tracerPrefix
@@ -170,7 +176,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		protoMask |= protoClass(p)
 	}
 	for name, v := range map[string]any{
-		"cfg_netns":      cfg.Netns,
+		"cfg_nnetns":     uint32(len(cfg.Netns)),
+		"cfg_netns":      netns,
 		"cfg_proto_mask": protoMask,
 		"cfg_nports":     uint32(len(cfg.Ports)),
 		"cfg_ports":      ports,

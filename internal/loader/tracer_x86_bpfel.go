@@ -120,6 +120,7 @@ const (
 	tracerProgTrRstTp3      = "tr_rst_tp3"
 	tracerVarCfgNetns       = "cfg_netns"
 	tracerVarCfgNfRoles     = "cfg_nf_roles"
+	tracerVarCfgNnetns      = "cfg_nnetns"
 	tracerVarCfgNports      = "cfg_nports"
 	tracerVarCfgNprefixes   = "cfg_nprefixes"
 	tracerVarCfgPorts       = "cfg_ports"
@@ -207,6 +208,7 @@ type tracerMapSpecs struct {
 type tracerVariableSpecs struct {
 	CfgNetns     *ebpf.VariableSpec `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.VariableSpec `ebpf:"cfg_nf_roles"`
+	CfgNnetns    *ebpf.VariableSpec `ebpf:"cfg_nnetns"`
 	CfgNports    *ebpf.VariableSpec `ebpf:"cfg_nports"`
 	CfgNprefixes *ebpf.VariableSpec `ebpf:"cfg_nprefixes"`
 	CfgPorts     *ebpf.VariableSpec `ebpf:"cfg_ports"`
@@ -254,6 +256,7 @@ func (m *tracerMaps) Close() error {
 type tracerVariables struct {
 	CfgNetns     *ebpf.Variable `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.Variable `ebpf:"cfg_nf_roles"`
+	CfgNnetns    *ebpf.Variable `ebpf:"cfg_nnetns"`
 	CfgNports    *ebpf.Variable `ebpf:"cfg_nports"`
 	CfgNprefixes *ebpf.Variable `ebpf:"cfg_nprefixes"`
 	CfgPorts     *ebpf.Variable `ebpf:"cfg_ports"`
