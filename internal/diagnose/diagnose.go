@@ -33,6 +33,9 @@ type Env interface {
 	Listener(proto string, dst netip.AddrPort) (trace.Listener, bool)
 	// PodNode is the node a pod runs on, or "".
 	PodNode(p trace.PodRef) string
+	// HostNetworkPod is the hostNetwork pod on this node declaring the
+	// port: who owns a host listener.
+	HostNetworkPod(proto string, port uint16) (trace.PodRef, bool)
 	// Service gives the full Service the flow addressed, if known.
 	Service(ref trace.ServiceRef) (trace.Service, bool)
 }

@@ -51,6 +51,12 @@ func (e *fakeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bo
 	return l, ok
 }
 func (e *fakeEnv) PodNode(p trace.PodRef) string { return e.podNodes[p.Namespace+"/"+p.Name] }
+func (e *fakeEnv) HostNetworkPod(proto string, port uint16) (trace.PodRef, bool) {
+	if proto == "tcp" && port == 80 {
+		return trace.PodRef{Namespace: "ingress", Name: "ingress-agent"}, true
+	}
+	return trace.PodRef{}, false
+}
 func (e *fakeEnv) Service(r trace.ServiceRef) (trace.Service, bool) {
 	s, ok := e.services[r.Namespace+"/"+r.Name]
 	return s, ok
@@ -119,7 +125,7 @@ func TestHostportHijackOfClusterIP(t *testing.T) {
 func TestHostportHijackOfHostListener(t *testing.T) {
 	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:80", "10.244.1.5:80", "dnat")
 	f.Rule = portmapRule
-	check(t, f, trace.VerdictHostportHijack, "host listener on 0.0.0.0:80 (nginx-ingress)", "pick one")
+	check(t, f, trace.VerdictHostportHijack, "host listener on 0.0.0.0:80 (hostNetwork pod ingress/ingress-agent)", "pick one")
 	if r := Diagnose(flowHijackVIP(), newEnv()); strings.Contains(r.Explanation, "pick one") {
 		t.Errorf("listener advice given without a listener: %s", r.Explanation)
 	}
@@ -202,7 +208,7 @@ func TestReturnPathOnClient(t *testing.T) {
 func TestStackResetAndDrop(t *testing.T) {
 	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:9999", "10.0.0.2:9999", "reset")
 	f.Events[0].Packet = &trace.Tuple{Src: "10.0.0.1:40000", Dst: "10.0.0.2:9999"}
-	check(t, f, trace.VerdictReset, "NO_SOCKET", "Nothing listens on 10.0.0.2:9999")
+	check(t, f, trace.VerdictReset, "NO_SOCKET", "no socket listens on 10.0.0.2:9999")
 	f = flow("tcp", "10.0.0.1:40000", "10.0.0.2:22", "", "drop")
 	f.Rule = &trace.Rule{Table: "filter", Chain: "INPUT", Text: "-A INPUT -p tcp --dport 22 -j DROP"}
 	check(t, f, trace.VerdictDropped, "NETFILTER_DROP", "-A INPUT -p tcp --dport 22 -j DROP")
@@ -218,4 +224,12 @@ func flowHijackVIP() *trace.Flow {
 	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
 	f.Rule = portmapRule
 	return f
+}
+
+// A drop whose rule is a REJECT is the REJECT's drop (its reset or ICMP
+// may go out unseen, e.g. for bridged packets).
+func TestDropByRejectRuleIsRejected(t *testing.T) {
+	f := flow("tcp", "10.244.1.2:40000", "10.244.2.2:9000", "", "drop")
+	f.Rule = &trace.Rule{Table: "filter", Chain: "LAB-POLICY", Text: "-A LAB-POLICY -p tcp --dport 9000 -j REJECT --reject-with tcp-reset"}
+	check(t, f, trace.VerdictRejected, "REJECT rule", "tcp-reset")
 }

@@ -127,7 +127,9 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	l, listener := d.env.Listener(d.f.Proto, dst)
 	if listener {
 		who := l.Address
-		if l.Process != "" {
+		if pod, ok := d.env.HostNetworkPod(d.f.Proto, dst.Port()); ok {
+			who += " (hostNetwork pod " + podName(&pod) + ")"
+		} else if l.Process != "" {
 			who += " (" + l.Process + ")"
 		}
 		bypassed = append(bypassed, "the host listener on "+who)
@@ -242,16 +244,19 @@ func (d *diagnosis) generic() (Result, bool) {
 				d.ruleEvidence(),
 			)}, true
 		}
-		reason := ""
-		if ev.Reason != "" {
-			reason = " (kernel reason " + ev.Reason + ")"
-		}
 		return Result{trace.VerdictReset, sentences(
-			fmt.Sprintf("reset: the TCP stack answered %s from %s with a reset%s", d.target(), d.f.Orig.Src, reason),
-			d.resetHint(ev),
+			fmt.Sprintf("reset: the TCP stack answered %s from %s with a reset%s", d.target(), d.f.Orig.Src, resetWhy(ev.Reason, d.wentTo())),
 		)}, true
 	}
 	if ev := d.event("drop"); ev != nil {
+		if r := d.f.Rule; r != nil && strings.Contains(r.Text, "-j REJECT") {
+			// REJECT drops the packet after answering it; the answer itself
+			// was not seen (a bridged packet's reset goes straight out).
+			return Result{trace.VerdictRejected, sentences(
+				fmt.Sprintf("rejected: %s from %s was refused by a REJECT rule, which dropped the packet", d.target(), d.f.Orig.Src),
+				d.ruleEvidence(),
+			)}, true
+		}
 		return Result{trace.VerdictDropped, sentences(
 			fmt.Sprintf("dropped: a packet of %s from %s was dropped, reason %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "unknown (this kernel gives none)")),
 			d.ruleEvidence(),
@@ -260,11 +265,17 @@ func (d *diagnosis) generic() (Result, bool) {
 	return Result{}, false
 }
 
-func (d *diagnosis) resetHint(ev *trace.Event) string {
-	if ev.Reason == "NO_SOCKET" || ev.Reason == "" {
-		return "Nothing listens on " + d.wentTo().String()
+// resetWhy says why the stack reset, from the kernel's RST reason.
+func resetWhy(reason string, to interface{ String() string }) string {
+	switch reason {
+	case "NO_SOCKET", "":
+		s := ": no socket listens on " + to.String()
+		if reason != "" {
+			s += " (kernel reason " + reason + ")"
+		}
+		return s
 	}
-	return ""
+	return " (kernel reason " + reason + ")"
 }
 
 func orDefault(s, def string) string {

@@ -87,3 +87,11 @@ func serviceRecord(s meta.ServiceInfo) trace.Service {
 	}
 	return out
 }
+
+func (m *IndexMetadata) HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool) {
+	p, ok := m.idx.HostNetworkPod(proto, port, node)
+	if !ok {
+		return trace.PodRef{}, false
+	}
+	return p.Ref(), true
+}

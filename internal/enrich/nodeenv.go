@@ -21,6 +21,8 @@ type Metadata interface {
 	// (so NodePorts apply).
 	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool)
 	Service(ref trace.ServiceRef) (trace.Service, bool)
+	// HostNetworkPod is the hostNetwork pod on node declaring the port.
+	HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool)
 }
 
 // NodeEnv is an Env built from a node snapshot (the trace header's, or one
@@ -182,6 +184,10 @@ func (e *NodeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bo
 
 func (e *NodeEnv) PodNode(p trace.PodRef) string { return e.meta.PodNode(p) }
 
+func (e *NodeEnv) HostNetworkPod(proto string, port uint16) (trace.PodRef, bool) {
+	return e.meta.HostNetworkPod(proto, port, e.name)
+}
+
 func (e *NodeEnv) Service(ref trace.ServiceRef) (trace.Service, bool) { return e.meta.Service(ref) }
 
 func (e *NodeEnv) IsLocal(a netip.Addr) (bool, error) { return e.node.IsLocal(a) }
@@ -215,3 +221,6 @@ func (noMetadata) ServiceByAddr(netip.Addr, uint16, string, bool) (trace.Service
 	return trace.ServiceRef{}, false
 }
 func (noMetadata) Service(trace.ServiceRef) (trace.Service, bool) { return trace.Service{}, false }
+func (noMetadata) HostNetworkPod(string, uint16, string) (trace.PodRef, bool) {
+	return trace.PodRef{}, false
+}

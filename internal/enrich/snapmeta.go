@@ -92,3 +92,13 @@ func portName(sp trace.ServicePort) string {
 func itoa(n uint16) string {
 	return netip.AddrPortFrom(netip.IPv4Unspecified(), n).String()[len("0.0.0.0:"):]
 }
+
+func (m *SnapshotMetadata) HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool) {
+	want := strings.ToLower(proto) + "/" + itoa(port)
+	for _, p := range m.pods {
+		if p.HostNetwork && p.Node == node && slices.Contains(p.HostPorts, want) {
+			return trace.PodRef{Namespace: p.Namespace, Name: p.Name}, true
+		}
+	}
+	return trace.PodRef{}, false
+}

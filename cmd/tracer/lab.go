@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/lab"
+	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/meta"
+	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/internal/tui"
+)
+
+func init() {
+	commands["lab"] = command{
+		summary: "build the incident lab in throwaway network namespaces, make its traffic, and trace it",
+		run:     runLab,
+	}
+}
+
+// labCheck is one expectation of a scenario and what the tracer reported
+// for it: the -o json output's "lab" records, and the exit code.
+type labCheck struct {
+	lab.Expectation
+	Got         string   `json:"got,omitempty"` // the verdict of the matching flow
+	Explanation string   `json:"explanation,omitempty"`
+	Missing     []string `json:"missing_facts,omitempty"`
+	OK          bool     `json:"ok"`
+}
+
+// labResult is the "lab" record closing each scenario's trace.
+type labResult struct {
+	Type     string     `json:"type"` // "lab"
+	Scenario string     `json:"scenario"`
+	Mode     string     `json:"mode,omitempty"`
+	Skipped  string     `json:"skipped,omitempty"`
+	Checks   []labCheck `json:"checks,omitempty"`
+	OK       bool       `json:"ok"`
+}
+
+type labOptions struct {
+	output string
+	list   bool
+	record string
+	linger time.Duration
+}
+
+func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o labOptions
+	fs := newFlagSet("lab", stderr)
+	fs.StringVar(&o.output, "o", "ui", "output: ui (watch the lab in the terminal UI) or json (NDJSON: each scenario's trace and a lab record of what was checked)")
+	fs.BoolVar(&o.list, "list", false, "list the scenarios")
+	fs.StringVar(&o.record, "record", "", "also write the flows of every scenario as one trace to `FILE`")
+	fs.DurationVar(&o.linger, "linger", enrich.DefaultLinger, "how long a flow waits for more of its events")
+	names, err := parseLabArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if o.list {
+		return listScenarios(stdout)
+	}
+	if o.output != "ui" && o.output != "json" {
+		return usagef("-o %q: want ui or json", o.output)
+	}
+	scenarios, err := pickScenarios(names)
+	if err != nil {
+		return err
+	}
+	if o.output == "ui" {
+		if err := requireTerminal(); err != nil {
+			return err
+		}
+	}
+	if err := preflight(); err != nil {
+		return err
+	}
+	// A crashed run leaves namespaces behind: remove them first.
+	if err := lab.Cleanup(); err != nil {
+		return fmt.Errorf("remove an earlier lab: %w", err)
+	}
+	env, err := lab.NewEnv()
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return labJSON(ctx, env, scenarios, o, stdout, stderr)
+	}
+	return labUI(ctx, env, scenarios, o, stderr)
+}
+
+func parseLabArgs(fs interface {
+	Parse([]string) error
+	Args() []string
+}, args []string) ([]string, error) {
+	var names []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if strings.Contains(err.Error(), "help requested") {
+				return nil, errHelp
+			}
+			return nil, usageError{err}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return names, nil
+		}
+		names, args = append(names, rest[0]), rest[1:]
+	}
+}
+
+func listScenarios(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tSHOWS")
+	for _, s := range lab.Scenarios() {
+		shows := s.Title
+		if s.NeedsIPVS {
+			shows += " (needs IPVS)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", s.Name, shows)
+	}
+	return tw.Flush()
+}
+
+func pickScenarios(names []string) ([]lab.Scenario, error) {
+	if len(names) == 0 {
+		return lab.Scenarios(), nil
+	}
+	var out []lab.Scenario
+	for _, n := range names {
+		s, ok := lab.Lookup(n)
+		if !ok {
+			return nil, usagef("no scenario %q: `tracer lab --list` lists them", n)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// labRun is one scenario built, traced and checked.
+type labRun struct {
+	header  trace.Header
+	flows   []*trace.Flow
+	summary trace.Summary
+	result  labResult
+}
+
+// runScenario builds a scenario, traces its namespaces while its traffic
+// runs, waits for the last flows to be diagnosed, and checks them against
+// what the scenario expects. emit sees each flow as it is diagnosed.
+func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOptions, emit func(*trace.Flow)) (*labRun, error) {
+	run := &labRun{result: labResult{Type: "lab", Scenario: sc.Name}}
+	built, err := sc.Build(ctx, env)
+	if errors.Is(err, lab.ErrNeedsIPVS) {
+		run.result.Skipped = err.Error()
+		run.result.OK = true
+		return run, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build scenario %s: %w", sc.Name, err)
+	}
+	defer built.Close()
+	run.result.Mode = built.Mode
+	cfg, err := labConfig(built, o)
+	if err != nil {
+		return nil, err
+	}
+	p, err := live.Start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	run.header = p.Header()
+
+	tctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		run.summary, runErr = p.Run(tctx, func(f *trace.Flow) {
+			run.flows = append(run.flows, f)
+			if emit != nil {
+				emit(f)
+			}
+		}, nil)
+	}()
+	exps, trafficErr := built.Traffic(ctx)
+	// Unreplied connections are only known to be unreplied once their
+	// linger has passed: wait it out, plus a margin for late events.
+	select {
+	case <-time.After(o.linger + 1500*time.Millisecond):
+	case <-ctx.Done():
+	}
+	stop()
+	wg.Wait()
+	if err := errors.Join(trafficErr, runErr); err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", sc.Name, err)
+	}
+	run.result.Checks, run.result.OK = checkExpectations(exps, run.flows)
+	return run, nil
+}
+
+// labConfig observes the scenario's node and the other namespaces it names
+// (a client's, for the return path), with its pods and Services as
+// metadata.
+func labConfig(b *lab.Built, o labOptions) (live.Config, error) {
+	cfg := live.Config{NetnsPath: b.Node.Path(), NodeName: b.NodeName, Linger: o.linger, Command: "lab"}
+	for _, ns := range b.Observe {
+		ino, err := ns.Inode()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Loader.Netns = append(cfg.Loader.Netns, ino)
+		cfg.Loader.NetnsPaths = append(cfg.Loader.NetnsPaths, ns.Path())
+		if ns.Path() != b.Node.Path() {
+			cfg.PeerNetns = append(cfg.PeerNetns, ns.Path())
+		}
+	}
+	idx, err := metadataFromBytes(b.MetadataJSON)
+	if err != nil {
+		return cfg, fmt.Errorf("lab metadata: %w", err)
+	}
+	cfg.Metadata = enrich.NewIndexMetadata(idx)
+	cfg.MetadataSnapshot = idx.Snapshot
+	return cfg, nil
+}
+
+func metadataFromBytes(b []byte) (meta.Index, error) {
+	f, err := os.CreateTemp("", "tracer-lab-metadata-*.json")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	return meta.LoadFile(f.Name())
+}
+
+// checkExpectations finds, for each expectation, a flow with its tuple and
+// verdict whose explanation names every expected fact.
+func checkExpectations(exps []lab.Expectation, flows []*trace.Flow) ([]labCheck, bool) {
+	allOK := true
+	var out []labCheck
+	for _, e := range exps {
+		c := labCheck{Expectation: e}
+		for _, f := range flows {
+			if f.Proto != e.Proto || f.Orig.Src != e.Src || f.Orig.Dst != e.Dst {
+				continue
+			}
+			missing := missingFacts(f.Explanation, e.Facts)
+			if c.Got == "" || f.Verdict == e.Verdict && (c.Got != e.Verdict || len(missing) < len(c.Missing)) {
+				c.Got, c.Explanation, c.Missing = f.Verdict, f.Explanation, missing
+			}
+		}
+		c.OK = c.Got == e.Verdict && len(c.Missing) == 0
+		if c.Got == "" && e.Verdict == trace.VerdictOK {
+			// Untranslated, unrejected traffic is no decision at all: the
+			// tracer rightly reports nothing, which is no false alarm.
+			c.OK, c.Explanation = true, "no kernel decision to report"
+		}
+		allOK = allOK && c.OK
+		out = append(out, c)
+	}
+	return out, allOK
+}
+
+func missingFacts(explanation string, facts []string) []string {
+	var missing []string
+	low := strings.ToLower(explanation)
+	for _, f := range facts {
+		if !strings.Contains(low, strings.ToLower(f)) {
+			missing = append(missing, f)
+		}
+	}
+	return missing
+}
+
+// labJSON runs each scenario and writes its trace (header, flows, summary)
+// and its lab record. It fails when any expectation was not met.
+func labJSON(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, stdout, stderr io.Writer) error {
+	enc := json.NewEncoder(stdout)
+	failed := 0
+	for _, sc := range scs {
+		run, err := runScenario(ctx, env, sc, o, nil)
+		if err != nil {
+			return err
+		}
+		if run.result.Skipped == "" {
+			if err := writeTrace(stdout, run); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(stderr, "tracer: lab %s skipped: %s\n", sc.Name, run.result.Skipped)
+		}
+		if err := enc.Encode(run.result); err != nil {
+			return err
+		}
+		if !run.result.OK {
+			failed++
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("lab: %d scenario(s) did not show what they should", failed)
+	}
+	return nil
+}
+
+func writeTrace(w io.Writer, run *labRun) error {
+	tw, err := trace.NewWriter(w, run.header)
+	if err != nil {
+		return err
+	}
+	for _, f := range run.flows {
+		if err := tw.WriteFlow(f); err != nil {
+			return err
+		}
+	}
+	tw.SetLost(run.summary.LostEvents, run.summary.LostByHook)
+	return tw.Close()
+}
+
+// labUI runs the scenarios one after another into one UI, which stays
+// open until the user quits; `make demo` runs this.
+func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, stderr io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	store := trace.NewStore()
+	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: "lab", Kernel: live.KernelRelease(), Started: time.Now().UTC(), Command: "lab"}
+	var rec *trace.Writer
+	var mu sync.Mutex
+	var labErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, sc := range scs {
+			run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) })
+			mu.Lock()
+			if err != nil {
+				labErr = errors.Join(labErr, err)
+			}
+			mu.Unlock()
+			if err != nil || ctx.Err() != nil {
+				return
+			}
+			if o.record != "" && run.result.Skipped == "" {
+				if rec == nil {
+					h := run.header
+					h.Command = "lab"
+					if rec, err = trace.Create(o.record, h); err != nil {
+						return
+					}
+				}
+				for _, f := range run.flows {
+					rec.WriteFlow(f)
+				}
+			}
+		}
+	}()
+	uiErr := tui.Run(ctx, tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true}, tui.Options{})
+	cancel()
+	<-done
+	if rec != nil {
+		labErr = errors.Join(labErr, rec.Close())
+	}
+	if errors.Is(uiErr, tui.ErrNotTerminal) {
+		uiErr = usageError{uiErr}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if errors.Is(labErr, context.Canceled) {
+		labErr = nil
+	}
+	return errors.Join(uiErr, labErr)
+}
+
+func scenarioNames(scs []lab.Scenario) string {
+	var n []string
+	for _, s := range scs {
+		n = append(n, s.Name)
+	}
+	return strings.Join(n, ", ")
+}
