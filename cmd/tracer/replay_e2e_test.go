@@ -78,6 +78,7 @@ func TestReplayEndToEndInTmux(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed: cannot drive the UI in a terminal")
 	}
+	skipInVM(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "tracer")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

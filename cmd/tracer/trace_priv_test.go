@@ -17,6 +17,16 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
+// skipInVM: tests that build and drive the binary are about the binary,
+// not the kernel; the VM matrix runs the kernel-dependent tests only
+// (building Go under emulation would cost minutes).
+func skipInVM(t *testing.T) {
+	t.Helper()
+	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
+		t.Skipf("binary end-to-end test: runs on the host tier, not in the %s VM", k)
+	}
+}
+
 // buildTracer compiles the real binary once per test.
 func buildTracer(t *testing.T) string {
 	t.Helper()
@@ -39,6 +49,7 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("privileged tier: needs root")
 	}
+	skipInVM(t)
 	bin := buildTracer(t)
 	lab, err := netlab.New("trcmd")
 	if err != nil {
