@@ -15,6 +15,7 @@ import (
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/internal/tui"
@@ -343,6 +344,12 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 	defer cancel()
 	store := trace.NewStore()
 	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: "lab", Kernel: live.KernelRelease(), Started: time.Now().UTC(), Command: "lab"}
+	// The scenarios attach one after another; the header shows the plan
+	// every one of them gets.
+	if t, err := loader.Open(loader.Config{}); err == nil {
+		hdr.Hooks = live.HookRecords(t.Plan)
+		t.Close()
+	}
 	var rec *trace.Writer
 	var mu sync.Mutex
 	var labErr error
