@@ -16,6 +16,11 @@ import (
 // by the time its reset or drop is explained.
 const DefaultRetention = 10 * time.Minute
 
+// createdSkew is how much later than an event a pod may have been created
+// and still own the event's address: creation times come from the API
+// server's clock, event times from this node's.
+const createdSkew = 30 * time.Second
+
 // store is the index every source fills. Stored *PodInfo and *ServiceInfo
 // are never modified after insertion (an update replaces the pointer), so
 // queries can return copies without copying their slices.
@@ -288,6 +293,9 @@ func (s *store) PodByIP(a netip.Addr, at time.Time) (PodInfo, bool) {
 		if gone := p.gone(); !gone.IsZero() && !gone.After(at) {
 			continue // gone before the event
 		}
+		if p.Created.After(at.Add(createdSkew)) {
+			continue // created after the event
+		}
 		if best == nil || betterAt(p, best, at) {
 			best = p
 		}
@@ -312,8 +320,7 @@ func (p *PodInfo) gone() time.Time {
 
 // betterAt reports whether p is a better owner of an address at time at than
 // q, both alive at that time: a pod created by then beats one created later
-// (which can only match through clock skew between the API server and this
-// node), a running pod beats a finished one whose end is unknown (its IP is
+// (which can only match through clock skew, see createdSkew), a running pod beats a finished one whose end is unknown (its IP is
 // free for reuse), and otherwise the newest wins.
 func betterAt(p, q *PodInfo, at time.Time) bool {
 	pBy, qBy := !p.Created.After(at), !q.Created.After(at)
