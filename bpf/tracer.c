@@ -119,8 +119,8 @@ static __always_inline bool tuple_has_port(const struct tuple *t)
 
 static __always_inline bool netns_wanted(__u32 ns)
 {
-	if (!cfg_nnetns)
-		return true;
+	if (!cfg_nnetns || !ns)
+		return true; /* 0: the namespace could not be read */
 	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
 		if (i >= cfg_nnetns)
 			break;
@@ -441,6 +441,45 @@ int BPF_KPROBE(tr_ipvs_kprobe, const struct ip_vs_conn_param *p, int dest_af,
 	return on_ipvs_conn_new(p, dest_af, daddr, dport, flags, VIA_KPROBE);
 }
 
+/* Kernels without module BTF (5.10) cannot relocate the ip_vs types: these
+ * variants read struct ip_vs_conn_param by its layout, unchanged since
+ * 4.x (ipvs, caddr, vaddr, cport, vport, protocol, af). The namespace is
+ * not reachable without BTF (struct netns_ipvs varies): it is reported as 0,
+ * unknown, and such events pass the namespace filter. */
+SEC("kprobe/ip_vs_conn_new")
+int BPF_KPROBE(tr_ipvs_kraw, const void *p, int dest_af, const union nf_inet_addr *daddr, __be16 dport,
+	       unsigned int flags)
+{
+	if (!p || (flags & IP_VS_CONN_F_TEMPLATE))
+		return 0;
+	struct event *e = reserve(KIND_IPVS, HOOK_IPVS_CONN_NEW, VIA_KPROBE);
+	if (!e)
+		return 0;
+	const union nf_inet_addr *caddr = NULL, *vaddr = NULL;
+	__u16 af = 0, proto = 0;
+	bpf_probe_read_kernel(&caddr, sizeof(caddr), p + 8);
+	bpf_probe_read_kernel(&vaddr, sizeof(vaddr), p + 16);
+	bpf_probe_read_kernel(&e->orig.sport, 2, p + 24);
+	bpf_probe_read_kernel(&e->orig.dport, 2, p + 26);
+	bpf_probe_read_kernel(&proto, 2, p + 28);
+	bpf_probe_read_kernel(&af, 2, p + 30);
+	if (af != AF_INET && af != AF_INET6) {
+		bpf_ringbuf_discard(e, 0);
+		return 0;
+	}
+	e->orig.family = af;
+	e->orig.proto = proto;
+	read_inet(e->orig.src, caddr, af);
+	read_inet(e->orig.dst, vaddr, af);
+	e->to.family = dest_af;
+	e->to.proto = e->orig.proto;
+	read_inet(e->to.src, daddr, dest_af);
+	e->to.sport = dport;
+	e->reason = flags;
+	finish(e);
+	return 0;
+}
+
 /* ---- ip_vs_leave: a virtual server found no real server ---- */
 
 static __always_inline int on_ipvs_leave(struct ip_vs_service *svc, struct sk_buff *skb, __u8 via)
@@ -473,6 +512,23 @@ SEC("kprobe/ip_vs_leave")
 int BPF_KPROBE(tr_ipvsl_kprobe, struct ip_vs_service *svc, struct sk_buff *skb)
 {
 	return on_ipvs_leave(svc, skb, VIA_KPROBE);
+}
+
+/* Without module BTF: the packet itself says which virtual server it was
+ * addressed to, and the skb (a vmlinux type) its namespace. */
+SEC("kprobe/ip_vs_leave")
+int BPF_KPROBE(tr_ipvsl_kraw, void *svc, struct sk_buff *skb)
+{
+	if (!skb)
+		return 0;
+	struct event *e = reserve(KIND_IPVS_NO_DEST, HOOK_IPVS_LEAVE, VIA_KPROBE);
+	if (!e)
+		return 0;
+	read_skb(&e->pkt, skb);
+	e->orig = e->pkt;
+	e->netns = skb_netns(skb);
+	finish(e);
+	return 0;
 }
 
 /* ---- __icmp_send: REJECT and every other ICMP error ---- */

@@ -51,10 +51,13 @@ var ladders = map[event.Hook][]rung{
 	event.HookIPVSConnNew: {
 		{via: event.ViaFentry, prog: "tr_ipvs_fentry", target: "ip_vs_conn_new", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_ipvs_kprobe", target: "ip_vs_conn_new", attach: kprobe},
+		// Kernels without module BTF (5.10): fixed layout, namespace unknown.
+		{via: event.ViaKprobe, prog: "tr_ipvs_kraw", target: "ip_vs_conn_new", attach: kprobe},
 	},
 	event.HookIPVSLeave: {
 		{via: event.ViaFentry, prog: "tr_ipvsl_fentry", target: "ip_vs_leave", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_ipvsl_kprobe", target: "ip_vs_leave", attach: kprobe},
+		{via: event.ViaKprobe, prog: "tr_ipvsl_kraw", target: "ip_vs_leave", attach: kprobe},
 	},
 	event.HookICMPSend: {
 		{via: event.ViaFentry, prog: "tr_icmp_fentry", target: "__icmp_send", attach: fentry},

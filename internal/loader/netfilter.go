@@ -12,15 +12,18 @@ import (
 
 // Priorities just after the kernel's nat hooks (NF_IP_PRI_NAT_DST = -100,
 // NF_IP_PRI_NAT_SRC = 100), where skb->_nfct already holds what NAT chose.
-const (
-	prioAfterDNAT = -99
-	prioAfterSNAT = 101
+// A BPF hook may not share its priority with any other hook (EBUSY), and
+// IPVS takes -99 and -98 at OUTPUT, so each has alternatives that keep it
+// between NAT and the filter table (or before conntrack confirms).
+var (
+	prioAfterDNAT = []int32{-95, -90, -85, -80, -70, -60, -50}
+	prioAfterSNAT = []int32{101, 105, 110, 120, 150, 200, 250}
 )
 
 type nfAttach struct {
 	prog   string
 	hook   link.NetfilterInetHook
-	prio   int32
+	prios  []int32
 	family link.NetfilterProtocolFamily
 }
 
@@ -58,11 +61,9 @@ func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 	for _, path := range netnsPaths {
 		err := inNetns(path, func() error {
 			for _, a := range nfAttachments(roles) {
-				l, err := link.AttachNetfilter(link.NetfilterOptions{
-					Program: progs[a.prog], ProtocolFamily: a.family, Hook: a.hook, Priority: a.prio,
-				})
+				l, err := attachNetfilterAt(progs[a.prog], a)
 				if err != nil {
-					return fmt.Errorf("attach netfilter %s hook %d priority %d: %w", a.prog, a.hook, a.prio, err)
+					return err
 				}
 				t.links = append(t.links, l)
 			}
@@ -73,6 +74,22 @@ func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 		}
 	}
 	return nil
+}
+
+// attachNetfilterAt tries the hook's priorities in order until one is free.
+func attachNetfilterAt(p *ebpf.Program, a nfAttach) (link.Link, error) {
+	var err error
+	for _, prio := range a.prios {
+		var l link.Link
+		l, err = link.AttachNetfilter(link.NetfilterOptions{Program: p, ProtocolFamily: a.family, Hook: a.hook, Priority: prio})
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("attach netfilter %s hook %d priorities %v: %w", a.prog, a.hook, a.prios, err)
 }
 
 // inNetns runs fn on a thread switched into the namespace at path ("" runs

@@ -105,8 +105,10 @@ const (
 	tracerProgTrIcmpTp      = "tr_icmp_tp"
 	tracerProgTrIpvsFentry  = "tr_ipvs_fentry"
 	tracerProgTrIpvsKprobe  = "tr_ipvs_kprobe"
+	tracerProgTrIpvsKraw    = "tr_ipvs_kraw"
 	tracerProgTrIpvslFentry = "tr_ipvsl_fentry"
 	tracerProgTrIpvslKprobe = "tr_ipvsl_kprobe"
+	tracerProgTrIpvslKraw   = "tr_ipvsl_kraw"
 	tracerProgTrNatFentry   = "tr_nat_fentry"
 	tracerProgTrNatKprobe   = "tr_nat_kprobe"
 	tracerProgTrNfDnat      = "tr_nf_dnat"
@@ -178,8 +180,10 @@ type tracerProgramSpecs struct {
 	TrIcmpTp      *ebpf.ProgramSpec `ebpf:"tr_icmp_tp"`
 	TrIpvsFentry  *ebpf.ProgramSpec `ebpf:"tr_ipvs_fentry"`
 	TrIpvsKprobe  *ebpf.ProgramSpec `ebpf:"tr_ipvs_kprobe"`
+	TrIpvsKraw    *ebpf.ProgramSpec `ebpf:"tr_ipvs_kraw"`
 	TrIpvslFentry *ebpf.ProgramSpec `ebpf:"tr_ipvsl_fentry"`
 	TrIpvslKprobe *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kprobe"`
+	TrIpvslKraw   *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kraw"`
 	TrNatFentry   *ebpf.ProgramSpec `ebpf:"tr_nat_fentry"`
 	TrNatKprobe   *ebpf.ProgramSpec `ebpf:"tr_nat_kprobe"`
 	TrNfDnat      *ebpf.ProgramSpec `ebpf:"tr_nf_dnat"`
@@ -276,8 +280,10 @@ type tracerPrograms struct {
 	TrIcmpTp      *ebpf.Program `ebpf:"tr_icmp_tp"`
 	TrIpvsFentry  *ebpf.Program `ebpf:"tr_ipvs_fentry"`
 	TrIpvsKprobe  *ebpf.Program `ebpf:"tr_ipvs_kprobe"`
+	TrIpvsKraw    *ebpf.Program `ebpf:"tr_ipvs_kraw"`
 	TrIpvslFentry *ebpf.Program `ebpf:"tr_ipvsl_fentry"`
 	TrIpvslKprobe *ebpf.Program `ebpf:"tr_ipvsl_kprobe"`
+	TrIpvslKraw   *ebpf.Program `ebpf:"tr_ipvsl_kraw"`
 	TrNatFentry   *ebpf.Program `ebpf:"tr_nat_fentry"`
 	TrNatKprobe   *ebpf.Program `ebpf:"tr_nat_kprobe"`
 	TrNfDnat      *ebpf.Program `ebpf:"tr_nf_dnat"`
@@ -300,8 +306,10 @@ func (p *tracerPrograms) Close() error {
 		p.TrIcmpTp,
 		p.TrIpvsFentry,
 		p.TrIpvsKprobe,
+		p.TrIpvsKraw,
 		p.TrIpvslFentry,
 		p.TrIpvslKprobe,
+		p.TrIpvslKraw,
 		p.TrNatFentry,
 		p.TrNatKprobe,
 		p.TrNfDnat,
