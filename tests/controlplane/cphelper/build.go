@@ -1,0 +1,167 @@
+package cphelper
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// CacheEnv overrides the directory the control-plane binaries are built
+// into (default tests/controlplane/.cache/bin).
+const CacheEnv = "TRACER_CP_CACHE"
+
+// Binaries are the paths of the built control-plane programs.
+type Binaries struct {
+	Etcd      string
+	APIServer string
+}
+
+var (
+	buildOnce sync.Once
+	buildBins Binaries
+	buildErr  error
+)
+
+// sourceDir is tests/controlplane, found from this file's compiled path.
+func sourceDir() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("locate cphelper source: runtime.Caller failed")
+	}
+	return filepath.Dir(filepath.Dir(file)), nil
+}
+
+// EnsureBinaries builds kube-apiserver and etcd from the module in
+// tests/controlplane/build unless the cache already holds binaries built
+// from the same sources. It is safe to call from several test processes at
+// once (a file lock serialises the build); logf reports progress.
+func EnsureBinaries(logf func(format string, args ...any)) (Binaries, error) {
+	buildOnce.Do(func() { buildBins, buildErr = ensureBinaries(logf) })
+	return buildBins, buildErr
+}
+
+func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
+	src, err := sourceDir()
+	if err != nil {
+		return Binaries{}, err
+	}
+	mod := filepath.Join(src, "build")
+	cache := os.Getenv(CacheEnv)
+	if cache == "" {
+		cache = filepath.Join(src, ".cache", "bin")
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return Binaries{}, fmt.Errorf("create binary cache: %w", err)
+	}
+	bins := Binaries{Etcd: filepath.Join(cache, "etcd"), APIServer: filepath.Join(cache, "kube-apiserver")}
+
+	stamp, err := sourceStamp(mod)
+	if err != nil {
+		return Binaries{}, err
+	}
+	lock, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return Binaries{}, fmt.Errorf("open build lock: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return Binaries{}, fmt.Errorf("take build lock: %w", err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // released on close anyway
+
+	stampFile := filepath.Join(cache, "stamp")
+	if old, err := os.ReadFile(stampFile); err == nil && string(old) == stamp && exists(bins.Etcd) && exists(bins.APIServer) {
+		return bins, nil
+	}
+	gobin, err := goCommand()
+	if err != nil {
+		return Binaries{}, err
+	}
+	// A half-written stamp must never vouch for a failed build.
+	if err := os.Remove(stampFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Binaries{}, fmt.Errorf("remove build stamp: %w", err)
+	}
+	for _, b := range []struct{ pkg, out string }{
+		{"./cmd/etcd", bins.Etcd},
+		{"./cmd/kube-apiserver", bins.APIServer},
+	} {
+		start := time.Now()
+		logf("cphelper: building %s into %s (kube-apiserver takes minutes cold)", b.pkg, cache)
+		cmd := exec.Command(gobin, "build", "-o", b.out+".tmp", b.pkg)
+		cmd.Dir = mod
+		cmd.Env = append(os.Environ(), "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return Binaries{}, fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+		}
+		if err := os.Rename(b.out+".tmp", b.out); err != nil {
+			return Binaries{}, fmt.Errorf("install %s: %w", b.out, err)
+		}
+		logf("cphelper: built %s in %s", b.pkg, time.Since(start).Round(time.Second))
+	}
+	if err := os.WriteFile(stampFile, []byte(stamp), 0o644); err != nil {
+		return Binaries{}, fmt.Errorf("write build stamp: %w", err)
+	}
+	return bins, nil
+}
+
+// sourceStamp hashes everything that decides the binaries: go.mod, go.sum
+// and the mains.
+func sourceStamp(mod string) (string, error) {
+	var files []string
+	err := filepath.WalkDir(mod, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && (filepath.Ext(p) == ".go" || d.Name() == "go.mod" || d.Name() == "go.sum") {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("list build module %s: %w", mod, err)
+	}
+	sort.Strings(files)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n", runtime.Version())
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			return "", fmt.Errorf("hash build module: %w", err)
+		}
+		rel, _ := filepath.Rel(mod, p)
+		fmt.Fprintf(h, "%s\n", rel)
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("hash %s: %w", p, err)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func goCommand() (string, error) {
+	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); exists(p) {
+		return p, nil
+	}
+	p, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("find the go command to build the control plane: %w", err)
+	}
+	return p, nil
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
