@@ -15,7 +15,7 @@ func TestLoadFileIncidents(t *testing.T) {
 	if !idx.Synced() || len(idx.Warnings()) != 0 {
 		t.Errorf("file index: synced %v, warnings %q; want synced without warnings", idx.Synced(), idx.Warnings())
 	}
-	checkIncidents(t, idx)
+	checkIncidents(t, idx, fixtureNow, true)
 }
 
 func TestLoadFileTypedListAndSingleObject(t *testing.T) {

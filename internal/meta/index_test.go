@@ -11,12 +11,16 @@ import (
 
 const incidentsFile = "../../testdata/metadata/incidents.json"
 
+// fixtureNow is after every timestamp in incidentsFile.
+var fixtureNow = time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+
 // checkIncidents asserts what the tracer needs from the incidents' cluster
-// (testdata/metadata/incidents.json), whatever source filled the index.
-func checkIncidents(t *testing.T, idx Index) {
+// (testdata/metadata/incidents.json), whatever source filled the index. now
+// is a time after every creation; history checks the fixture's own
+// timestamps (a real API server sets its own).
+func checkIncidents(t *testing.T, idx Index, now time.Time, history bool) {
 	t.Helper()
 	ip := netip.MustParseAddr
-	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
 
 	// Incident 1: the hostPort pod that answers for mysql-a's Service.
 	p, ok := idx.PodByIP(ip("10.244.1.5"), now)
@@ -34,11 +38,12 @@ func checkIncidents(t *testing.T, idx Index) {
 	}
 	// 10.244.1.7 was a Job's until 07:00:41, the client's since 08:20:15.
 	if p, ok := idx.PodByIP(ip("10.244.1.7"), now); !ok || p.Name != "client-6b7d9c5f8-kq2lm" {
-		t.Errorf("PodByIP(10.244.1.7, 09:00) = %s, %v; want the running client", p.Name, ok)
+		t.Errorf("PodByIP(10.244.1.7, now) = %s, %v; want the running client", p.Name, ok)
 	}
-	at := time.Date(2026, 11, 28, 7, 0, 30, 0, time.UTC)
-	if p, ok := idx.PodByIP(ip("10.244.1.7"), at); !ok || p.Name != "db-migrate-29411520-7bq4l" || !p.Terminal {
-		t.Errorf("PodByIP(10.244.1.7, 07:00:30) = %s, %v; want the Job pod that still ran", p.Name, ok)
+	if at := time.Date(2026, 11, 28, 7, 0, 30, 0, time.UTC); history {
+		if p, ok := idx.PodByIP(ip("10.244.1.7"), at); !ok || p.Name != "db-migrate-29411520-7bq4l" || !p.Terminal {
+			t.Errorf("PodByIP(10.244.1.7, 07:00:30) = %s, %v; want the Job pod that still ran", p.Name, ok)
+		}
 	}
 	if p, ok := idx.PodByIP(ip("::ffff:10.244.1.6"), now); !ok || p.Name != "nginx-7c5ddbdf54-p8lwz" {
 		t.Errorf("PodByIP(v4-mapped 10.244.1.6) = %s, %v; want nginx", p.Name, ok)

@@ -60,6 +60,8 @@ type clientIndex struct {
 	informers map[string]cache.SharedIndexInformer
 	regs      map[string]cache.ResourceEventHandlerRegistration
 
+	conn *connHealth // nil when the clientset was given
+
 	mu        sync.Mutex
 	health    map[string]*health
 	convWarns []string
@@ -82,6 +84,10 @@ type health struct {
 // need. The informers run until ctx is done; the index keeps its last state
 // when the API server goes away.
 func NewFromClient(ctx context.Context, cs kubernetes.Interface, node string, opts Options) (Index, error) {
+	return newClientIndex(ctx, cs, node, opts, nil)
+}
+
+func newClientIndex(ctx context.Context, cs kubernetes.Interface, node string, opts Options, conn *connHealth) (Index, error) {
 	if opts.SyncTimeout <= 0 {
 		opts.SyncTimeout = DefaultSyncTimeout
 	}
@@ -93,6 +99,7 @@ func NewFromClient(ctx context.Context, cs kubernetes.Interface, node string, op
 		regs:      map[string]cache.ResourceEventHandlerRegistration{},
 		health:    map[string]*health{},
 		started:   st.now(),
+		conn:      conn,
 	}
 	// No resync: the index changes only with the cluster, and a resync
 	// would redo every conversion.
@@ -209,6 +216,14 @@ func (ci *clientIndex) Warnings() []string {
 			since = h.since
 		}
 		failing = append(failing, kind+": "+h.err)
+	}
+	if ci.conn != nil {
+		if s, err, bad := ci.conn.state(); bad {
+			if since.IsZero() || s.Before(since) {
+				since = s
+			}
+			failing = append([]string{err}, failing...)
+		}
 	}
 	if len(failing) > 0 {
 		out = append(out, fmt.Sprintf("API server unreachable since %s: metadata may be stale (%s)",

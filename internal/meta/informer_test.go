@@ -93,7 +93,7 @@ func TestClientIncidents(t *testing.T) {
 	if !idx.Synced() || len(idx.Warnings()) != 0 {
 		t.Fatalf("synced %v, warnings %q; want synced without warnings", idx.Synced(), idx.Warnings())
 	}
-	checkIncidents(t, idx)
+	checkIncidents(t, idx, fixtureNow, true)
 	// Container IDs are kept for node-2's pods only.
 	if p, _ := idx.PodByIP(mustAddr("10.244.2.7"), time.Time{}); len(p.ContainerIDs) != 0 {
 		t.Errorf("remote pod mysql-a-0 kept container IDs %q", p.ContainerIDs)
