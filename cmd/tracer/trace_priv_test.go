@@ -161,7 +161,20 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 
 func TestBadInputExitsTwo(t *testing.T) {
 	var out, errb bytes.Buffer
+	bad := filepath.Join(t.TempDir(), "metadata.json")
+	if err := os.WriteFile(bad, []byte(`{"apiVersion":"v1","kind":"List","items":[{"kind":"Pod","metadata":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	badKubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(badKubeconfig, []byte("clusters: [: not yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
+		{"trace", "--metadata", bad},
+		{"trace", "--metadata", "/nonexistent/metadata.json"},
+		{"trace", "--kubeconfig", badKubeconfig},
+		{"trace", "--kubeconfig", "/nonexistent/kubeconfig"},
+		{"lab", "no-such-scenario"},
 		{"trace", "--filter", "port:abc"},
 		{"trace", "-o", "yaml"},
 		{"trace", "--netns", "/nonexistent/ns"},
@@ -169,8 +182,12 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"doctor", "--only", "uprobe"},
 		{"nosuchcommand"},
 	} {
+		errb.Reset()
 		if code := dispatch(t.Context(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (stderr %q)", args, code, errb.String())
+		}
+		if len(args) > 2 && args[1] == "--metadata" && !strings.Contains(errb.String(), args[2]) {
+			t.Errorf("%v: the message does not name the file: %q", args, errb.String())
 		}
 	}
 }
