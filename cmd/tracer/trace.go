@@ -68,19 +68,26 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.output != "text" && o.output != "json" {
 		return usagef("-o %q: want text or json", o.output)
 	}
-	cfg, flt, err := o.pipelineConfig(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	if err := preflight(); err != nil {
-		return err
-	}
-	p, err := live.Start(ctx, cfg)
+	p, flt, err := o.start(ctx, "trace", stderr)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
 	return streamFlows(ctx, p, o, flt, stdout, stderr)
+}
+
+// start validates the flags, checks privileges and attaches the pipeline.
+func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writer) (*live.Pipeline, filter.Filter, error) {
+	cfg, flt, err := o.pipelineConfig(ctx, stderr)
+	if err != nil {
+		return nil, flt, err
+	}
+	cfg.Command = command
+	if err := preflight(); err != nil {
+		return nil, flt, err
+	}
+	p, err := live.Start(ctx, cfg)
+	return p, flt, err
 }
 
 // pipelineConfig validates the flags into the pipeline's configuration.
@@ -125,7 +132,6 @@ func (o *traceOptions) pipelineConfig(ctx context.Context, stderr io.Writer) (li
 	}
 	cfg.Linger = o.linger
 	cfg.Filter = o.filter
-	cfg.Command = "trace"
 	if err := attachMetadata(ctx, &cfg, o.kubeconfig, o.metadata, stderr); err != nil {
 		return cfg, flt, err
 	}

@@ -33,15 +33,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := requireTerminal(); err != nil {
 		return err
 	}
-	cfg, _, err := o.pipelineConfig(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	cfg.Command = "ui"
-	if err := preflight(); err != nil {
-		return err
-	}
-	p, err := live.Start(ctx, cfg)
+	p, _, err := o.start(ctx, "ui", stderr)
 	if err != nil {
 		return err
 	}
