@@ -1,0 +1,359 @@
+// Command nodebench measures what the tracer costs on a node and how much
+// it can carry, side by side with what users would otherwise run
+// (conntrack -E, nft tracing), and writes BENCHMARKS.md.
+//
+// As root it builds throwaway namespaces (client -> router with an
+// iptables DNAT -> server), drives short-lived TCP connections through the
+// DNAT and interleaves rounds with nothing attached, the tracer's kernel
+// side, the full live pipeline, conntrack -E and nft monitor trace. Without
+// root only the userspace figures are measured.
+//
+//	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/loader"
+)
+
+type config struct {
+	rounds     int
+	round      time.Duration
+	workers    int
+	ramp       []int
+	rampStep   time.Duration
+	attach     int
+	mem        []int
+	benchtime  string
+	out        string
+	gotest     bool
+	diagnostic bool
+}
+
+func main() {
+	var cfg config
+	var ramp, mem, childSpec string
+	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
+	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
+	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
+	flag.StringVar(&ramp, "ramp", "1,2,4,8,16,32", "client worker counts of the loss ramp")
+	flag.DurationVar(&cfg.rampStep, "ramp-step", 4*time.Second, "traffic per ramp step")
+	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
+	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
+	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
+	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
+	flag.BoolVar(&cfg.diagnostic, "diagnostic", true, "also run the tracer attached with its ring buffer unread (splits kernel and reader cost)")
+	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
+	flag.StringVar(&childSpec, "child", "", "internal: measure in a child process")
+	flag.Parse()
+	if childSpec != "" {
+		if err := runChild(childSpec); err != nil {
+			fmt.Fprintln(os.Stderr, "nodebench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var err error
+	if cfg.ramp, err = ints(ramp); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -ramp:", err)
+		os.Exit(2)
+	}
+	if cfg.mem, err = ints(mem); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -mem:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func logf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
+}
+
+// report is every figure of one run.
+type report struct {
+	cfg                config
+	started, ended     time.Time
+	loadStart, loadEnd string
+	machine            machine
+	commands           []string
+	skippedKernel      string
+
+	attach []attachTime
+	rounds []roundResult // overhead rounds, in run order
+	ramp   []rampStep
+
+	throughput childResult
+	stages     []goBench
+	memory     []childResult
+	notes      []string
+}
+
+type attachTime struct{ Attach, Detach time.Duration }
+
+type roundResult struct {
+	Round   int
+	Variant string
+	Load    load
+	Obs     observed
+	// CPU is the CPU time of this process and its finished children
+	// (conntrack, nft) from the start of the traffic until the observer
+	// stopped: the load generator, the server, and the observer.
+	CPU time.Duration
+}
+
+type rampStep struct {
+	Workers int
+	Load    load
+	Tracer  observed
+	CT      observed
+}
+
+func run(ctx context.Context, cfg config) error {
+	rep := &report{cfg: cfg, started: time.Now(), loadStart: loadavg(), machine: describeMachine()}
+	rep.commands = append(rep.commands, "go run ./bench/cmd/nodebench "+strings.Join(os.Args[1:], " "))
+	logf("load average %s", rep.loadStart)
+	if os.Geteuid() != 0 {
+		rep.skippedKernel = "not root: the kernel-side figures (overhead, loss, attach) need root"
+	} else if err := loader.Preflight(); err != nil {
+		rep.skippedKernel = fmt.Sprintf("kernel side unavailable: %v", err)
+	}
+	if rep.skippedKernel == "" {
+		if err := kernelSide(ctx, rep); err != nil {
+			return err
+		}
+	} else {
+		logf("%s", rep.skippedKernel)
+	}
+	if err := userSide(ctx, rep); err != nil {
+		return err
+	}
+	rep.ended, rep.loadEnd = time.Now(), loadavg()
+	fmt.Print(rep.table())
+	if cfg.out != "" {
+		if err := os.WriteFile(cfg.out, []byte(rep.markdown()), 0o644); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		logf("wrote %s", cfg.out)
+	}
+	return nil
+}
+
+func kernelSide(ctx context.Context, rep *report) error {
+	cfg := rep.cfg
+	b, err := newLab(fmt.Sprintf("trbench%d", os.Getpid()%10000))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := b.close(); err != nil {
+			logf("remove lab: %v", err)
+		}
+	}()
+	// Warm up (ARP, conntrack, page cache) and check the path works.
+	if l, err := b.traffic(ctx, 2, time.Second); err != nil || l.OK == 0 {
+		return fmt.Errorf("traffic through the DNAT does not flow (%d ok, %d failed): %v", l.OK, l.Failed, err)
+	}
+
+	logf("attach+detach of the whole hook set, %d times", cfg.attach)
+	for range cfg.attach {
+		t0 := time.Now()
+		t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+		if err != nil {
+			return fmt.Errorf("attach: %w", err)
+		}
+		t1 := time.Now()
+		if err := t.Close(); err != nil {
+			return fmt.Errorf("detach: %w", err)
+		}
+		rep.attach = append(rep.attach, attachTime{t1.Sub(t0), time.Since(t1)})
+	}
+
+	variants := []observer{none{}, &kernelOnly{}, &fullLive{}, &conntrackE{}, &nftTrace{}}
+	if cfg.diagnostic {
+		variants = append(variants, &attachedOnly{})
+	}
+	for r := range cfg.rounds {
+		for k := range variants {
+			v := variants[(k+r)%len(variants)] // rotate so no variant always follows another
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := v.start(b); err != nil {
+				return fmt.Errorf("round %d %s: %w", r+1, v.name(), err)
+			}
+			cpu0 := cpuTime()
+			l, terr := b.traffic(ctx, cfg.workers, cfg.round)
+			o, serr := v.stop()
+			cpu := cpuTime() - cpu0
+			if terr != nil {
+				return terr
+			}
+			if serr != nil {
+				return fmt.Errorf("round %d %s: %w", r+1, v.name(), serr)
+			}
+			rep.rounds = append(rep.rounds, roundResult{r + 1, v.name(), l, o, cpu})
+			logf("round %d %-30s %8.0f conn/s (%d ok, %d failed) %.0f µs CPU/conn, nat seen %d lost %d %s", r+1, v.name(), l.rate(), l.OK, l.Failed,
+				float64(cpu.Microseconds())/float64(max(l.OK, 1)), o.NAT, o.Lost, o.Extra)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	logf("loss ramp: tracer and conntrack -E attached together")
+	for _, w := range cfg.ramp {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		tr, ct := &kernelOnly{}, &conntrackE{}
+		if err := tr.start(b); err != nil {
+			return err
+		}
+		if err := ct.start(b); err != nil {
+			tr.stop()
+			return err
+		}
+		l, terr := b.traffic(ctx, w, cfg.rampStep)
+		co, cerr := ct.stop()
+		to, serr := tr.stop()
+		if terr != nil {
+			return terr
+		}
+		if cerr != nil || serr != nil {
+			return fmt.Errorf("ramp %d workers: %v %v", w, cerr, serr)
+		}
+		rep.ramp = append(rep.ramp, rampStep{w, l, to, co})
+		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, l.rate(), l.OK, to.NAT, to.Lost, co.NAT, co.Extra)
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}
+
+func userSide(ctx context.Context, rep *report) error {
+	logf("userspace throughput, one core")
+	var err error
+	if rep.throughput, err = child("throughput"); err != nil {
+		return err
+	}
+	for _, n := range rep.cfg.mem {
+		for _, kind := range []string{"joiner", "store"} {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			logf("memory: %s with %d flows", kind, n)
+			r, err := child(fmt.Sprintf("mem:%s:%d", kind, n))
+			if err != nil {
+				return err
+			}
+			rep.memory = append(rep.memory, r)
+		}
+	}
+	if rep.cfg.gotest {
+		logf("per-stage Go benchmarks")
+		stages, cmdline, err := goBenchmarks(rep.cfg.benchtime)
+		if err != nil {
+			rep.notes = append(rep.notes, fmt.Sprintf("per-stage benchmarks failed: %v", err))
+		}
+		rep.stages = stages
+		rep.commands = append(rep.commands, cmdline)
+	}
+	return nil
+}
+
+// cpuTime is the user+system CPU time of this process and of its
+// children that have been waited for.
+func cpuTime() time.Duration {
+	var total time.Duration
+	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(who, &ru); err == nil {
+			total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
+	}
+	return total
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+type machine struct {
+	CPU    string
+	Cores  int
+	Memory string
+	Kernel string
+	Go     string
+}
+
+func describeMachine() machine {
+	m := machine{Kernel: unameR(), Cores: 0}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok && m.CPU == "" {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+			}
+			if strings.HasPrefix(l, "processor") {
+				m.Cores++
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		l, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(l)
+		if len(f) >= 2 {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			m.Memory = fmt.Sprintf("%.1f GiB", kb/(1<<20))
+		}
+	}
+	return m
+}
+
+func unameR() string {
+	var u syscall.Utsname
+	if err := syscall.Uname(&u); err != nil {
+		return "unknown"
+	}
+	var b []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}

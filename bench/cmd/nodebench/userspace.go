@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tracer-dev/tracer/bench/mix"
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// childResult is what a child process measured, as one JSON line.
+type childResult struct {
+	Kind      string  `json:"kind"`
+	N         int     `json:"n,omitempty"`
+	RSS       uint64  `json:"rss"`
+	HeapInuse uint64  `json:"heap_inuse"`
+	BaseRSS   uint64  `json:"base_rss"`
+	BaseHeap  uint64  `json:"base_heap"`
+	Events    int     `json:"events,omitempty"`
+	Flows     int     `json:"flows,omitempty"`
+	Seconds   float64 `json:"seconds"`
+	Rate      float64 `json:"rate,omitempty"`
+}
+
+// runChild measures in this process (a fresh one, so RSS is its own) and
+// prints the result.
+func runChild(spec string) error {
+	var r childResult
+	var err error
+	switch {
+	case spec == "throughput":
+		r, err = throughput(5*time.Second, 50_000_000)
+	case strings.HasPrefix(spec, "mem:"):
+		parts := strings.Split(spec, ":")
+		if len(parts) != 3 {
+			return fmt.Errorf("bad child spec %q", spec)
+		}
+		n, perr := strconv.Atoi(parts[2])
+		if perr != nil {
+			return fmt.Errorf("bad child spec %q: %w", spec, perr)
+		}
+		r, err = memory(parts[1], n)
+	default:
+		return fmt.Errorf("unknown child %q", spec)
+	}
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// child runs this binary as a child measuring spec.
+func child(spec string, env ...string) (childResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return childResult{}, fmt.Errorf("find own binary: %w", err)
+	}
+	cmd := exec.Command(exe, "-child", spec)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return childResult{}, fmt.Errorf("child %s: %w", spec, err)
+	}
+	var r childResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("child %s output %q: %w", spec, out, err)
+	}
+	return r, nil
+}
+
+// throughput runs the recorded mix through decode -> join -> enrich and
+// diagnose -> encode on one core until d has passed or max events.
+func throughput(d time.Duration, max int) (childResult, error) {
+	runtime.GOMAXPROCS(1)
+	env, err := mix.Env()
+	if err != nil {
+		return childResult{}, err
+	}
+	const gap = 10 * time.Microsecond
+	recs := mix.Records(200_000, gap)
+	p, err := mix.NewPipeline(io.Discard, env)
+	if err != nil {
+		return childResult{}, err
+	}
+	ts := uint64(time.Second)
+	start := time.Now()
+	i := 0
+	for n := 0; n < max; n++ {
+		if n%4096 == 0 && time.Since(start) > d {
+			break
+		}
+		r := recs[i]
+		binary.LittleEndian.PutUint64(r[event.OffTsNs:], ts)
+		p.Feed(r)
+		ts += uint64(gap)
+		if i++; i == len(recs) {
+			i = 0
+		}
+	}
+	el := time.Since(start)
+	if p.Errors > 0 {
+		return childResult{}, fmt.Errorf("pipeline: %d errors", p.Errors)
+	}
+	return childResult{Kind: "throughput", Events: p.Events, Flows: p.Flows, Seconds: el.Seconds(),
+		Rate: float64(p.Events) / el.Seconds()}, nil
+}
+
+// memory holds n flows: open in the joiner ("joiner"), finished in a
+// trace.Store ("store"), or n of each ("both"), and reads the resident
+// set once the garbage is collected.
+func memory(kind string, n int) (childResult, error) {
+	env, err := mix.Env()
+	if err != nil {
+		return childResult{}, err
+	}
+	// One diagnosed flow of every shape: stored flows take its rule,
+	// pods, Service and verdict, with their own tuples and events.
+	var tmpl []*trace.Flow
+	tj := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
+	for i := range mix.Shapes {
+		for _, e := range mix.Flow(i) {
+			e.Time = mix.Clock.BootWall
+			tj.Add(e, e.Record(mix.Names{}), e.Time)
+		}
+	}
+	tj.Flush()
+	byOrig := map[string]*trace.Flow{}
+	for _, f := range tmpl {
+		byOrig[f.Orig.Src+" "+f.Orig.Dst] = f
+	}
+	baseRSS, baseHeap := measure()
+	start := time.Now()
+	t0 := mix.Clock.BootWall
+	var j *enrich.Joiner
+	var store *trace.Store
+	if kind == "joiner" || kind == "both" {
+		j = &enrich.Joiner{Linger: time.Hour}
+		for i := range n {
+			at := t0.Add(time.Duration(i) * time.Microsecond)
+			for _, e := range mix.Flow(i) {
+				e.Time = at
+				j.Add(e, e.Record(mix.Names{}), at)
+			}
+		}
+		if j.Open() != n {
+			return childResult{}, fmt.Errorf("joiner holds %d flows, want %d", j.Open(), n)
+		}
+	}
+	if kind == "store" || kind == "both" {
+		store = trace.NewStore()
+		for i := range n {
+			at := t0.Add(time.Duration(i) * time.Microsecond)
+			evs := mix.Flow(i)
+			shape := mix.Flow(i % mix.Shapes)
+			key := evs[0].Orig
+			if !key.Valid() {
+				key = evs[0].Packet
+			}
+			sk := shape[0].Orig
+			if !sk.Valid() {
+				sk = shape[0].Packet
+			}
+			t := byOrig[event.TupleRecord(sk).Src+" "+event.TupleRecord(sk).Dst]
+			if t == nil {
+				return childResult{}, fmt.Errorf("no template for shape %d", i%mix.Shapes)
+			}
+			f := *t
+			f.Time = at
+			f.Orig = *event.TupleRecord(key)
+			if evs[0].Reply.Valid() {
+				f.Reply = event.TupleRecord(evs[0].Reply)
+			}
+			f.Events = make([]trace.Event, 0, len(evs))
+			for _, e := range evs {
+				e.Time = at
+				f.Events = append(f.Events, e.Record(mix.Names{}))
+			}
+			store.Append(&f)
+		}
+		if store.Len() != n {
+			return childResult{}, fmt.Errorf("store holds %d flows, want %d", store.Len(), n)
+		}
+	}
+	el := time.Since(start)
+	rss, heap := measure()
+	runtime.KeepAlive(j)
+	runtime.KeepAlive(store)
+	return childResult{Kind: kind, N: n, RSS: rss, HeapInuse: heap, BaseRSS: baseRSS, BaseHeap: baseHeap, Seconds: el.Seconds()}, nil
+}
+
+// measure collects garbage, returns freed memory to the kernel, and reads
+// VmRSS and HeapInuse.
+func measure() (rss, heapInuse uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return vmRSS(), ms.HeapInuse
+}
+
+func vmRSS() uint64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// goBench is one line of `go test -bench` output.
+type goBench struct {
+	Name    string
+	NsOp    float64
+	Metric  float64 // events/s or flows/s
+	Unit    string
+	BytesOp float64
+	Allocs  float64
+}
+
+// goBenchmarks runs the per-stage Go benchmarks on one core.
+func goBenchmarks(benchtime string) ([]goBench, string, error) {
+	args := []string{"test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "-count", "1",
+		"./internal/event", "./internal/enrich", "./internal/trace", "./bench/mix"}
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	out, err := cmd.CombinedOutput()
+	cmdline := "GOMAXPROCS=1 go " + strings.Join(args, " ")
+	if err != nil {
+		return nil, cmdline, fmt.Errorf("go test -bench: %w: %s", err, out)
+	}
+	var res []goBench
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		b := goBench{Name: strings.TrimSuffix(f[0], "-1")}
+		for k := 2; k+1 < len(f); k += 2 {
+			v, _ := strconv.ParseFloat(f[k], 64)
+			switch u := f[k+1]; u {
+			case "ns/op":
+				b.NsOp = v
+			case "B/op":
+				b.BytesOp = v
+			case "allocs/op":
+				b.Allocs = v
+			default:
+				b.Metric, b.Unit = v, u
+			}
+		}
+		res = append(res, b)
+	}
+	return res, cmdline, nil
+}

@@ -1,0 +1,341 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/loader"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// An observer is what runs on the node while the traffic flows: nothing,
+// the tracer's kernel side, the full live pipeline, conntrack -E or nft
+// tracing. start returns once it is observing; stop ends it and says what
+// it saw.
+type observer interface {
+	name() string
+	start(b *lab) error
+	stop() (observed, error)
+}
+
+// observed is what an observer reported about the window.
+type observed struct {
+	// NAT decisions of the lab's connections it reported (-1: not counted).
+	NAT int64
+	// Lost is what it says it lost itself (tracer: ring buffer full;
+	// conntrack -E: ENOBUFS warnings), -1 when it cannot tell.
+	Lost int64
+	// Events is every event the tracer delivered (-1: not a tracer).
+	Events int64
+	Extra  string
+}
+
+type none struct{}
+
+func (none) name() string            { return "none" }
+func (none) start(*lab) error        { return nil }
+func (none) stop() (observed, error) { return observed{NAT: -1, Lost: -1, Events: -1}, nil }
+
+// isLabDNAT says an event is the DNAT of a lab connection.
+var vipPort = net.JoinHostPort(vip, strconv.Itoa(vport))
+
+func isLabDNAT(ev event.Event) bool {
+	return ev.Kind == event.KindDNAT && ev.Orig.Dst.String() == vip && ev.Orig.DstPort == vport
+}
+
+// kernelOnly is loader.Open observing R, with the ring buffer drained by
+// a goroutine that decodes every record, as the live reader does.
+type kernelOnly struct {
+	t    *loader.Tracer
+	nat  atomic.Int64
+	all  atomic.Int64
+	errs atomic.Int64
+	done chan struct{}
+}
+
+func (*kernelOnly) name() string { return "tracer (kernel side + drain)" }
+
+func (k *kernelOnly) start(b *lab) error {
+	t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+	if err != nil {
+		return fmt.Errorf("attach tracer: %w", err)
+	}
+	k.t, k.done = t, make(chan struct{})
+	k.nat.Store(0)
+	k.all.Store(0)
+	k.errs.Store(0)
+	go func() {
+		defer close(k.done)
+		var rec ringbuf.Record
+		for {
+			ev, err := t.Next(&rec)
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			if err != nil {
+				k.errs.Add(1)
+				continue
+			}
+			k.all.Add(1)
+			if isLabDNAT(ev) {
+				k.nat.Add(1)
+			}
+		}
+	}()
+	return nil
+}
+
+func (k *kernelOnly) stop() (observed, error) {
+	time.Sleep(300 * time.Millisecond) // let the reader drain
+	var lost uint64
+	byHook, err := k.t.Lost()
+	if err != nil {
+		return observed{}, fmt.Errorf("read lost counters: %w", err)
+	}
+	for _, n := range byHook {
+		lost += n
+	}
+	cerr := k.t.Close()
+	<-k.done
+	o := observed{NAT: k.nat.Load(), Lost: int64(lost), Events: k.all.Load()}
+	if n := k.errs.Load(); n > 0 {
+		o.Extra = fmt.Sprintf("%d decode errors", n)
+	}
+	return o, cerr
+}
+
+// attachedOnly is a diagnostic: the kernel side attached and its ring
+// buffer left unread (it does not fill in one round at these rates), so
+// its cost is the programs' alone, without the reader's wakeups.
+type attachedOnly struct{ t *loader.Tracer }
+
+func (*attachedOnly) name() string { return "diagnostic: attached, not read" }
+
+func (a *attachedOnly) start(b *lab) error {
+	t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+	if err != nil {
+		return fmt.Errorf("attach tracer: %w", err)
+	}
+	a.t = t
+	return nil
+}
+
+func (a *attachedOnly) stop() (observed, error) {
+	var lost uint64
+	byHook, err := a.t.Lost()
+	if err != nil {
+		return observed{}, fmt.Errorf("read lost counters: %w", err)
+	}
+	for _, n := range byHook {
+		lost += n
+	}
+	return observed{NAT: -1, Lost: int64(lost), Events: -1}, a.t.Close()
+}
+
+// fullLive is live.Start + Run on R: kernel side, conntrack, node watcher,
+// join, enrichment and diagnosis; flows are counted, not printed.
+type fullLive struct {
+	p      *live.Pipeline
+	cancel context.CancelFunc
+	done   chan struct{}
+	sum    trace.Summary
+	err    error
+	nat    atomic.Int64
+	flows  atomic.Int64
+}
+
+func (*fullLive) name() string { return "tracer (full live pipeline)" }
+
+func (f *fullLive) start(b *lab) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := live.Start(ctx, live.Config{
+		Loader:    loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}},
+		NetnsPath: b.r.Path(), NodeName: "bench", Command: "nodebench",
+	})
+	if err != nil {
+		cancel()
+		return fmt.Errorf("start live pipeline: %w", err)
+	}
+	f.p, f.cancel, f.done = p, cancel, make(chan struct{})
+	f.nat.Store(0)
+	f.flows.Store(0)
+	go func() {
+		defer close(f.done)
+		f.sum, f.err = p.Run(ctx, func(*trace.Flow) { f.flows.Add(1) }, func(e trace.Event) {
+			if e.Kind == trace.KindDNAT && e.Orig != nil && e.Orig.Dst == vipPort {
+				f.nat.Add(1)
+			}
+		})
+	}()
+	return nil
+}
+
+func (f *fullLive) stop() (observed, error) {
+	time.Sleep(300 * time.Millisecond)
+	f.cancel()
+	<-f.done
+	cerr := f.p.Close()
+	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events),
+		Extra: fmt.Sprintf("%d flows", f.flows.Load())}
+	if f.sum.DecodeErrors > 0 {
+		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
+	}
+	return o, errors.Join(f.err, cerr)
+}
+
+// lineCounter runs a command in R and counts its stdout lines that match.
+type lineCounter struct {
+	cmd     *exec.Cmd
+	match   func(string) bool
+	lines   atomic.Int64
+	warns   atomic.Int64
+	sample  string
+	mu      sync.Mutex
+	stderr  strings.Builder
+	readers sync.WaitGroup
+}
+
+func (c *lineCounter) run(b *lab, args ...string) error {
+	c.lines.Store(0)
+	c.warns.Store(0)
+	c.stderr.Reset()
+	c.sample = ""
+	c.cmd = exec.Command("ip", append([]string{"netns", "exec", b.r.Name}, args...)...)
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return fmt.Errorf("%s: %w", args[0], err)
+	}
+	errOut, err := c.cmd.StderrPipe()
+	if err != nil {
+		return fmt.Errorf("%s: %w", args[0], err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", args[0], err)
+	}
+	c.readers.Add(2)
+	go func() {
+		defer c.readers.Done()
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if c.match(sc.Text()) {
+				if c.lines.Add(1) == 1 {
+					c.mu.Lock()
+					c.sample = sc.Text()
+					c.mu.Unlock()
+				}
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	go func() {
+		defer c.readers.Done()
+		sc := bufio.NewScanner(errOut)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "ENOBUFS") {
+				c.warns.Add(1)
+			}
+			c.mu.Lock()
+			if c.stderr.Len() < 2000 {
+				c.stderr.WriteString(sc.Text() + "\n")
+			}
+			c.mu.Unlock()
+		}
+	}()
+	// The tool needs a moment to subscribe before the traffic starts.
+	time.Sleep(500 * time.Millisecond)
+	if c.cmd.ProcessState != nil {
+		return fmt.Errorf("%s exited early: %s", args[0], c.stderr.String())
+	}
+	return nil
+}
+
+// complaint is what the tool said on stderr: its ENOBUFS warnings, or
+// its first line.
+func (c *lineCounter) complaint() string {
+	if w := c.warns.Load(); w > 0 {
+		return fmt.Sprintf("%d ENOBUFS warnings", w)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first, _, _ := strings.Cut(strings.TrimSpace(c.stderr.String()), "\n")
+	return first
+}
+
+func (c *lineCounter) end() {
+	time.Sleep(500 * time.Millisecond) // let it print what it has read
+	c.cmd.Process.Signal(syscall.SIGINT)
+	timer := time.AfterFunc(3*time.Second, func() { c.cmd.Process.Kill() })
+	c.readers.Wait()
+	c.cmd.Wait()
+	timer.Stop()
+}
+
+// conntrackE is `conntrack -E -e NEW` in R: one line per new connection,
+// the NAT'd ones show VIP as the original destination and S in the reply.
+type conntrackE struct{ lineCounter }
+
+func (*conntrackE) name() string { return "conntrack -E -e NEW" }
+
+func (c *conntrackE) start(b *lab) error {
+	c.match = func(l string) bool {
+		return strings.Contains(l, "dst="+vip+" ") && strings.Contains(l, "src="+sAddr+" ")
+	}
+	return c.run(b, "conntrack", "-E", "-e", "NEW")
+}
+
+func (c *conntrackE) stop() (observed, error) {
+	c.end()
+	return observed{NAT: c.lines.Load(), Lost: -1, Events: -1, Extra: c.complaint()}, nil
+}
+
+// nftTrace is nft tracing in R: a prerouting chain before conntrack sets
+// nftrace on the lab's packets to VIP:80, and `nft monitor trace` prints
+// every rule they meet; the NAT decision is the line of the nat table's
+// DNAT rule (iptables-nft keeps its rules in nftables).
+type nftTrace struct {
+	lineCounter
+	b *lab
+}
+
+const nftTable = "nodebench"
+
+func (*nftTrace) name() string { return "nft monitor trace" }
+
+func (n *nftTrace) start(b *lab) error {
+	n.b = b
+	script := fmt.Sprintf("add table ip %[1]s\nadd chain ip %[1]s pre { type filter hook prerouting priority -350; }\n"+
+		"add rule ip %[1]s pre ip daddr %[2]s tcp dport %[3]d meta nftrace set 1\n", nftTable, vip, vport)
+	cmd := exec.Command("ip", "netns", "exec", b.r.Name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft trace rule: %w: %s", err, out)
+	}
+	n.match = func(l string) bool {
+		return strings.Contains(l, " nat PREROUTING rule ") && (strings.Contains(l, "DNAT") || strings.Contains(l, "dnat"))
+	}
+	return n.run(b, "nft", "monitor", "trace")
+}
+
+func (n *nftTrace) stop() (observed, error) {
+	n.end()
+	err := nsRun(n.b.r, "nft", "delete", "table", "ip", nftTable)
+	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: n.complaint()}, err
+}
