@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLoadFileIncidents(t *testing.T) {
@@ -104,5 +105,19 @@ func write(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLoadFileAPIServer reads the same cluster as a real API server printed
+// it (testdata/metadata/README.md).
+func TestLoadFileAPIServer(t *testing.T) {
+	idx, err := LoadFile("../../testdata/metadata/apiserver.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkIncidents(t, idx, time.Now(), false)
+	eps := idx.EndpointsOf(ServiceRef{Namespace: "default", Name: "kubernetes"})
+	if s, sp, ok := idx.ServiceByAddr(mustAddr("10.96.0.1"), 443, "tcp", false); !ok || s.Name != "kubernetes" || sp.TargetPort != "26443" || len(eps) != 1 {
+		t.Errorf("the API server's own Service = %+v %+v %v, endpoints %+v", s, sp, ok, eps)
 	}
 }

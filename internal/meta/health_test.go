@@ -16,7 +16,9 @@ func (f stubRT) RoundTrip(r *http.Request) (*http.Response, error) { return f(r)
 
 type brokenReader struct{}
 
-func (brokenReader) Read([]byte) (int, error) { return 0, errors.New("read tcp: connection reset by peer") }
+func (brokenReader) Read([]byte) (int, error) {
+	return 0, errors.New("read tcp: connection reset by peer")
+}
 
 func TestConnHealth(t *testing.T) {
 	clk := newClock(time.Date(2026, 11, 28, 12, 0, 3, 0, time.UTC))
@@ -35,7 +37,9 @@ func TestConnHealth(t *testing.T) {
 	if _, _, bad := h.state(); bad {
 		t.Fatal("failing before any request")
 	}
-	next = func() (*http.Response, error) { return nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused") }
+	next = func() (*http.Response, error) {
+		return nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
+	}
 	get(t.Context())
 	clk.Add(5 * time.Second)
 	get(t.Context())
