@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -196,9 +197,26 @@ func memory(kind string, n int) (childResult, error) {
 	}
 	el := time.Since(start)
 	rss, heap := measure()
+	if path := os.Getenv("NODEBENCH_HEAPPROFILE"); path != "" {
+		if err := writeHeapProfile(path); err != nil {
+			return childResult{}, err
+		}
+	}
 	runtime.KeepAlive(j)
 	runtime.KeepAlive(store)
 	return childResult{Kind: kind, N: n, RSS: rss, HeapInuse: heap, BaseRSS: baseRSS, BaseHeap: baseHeap, Seconds: el.Seconds()}, nil
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return f.Close()
 }
 
 // measure collects garbage, returns freed memory to the kernel, and reads

@@ -204,6 +204,7 @@ type lineCounter struct {
 	cmd     *exec.Cmd
 	match   func(string) bool
 	lines   atomic.Int64
+	total   atomic.Int64
 	warns   atomic.Int64
 	sample  string
 	mu      sync.Mutex
@@ -213,6 +214,7 @@ type lineCounter struct {
 
 func (c *lineCounter) run(b *lab, args ...string) error {
 	c.lines.Store(0)
+	c.total.Store(0)
 	c.warns.Store(0)
 	c.stderr.Reset()
 	c.sample = ""
@@ -235,6 +237,7 @@ func (c *lineCounter) run(b *lab, args ...string) error {
 		sc := bufio.NewScanner(out)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
+			c.total.Add(1)
 			if c.match(sc.Text()) {
 				if c.lines.Add(1) == 1 {
 					c.mu.Lock()
@@ -337,5 +340,9 @@ func (n *nftTrace) start(b *lab) error {
 func (n *nftTrace) stop() (observed, error) {
 	n.end()
 	err := nsRun(n.b.r, "nft", "delete", "table", "ip", nftTable)
-	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: n.complaint()}, err
+	extra := fmt.Sprintf("%d trace lines", n.total.Load())
+	if c := n.complaint(); c != "" {
+		extra += "; " + c
+	}
+	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: extra}, err
 }
