@@ -1,0 +1,80 @@
+package cphelper
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func TestPKI(t *testing.T) {
+	dir := t.TempDir()
+	p, err := writePKI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
+	if err != nil {
+		t.Fatalf("load serving pair: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(p.caPEM) {
+		t.Fatal("ca PEM holds no certificate")
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "127.0.0.1"}); err != nil {
+		t.Errorf("serving certificate does not verify for 127.0.0.1: %v", err)
+	}
+	for _, f := range []string{p.saPubFile, p.saKeyFile} {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.HasPrefix(string(b), "-----BEGIN ") {
+			t.Errorf("%s: not PEM (%v)", f, err)
+		}
+	}
+}
+
+func TestApplyFile(t *testing.T) {
+	cs := fake.NewClientset()
+	ctx := context.Background()
+	rbac := filepath.Join("..", "..", "..", "deploy", "rbac.yaml")
+	for range 2 { // the second apply updates
+		objs, err := ApplyFile(ctx, cs, rbac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(objs) != 4 {
+			t.Fatalf("applied %d objects, want 4", len(objs))
+		}
+	}
+	role, err := cs.RbacV1().ClusterRoles().Get(ctx, "tracer", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get ClusterRole tracer: %v", err)
+	}
+	if len(role.Rules) != 2 {
+		t.Errorf("ClusterRole tracer has %d rules, want 2", len(role.Rules))
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ApplyFile(ctx, cs, bad); err == nil || !strings.Contains(err.Error(), "unsupported kind") {
+		t.Errorf("apply a Secret: err = %v, want unsupported kind", err)
+	}
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(empty, []byte("---\n# nothing\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ApplyFile(ctx, cs, empty); err == nil {
+		t.Errorf("apply an empty manifest: no error")
+	}
+}
