@@ -14,6 +14,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -29,6 +31,8 @@ type Options struct {
 	SyncTimeout time.Duration
 	// Now is the clock for deletion times and warnings (time.Now when nil).
 	Now func() time.Time
+
+	keepAll bool // tests: cache whole objects, to measure what converting saves
 }
 
 // DefaultSyncTimeout is how long start-up waits for the first complete list:
@@ -103,7 +107,11 @@ func newClientIndex(ctx context.Context, cs kubernetes.Interface, node string, o
 	}
 	// No resync: the index changes only with the cluster, and a resync
 	// would redo every conversion.
-	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(stripper(node)))
+	var fopts []informers.SharedInformerOption
+	if !opts.keepAll {
+		fopts = append(fopts, informers.WithTransform(stripper(node)))
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, fopts...)
 	ci.informers[kindPods] = factory.Core().V1().Pods().Informer()
 	ci.informers[kindServices] = factory.Core().V1().Services().Informer()
 	ci.informers[kindEndpoints] = factory.Discovery().V1().EndpointSlices().Informer()
@@ -255,47 +263,39 @@ func (ci *clientIndex) skip(kind string, m metav1.Object, err error) {
 }
 
 func (ci *clientIndex) onPod(obj any) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return
+	c := cachedOf(obj, ci.node)
+	switch {
+	case c == nil:
+	case c.err != nil:
+		ci.skip("pod", c, c.err)
+	default:
+		ci.upsertPod(c.pod)
 	}
-	info, err := podInfo(p)
-	if err != nil {
-		ci.skip("pod", p, err)
-		return
-	}
-	ci.upsertPod(info)
 }
 
 func (ci *clientIndex) onService(obj any) {
-	s, ok := obj.(*corev1.Service)
-	if !ok {
-		return
+	c := cachedOf(obj, ci.node)
+	switch {
+	case c == nil:
+	case c.err != nil:
+		ci.skip("service", c, c.err)
+	default:
+		ci.upsertService(c.svc)
 	}
-	info, err := serviceInfo(s)
-	if err != nil {
-		ci.skip("service", s, err)
-		return
-	}
-	ci.upsertService(info)
 }
 
 func (ci *clientIndex) onSlice(obj any) {
-	es, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return
-	}
-	si, err := sliceInfoOf(es)
-	if err != nil {
-		ci.skip("endpointslice", es, err)
-		return
-	}
-	if si == nil {
+	c := cachedOf(obj, ci.node)
+	switch {
+	case c == nil:
+	case c.err != nil:
+		ci.skip("endpointslice", c, c.err)
+	case c.slice == nil:
 		// Relabelled away from its Service: forget what it said.
-		ci.deleteSlice(es.Namespace + "/" + es.Name)
-		return
+		ci.deleteSlice(c.Namespace + "/" + c.Name)
+	default:
+		ci.upsertSlice(c.slice)
 	}
-	ci.upsertSlice(si)
 }
 
 // onDelete accepts the object or, when the deletion happened while the watch
@@ -309,123 +309,72 @@ func (ci *clientIndex) onDelete(obj any, del func(namespace, name string)) {
 	}
 }
 
-// stripper returns the informers' transform: it keeps only what the index
-// reads, before the object is cached, so a large cluster's pods cost a few
-// hundred bytes each instead of kilobytes. Pods of other nodes lose their
-// container IDs (rules on this node never name them). It is idempotent, as
-// informers require.
+// cached is what the informers store instead of an API object: the identity
+// the informer keys and versions it by, and the index's own converted form,
+// which the index then shares. A stripped corev1.Pod would still be a
+// 1.2 kB struct; this is the PodInfo the index needs anyway plus the
+// identity.
+type cached struct {
+	metav1.ObjectMeta
+	pod   *PodInfo
+	svc   *ServiceInfo
+	slice *sliceInfo // nil for a slice of no Service
+	err   error      // the object could not be converted; reported, not indexed
+}
+
+// GetObjectKind implements runtime.Object.
+func (*cached) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject implements runtime.Object. The converted forms are never
+// modified, so they are shared.
+func (c *cached) DeepCopyObject() runtime.Object {
+	cp := *c
+	c.ObjectMeta.DeepCopyInto(&cp.ObjectMeta)
+	return &cp
+}
+
+// identity keeps what the informer needs of an object's metadata: its key
+// and its resource version.
+func identity(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+}
+
+// stripper returns the informers' transform: it converts an object into
+// what the index reads before the object is cached, so that a large
+// cluster's pods cost a few hundred bytes each instead of kilobytes. Pods of
+// other nodes lose their container IDs (rules on this node never name them).
+// It is idempotent, as informers require. Conversion errors travel in the
+// result: a transform error would break the informer's watch.
 func stripper(node string) cache.TransformFunc {
 	return func(obj any) (any, error) {
-		switch o := obj.(type) {
-		case *corev1.Pod:
-			return stripPod(o, node), nil
-		case *corev1.Service:
-			return stripService(o), nil
-		case *discoveryv1.EndpointSlice:
-			return stripSlice(o), nil
+		if c := cachedOf(obj, node); c != nil {
+			return c, nil
 		}
 		return obj, nil
 	}
 }
 
-// stripMeta keeps the identity and the resource version the informer needs.
-func stripMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	return metav1.ObjectMeta{
-		Name:              m.Name,
-		Namespace:         m.Namespace,
-		UID:               m.UID,
-		ResourceVersion:   m.ResourceVersion,
-		CreationTimestamp: m.CreationTimestamp,
-	}
-}
-
-func stripPod(p *corev1.Pod, node string) *corev1.Pod {
-	out := &corev1.Pod{
-		ObjectMeta: stripMeta(&p.ObjectMeta),
-		Spec: corev1.PodSpec{
-			NodeName:    p.Spec.NodeName,
-			HostNetwork: p.Spec.HostNetwork,
-		},
-		Status: corev1.PodStatus{Phase: p.Status.Phase},
-	}
-	if len(p.Status.PodIPs) > 0 {
-		out.Status.PodIPs = p.Status.PodIPs
-	} else {
-		out.Status.PodIP = p.Status.PodIP
-	}
-	for _, c := range p.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, port := range c.Ports {
-			if port.HostPort != 0 {
-				ports = append(ports, corev1.ContainerPort{
-					HostPort: port.HostPort, ContainerPort: port.ContainerPort,
-					Protocol: port.Protocol, HostIP: port.HostIP,
-				})
-			}
+// cachedOf converts an API object (or returns an already converted one); nil
+// for objects of other types.
+func cachedOf(obj any, node string) *cached {
+	switch o := obj.(type) {
+	case *cached:
+		return o
+	case *corev1.Pod:
+		c := &cached{ObjectMeta: identity(&o.ObjectMeta)}
+		c.pod, c.err = podInfo(o)
+		if c.err == nil && node != "" && o.Spec.NodeName != node {
+			c.pod.ContainerIDs = nil
 		}
-		if ports != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
-		}
+		return c
+	case *corev1.Service:
+		c := &cached{ObjectMeta: identity(&o.ObjectMeta)}
+		c.svc, c.err = serviceInfo(o)
+		return c
+	case *discoveryv1.EndpointSlice:
+		c := &cached{ObjectMeta: identity(&o.ObjectMeta)}
+		c.slice, c.err = sliceInfoOf(o)
+		return c
 	}
-	terminal := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-	local := node == "" || p.Spec.NodeName == node
-	if local || terminal {
-		for _, cs := range p.Status.ContainerStatuses {
-			k := corev1.ContainerStatus{Name: cs.Name}
-			if local {
-				k.ContainerID = cs.ContainerID
-			}
-			if t := cs.State.Terminated; terminal && t != nil {
-				k.State.Terminated = &corev1.ContainerStateTerminated{FinishedAt: t.FinishedAt}
-			}
-			out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, k)
-		}
-	}
-	return out
-}
-
-func stripService(s *corev1.Service) *corev1.Service {
-	out := &corev1.Service{
-		ObjectMeta: stripMeta(&s.ObjectMeta),
-		Spec: corev1.ServiceSpec{
-			Type:                  s.Spec.Type,
-			ClusterIP:             s.Spec.ClusterIP,
-			ClusterIPs:            s.Spec.ClusterIPs,
-			ExternalIPs:           s.Spec.ExternalIPs,
-			ExternalTrafficPolicy: s.Spec.ExternalTrafficPolicy,
-		},
-	}
-	if len(out.Spec.ClusterIPs) > 0 {
-		out.Spec.ClusterIP = "" // the first of ClusterIPs
-	}
-	for _, p := range s.Spec.Ports {
-		out.Spec.Ports = append(out.Spec.Ports, corev1.ServicePort{
-			Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort, TargetPort: p.TargetPort,
-		})
-	}
-	for _, in := range s.Status.LoadBalancer.Ingress {
-		out.Status.LoadBalancer.Ingress = append(out.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{
-			IP: in.IP, Hostname: in.Hostname, IPMode: in.IPMode,
-		})
-	}
-	return out
-}
-
-func stripSlice(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	out := &discoveryv1.EndpointSlice{
-		ObjectMeta:  stripMeta(&es.ObjectMeta),
-		AddressType: es.AddressType,
-		Ports:       es.Ports,
-	}
-	if svc, ok := es.Labels[discoveryv1.LabelServiceName]; ok {
-		out.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
-	}
-	for _, ep := range es.Endpoints {
-		k := discoveryv1.Endpoint{Addresses: ep.Addresses, Conditions: ep.Conditions, NodeName: ep.NodeName}
-		if r := ep.TargetRef; r != nil && r.Kind == "Pod" {
-			k.TargetRef = &corev1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name}
-		}
-		out.Endpoints = append(out.Endpoints, k)
-	}
-	return out
+	return nil
 }
