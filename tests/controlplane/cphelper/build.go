@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"sync"
@@ -66,7 +67,15 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	}
 	bins := Binaries{Etcd: filepath.Join(cache, "etcd"), APIServer: filepath.Join(cache, "kube-apiserver")}
 
-	stamp, err := sourceStamp(mod)
+	kube, err := kubeVersion(mod)
+	if err != nil {
+		return Binaries{}, err
+	}
+	// What `kube-apiserver --version` and /version report; go build alone
+	// leaves v0.0.0-master.
+	ldflags := fmt.Sprintf("-X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=%s -X k8s.io/component-base/version.gitMinor=%s",
+		kube.full, kube.major, kube.minor)
+	stamp, err := sourceStamp(mod, ldflags)
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -78,7 +87,7 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return Binaries{}, fmt.Errorf("take build lock: %w", err)
 	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // released on close anyway
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 
 	stampFile := filepath.Join(cache, "stamp")
 	if old, err := os.ReadFile(stampFile); err == nil && string(old) == stamp && exists(bins.Etcd) && exists(bins.APIServer) {
@@ -98,7 +107,7 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	} {
 		start := time.Now()
 		logf("cphelper: building %s into %s (kube-apiserver takes minutes cold)", b.pkg, cache)
-		cmd := exec.Command(gobin, "build", "-o", b.out+".tmp", b.pkg)
+		cmd := exec.Command(gobin, "build", "-ldflags="+ldflags, "-o", b.out+".tmp", b.pkg)
 		cmd.Dir = mod
 		cmd.Env = append(os.Environ(), "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -115,9 +124,26 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	return bins, nil
 }
 
-// sourceStamp hashes everything that decides the binaries: go.mod, go.sum
-// and the mains.
-func sourceStamp(mod string) (string, error) {
+type version struct{ full, major, minor string }
+
+var kubeRequire = regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v(\d+)\.(\d+)\.\S+)`)
+
+// kubeVersion is the k8s.io/kubernetes version the build module requires.
+func kubeVersion(mod string) (version, error) {
+	data, err := os.ReadFile(filepath.Join(mod, "go.mod"))
+	if err != nil {
+		return version{}, fmt.Errorf("read build module: %w", err)
+	}
+	m := kubeRequire.FindSubmatch(data)
+	if m == nil {
+		return version{}, fmt.Errorf("read build module: no k8s.io/kubernetes requirement in %s/go.mod", mod)
+	}
+	return version{full: string(m[1]), major: string(m[2]), minor: string(m[3])}, nil
+}
+
+// sourceStamp hashes everything that decides the binaries: go.mod, go.sum,
+// the mains, the Go version and the linker flags.
+func sourceStamp(mod, ldflags string) (string, error) {
 	var files []string
 	err := filepath.WalkDir(mod, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -133,7 +159,7 @@ func sourceStamp(mod string) (string, error) {
 	}
 	sort.Strings(files)
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n", runtime.Version())
+	fmt.Fprintf(h, "%s\n%s\n", runtime.Version(), ldflags)
 	for _, p := range files {
 		f, err := os.Open(p)
 		if err != nil {

@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -76,5 +78,40 @@ func TestApplyFile(t *testing.T) {
 	}
 	if _, err := ApplyFile(ctx, cs, empty); err == nil {
 		t.Errorf("apply an empty manifest: no error")
+	}
+}
+
+// TestEnsureBinaries builds (or finds) the control-plane binaries and checks
+// they are the versions the build module pins. `go test -run
+// TestEnsureBinaries` prebuilds them.
+func TestEnsureBinaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kube-apiserver and etcd (minutes cold): skipped with -short")
+	}
+	start := time.Now()
+	bins, err := EnsureBinaries(t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("binaries ready in %s", time.Since(start).Round(time.Millisecond))
+	src, err := sourceDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := kubeVersion(filepath.Join(src, "build"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []struct{ bin, want string }{
+		{bins.APIServer, "Kubernetes " + kube.full},
+		{bins.Etcd, "etcd Version: 3.7.0"},
+	} {
+		out, err := exec.Command(b.bin, "--version").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s --version: %v\n%s", b.bin, err, out)
+		}
+		if !strings.Contains(string(out), b.want) {
+			t.Errorf("%s --version = %q, want %q", b.bin, out, b.want)
+		}
 	}
 }
