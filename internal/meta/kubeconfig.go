@@ -8,9 +8,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 )
 
 // ErrNoConfig is returned by NewFromKubeconfig when no kubeconfig was given
@@ -86,4 +88,12 @@ func restConfig(path string) (*rest.Config, error) {
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.Dial = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	return cfg, nil
+}
+
+// SilenceClientLogs stops client-go from logging to stderr (for example
+// "Warning: watch ended with error" during an API server outage), which
+// would tear a terminal UI. The index reports the same conditions through
+// Warnings. It changes process-wide state: call it from main.
+func SilenceClientLogs() {
+	klog.SetLogger(logr.Discard())
 }

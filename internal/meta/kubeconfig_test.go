@@ -4,10 +4,13 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 func kubeconfig(server string) string {
@@ -122,4 +125,27 @@ func TestKubeconfigRealAPIServer(t *testing.T) {
 		t.Fatalf("synced %v, warnings %q", idx.Synced(), idx.Warnings())
 	}
 	checkIncidents(t, idx, time.Now(), false)
+}
+
+// TestSilenceClientLogs runs in a child process: klog's logger is process
+// state that running informers read.
+func TestSilenceClientLogs(t *testing.T) {
+	if os.Getenv("TRACER_META_SILENCE_CHILD") == "1" {
+		klog.Info("visible line")
+		klog.Flush()
+		SilenceClientLogs()
+		klog.Info("hidden line")
+		klog.Flush()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSilenceClientLogs$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TRACER_META_SILENCE_CHILD=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child: %v\n%s", err, stderr.String())
+	}
+	if out := stderr.String(); !strings.Contains(out, "visible line") || strings.Contains(out, "hidden line") {
+		t.Errorf("stderr = %q, want only the line logged before silencing", out)
+	}
 }

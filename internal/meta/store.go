@@ -384,6 +384,7 @@ func (s *store) HostNetworkPod(proto string, port uint16, node string) (PodInfo,
 
 func (s *store) hostPortPod(proto string, port uint16, node string, hostNetwork bool) (PodInfo, bool) {
 	proto = strings.ToLower(proto)
+	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var best *PodInfo
@@ -391,7 +392,7 @@ func (s *store) hostPortPod(proto string, port uint16, node string, hostNetwork 
 		if p.HostNetwork != hostNetwork {
 			continue
 		}
-		if best == nil || betterAt(p, best, s.now()) {
+		if best == nil || betterAt(p, best, now) {
 			best = p
 		}
 	}
