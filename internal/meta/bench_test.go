@@ -262,7 +262,7 @@ func TestInformerMemory(t *testing.T) {
 		t.Fatal("bench pod missing")
 	}
 	full, _ := heapAfterSync(t, false)
-	t.Logf("heap in use after sync: %.1f MiB stripped (%d B/pod), %.1f MiB unstripped",
+	t.Logf("heap in use after sync: %.1f MiB converted (%d B per pod, Services and slices included), %.1f MiB unstripped",
 		float64(stripped)/(1<<20), stripped/benchPods, float64(full)/(1<<20))
 	if stripped*3 > full {
 		t.Errorf("stripped informers hold %d B, unstripped %d B: want at least 3x less", stripped, full)

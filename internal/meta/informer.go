@@ -84,8 +84,8 @@ type health struct {
 
 // NewFromClient starts informers for pods, Services and EndpointSlices and
 // waits at most opts.SyncTimeout for their first list. node is this node's
-// name: its pods keep their container IDs, other pods only what IP lookups
-// need. The informers run until ctx is done; the index keeps its last state
+// name: its pods keep their container IDs, other nodes' pods drop them. The
+// informers run until ctx is done; the index keeps its last state
 // when the API server goes away.
 func NewFromClient(ctx context.Context, cs kubernetes.Interface, node string, opts Options) (Index, error) {
 	return newClientIndex(ctx, cs, node, opts, nil)
