@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"io"
 	"os"
-
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/live"
@@ -31,34 +27,22 @@ func attachMetadata(ctx context.Context, cfg *live.Config, kubeconfig, file stri
 }
 
 func openMetadata(ctx context.Context, kubeconfig, file, node string) (meta.Index, error) {
-	switch {
-	case file != "":
+	if file != "" {
 		idx, err := meta.LoadFile(file)
 		if err != nil {
 			return nil, usagef("--metadata: %v", err)
 		}
 		return idx, nil
-	case kubeconfig != "":
-		rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, usagef("--kubeconfig %s: %v", kubeconfig, err)
-		}
-		return fromCluster(ctx, rc, node)
-	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster config: %w", err)
-		}
-		return fromCluster(ctx, rc, node)
 	}
-	return nil, nil
-}
-
-func fromCluster(ctx context.Context, rc *rest.Config, node string) (meta.Index, error) {
-	rc.UserAgent = "tracer"
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, usagef("kubernetes client: %v", err)
+	if kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, nil // no cluster to ask: flows name no pods
 	}
-	return meta.NewFromClient(ctx, cs, node, meta.Options{})
+	idx, err := meta.NewFromKubeconfig(ctx, kubeconfig, node)
+	switch {
+	case errors.Is(err, meta.ErrNoConfig):
+		return nil, nil
+	case err != nil:
+		return nil, usagef("--kubeconfig: %v", err)
+	}
+	return idx, nil
 }

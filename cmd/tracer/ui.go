@@ -12,6 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/internal/tui"
 )
@@ -33,6 +34,9 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := requireTerminal(); err != nil {
 		return err
 	}
+	// client-go logs watch errors to stderr, which would tear the screen;
+	// the UI shows the metadata warnings instead.
+	meta.SilenceClientLogs()
 	p, _, err := o.start(ctx, "ui", stderr)
 	if err != nil {
 		return err
