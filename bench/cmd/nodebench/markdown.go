@@ -65,6 +65,10 @@ func (r *report) kernelMarkdown(p func(string, ...any)) {
 	p("- **tracer (kernel side + drain)**: `loader.Open` observing the router namespace, a goroutine decoding every ring buffer record.\n")
 	p("- **tracer (full live pipeline)**: `live.Start` + `Run` on the router namespace (kernel side, conntrack tracking, node watcher, join, rule attribution, diagnosis); flows are counted, not printed.\n")
 	p("- **conntrack -E -e NEW**: `ip netns exec ROUTER conntrack -E -e NEW`, its lines with the VIP as original destination and the server in the reply counted.\n")
+	if cfg.diagnostic {
+		p("- **diagnostic: attached, not read**: `loader.Open` as above, the ring buffer never read (it fills after about 20,000 events, then the kernel side counts them lost): the programs' own cost.\n")
+		p("- **diagnostic: drained every 50 ms**: as the tracer's kernel side, but the reader sleeps 50 ms after each wait, so it is woken for batches rather than for every event.\n")
+	}
 	p("- **nft monitor trace**: a `prerouting` chain at priority -350 with `ip daddr %s tcp dport %d meta nftrace set 1`, and `nft monitor trace`; the NAT decision is the trace line of the nat table's `PREROUTING` rule that says `dnat to` (iptables is nf_tables-backed here).\n\n", vip, vport)
 	p("*NAT seen* is the NAT decisions of the lab's connections the observer reported, *missed* the successful connections it did not report, ")
 	p("*lost* what it says it lost itself (the tracer's per-hook ring buffer counters), *ev/conn* all tracer events per connection, ")
@@ -75,6 +79,11 @@ func (r *report) kernelMarkdown(p func(string, ...any)) {
 		p("| %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %s | %.0f | %s |\n", v.Name, v.Rate, v.Ratio, v.MedianRatio, pct(v.Ratio),
 			counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]))
 	}
+	p("\nReading these figures: the workers saturate both cores, so conn/s measures the share of the machine left to the connections. ")
+	p("An observer that is a separate process (conntrack, nft) is scheduled as one more task against everything else on the machine ")
+	p("and, with other work running (see the load average), takes part of its CPU from that work rather than from the connections; ")
+	p("the CPU per connection (this process and its children) does not depend on that and is the fairer comparison of cost. ")
+	p("An observer that falls behind and drops what it cannot handle (nft monitor trace here) also looks cheaper than it would be if it kept up.\n")
 	p("\nRaw rounds:\n\n| round | observer | ok | failed | seconds | conn/s | NAT seen | lost | CPU s | notes |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.rounds {
 		p("| %d | %s | %d | %d | %.2f | %.0f | %s | %s | %.2f | %s |\n", x.Round, x.Variant, x.Load.OK, x.Load.Failed, x.Load.Elapsed.Seconds(),

@@ -62,14 +62,23 @@ func isLabDNAT(ev event.Event) bool {
 // kernelOnly is loader.Open observing R, with the ring buffer drained by
 // a goroutine that decodes every record, as the live reader does.
 type kernelOnly struct {
-	t    *loader.Tracer
-	nat  atomic.Int64
-	all  atomic.Int64
-	errs atomic.Int64
-	done chan struct{}
+	// batch, when set, is a diagnostic: after each wait for the ring
+	// buffer the reader sleeps this long, so it wakes for batches instead
+	// of every event (the events wait in the ring buffer meanwhile).
+	batch time.Duration
+	t     *loader.Tracer
+	nat   atomic.Int64
+	all   atomic.Int64
+	errs  atomic.Int64
+	done  chan struct{}
 }
 
-func (*kernelOnly) name() string { return "tracer (kernel side + drain)" }
+func (k *kernelOnly) name() string {
+	if k.batch > 0 {
+		return fmt.Sprintf("diagnostic: drained every %s", k.batch)
+	}
+	return "tracer (kernel side + drain)"
+}
 
 func (k *kernelOnly) start(b *lab) error {
 	t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
@@ -84,7 +93,11 @@ func (k *kernelOnly) start(b *lab) error {
 		defer close(k.done)
 		var rec ringbuf.Record
 		for {
+			t0 := time.Now()
 			ev, err := t.Next(&rec)
+			if k.batch > 0 && time.Since(t0) > 200*time.Microsecond {
+				time.Sleep(k.batch) // Next waited: the buffer was empty
+			}
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}
