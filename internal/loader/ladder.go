@@ -18,6 +18,9 @@ type rung struct {
 	// for every hook that falls through to it (see nfRole).
 	attach func(p *ebpf.Program, target string) (link.Link, error)
 	nfRole uint32
+	// needs says what this rung needs that the next one does not, for
+	// the explanation when it fails for lack of it.
+	needs string
 }
 
 // Netfilter roles, as in enum nf_role of bpf/tracer.h.
@@ -50,13 +53,13 @@ var ladders = map[event.Hook][]rung{
 	},
 	event.HookIPVSConnNew: {
 		{via: event.ViaFentry, prog: "tr_ipvs_fentry", target: "ip_vs_conn_new", attach: fentry},
-		{via: event.ViaKprobe, prog: "tr_ipvs_kprobe", target: "ip_vs_conn_new", attach: kprobe},
+		{via: event.ViaKprobe, prog: "tr_ipvs_kprobe", target: "ip_vs_conn_new", attach: kprobe, needs: "the ip_vs module's BTF (kernel 5.11+)"},
 		// Kernels without module BTF (5.10): fixed layout, namespace unknown.
 		{via: event.ViaKprobe, prog: "tr_ipvs_kraw", target: "ip_vs_conn_new", attach: kprobe},
 	},
 	event.HookIPVSLeave: {
 		{via: event.ViaFentry, prog: "tr_ipvsl_fentry", target: "ip_vs_leave", attach: fentry},
-		{via: event.ViaKprobe, prog: "tr_ipvsl_kprobe", target: "ip_vs_leave", attach: kprobe},
+		{via: event.ViaKprobe, prog: "tr_ipvsl_kprobe", target: "ip_vs_leave", attach: kprobe, needs: "the ip_vs module's BTF (kernel 5.11+)"},
 		{via: event.ViaKprobe, prog: "tr_ipvsl_kraw", target: "ip_vs_leave", attach: kprobe},
 	},
 	event.HookICMPSend: {
@@ -71,14 +74,14 @@ var ladders = map[event.Hook][]rung{
 		{via: event.ViaNetfilter, target: "related RST at OUTPUT", nfRole: nfRoleReset},
 	},
 	event.HookTCPSendReset: {
-		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v4_send_reset", attach: fentry},
+		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v4_send_reset", attach: fentry, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v4_send_reset", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v4_send_reset", attach: kprobe},
-		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint},
 	},
 	event.HookKfreeSkb: {
-		{via: event.ViaTracepoint, prog: "tr_drop_tp3", target: "kfree_skb", attach: rawTracepoint},
+		{via: event.ViaTracepoint, prog: "tr_drop_tp3", target: "kfree_skb", attach: rawTracepoint, needs: "the drop reason argument (kernel 5.17+)"},
 		{via: event.ViaTracepoint, prog: "tr_drop_tp", target: "kfree_skb", attach: rawTracepoint},
 	},
 }

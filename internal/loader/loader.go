@@ -64,6 +64,9 @@ type Attempt struct {
 	Via    event.Via
 	Target string
 	Err    error
+	// Needs is what the rung needs beyond the next one (a newer argument,
+	// module BTF), said when it fails for lack of it.
+	Needs string
 }
 
 // HookPlan records how one hook is attached and why better methods failed.
@@ -290,7 +293,7 @@ func (t *Tracer) attachAll(cfg Config) {
 				break
 			}
 			err := t.tryRung(r)
-			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err})
+			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err, Needs: r.needs})
 			if err == nil {
 				hp.Via, hp.Target = r.via, r.target
 				break

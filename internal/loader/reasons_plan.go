@@ -45,13 +45,27 @@ func (h HookPlan) failures() string {
 		if a.Err == nil {
 			continue
 		}
-		s := fmt.Sprintf("%s: %s", a.Via, Explain(a.Via, a.Target, a.Err))
+		s := fmt.Sprintf("%s: %s", a.Via, a.Explain())
 		if !seen[s] {
 			seen[s] = true
 			parts = append(parts, s)
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// Explain says why the attempt failed, in words a user understands.
+func (a Attempt) Explain() string {
+	if a.Err == nil {
+		return ""
+	}
+	msg := a.Err.Error()
+	lacking := strings.Contains(msg, "bad CO-RE relocation") || strings.Contains(msg, "th argument") ||
+		strings.Contains(msg, "invalid bpf_context access") || errors.Is(a.Err, syscall.EINVAL) && a.Via == event.ViaTracepoint
+	if a.Needs != "" && lacking && (a.Via == event.ViaTracepoint || kernelHasSymbol(a.Target)) {
+		return "needs " + a.Needs + ", which this kernel lacks"
+	}
+	return Explain(a.Via, a.Target, a.Err)
 }
 
 // Explain turns an attach error into words a user understands.
