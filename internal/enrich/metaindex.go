@@ -57,7 +57,7 @@ func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, n
 		return trace.ServiceRef{}, false
 	}
 	m.mu.Lock()
-	m.services[trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}] = serviceRecord(s)
+	m.services[trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}] = s.Trace()
 	m.mu.Unlock()
 	return ref, true
 }
@@ -67,25 +67,6 @@ func (m *IndexMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 	defer m.mu.Unlock()
 	s, ok := m.services[trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}]
 	return s, ok
-}
-
-func serviceRecord(s meta.ServiceInfo) trace.Service {
-	out := trace.Service{Namespace: s.Namespace, Name: s.Name, Type: s.Type, ETP: s.ExternalTrafficPolicy}
-	for _, a := range s.ClusterIPs {
-		out.ClusterIPs = append(out.ClusterIPs, a.String())
-	}
-	for _, a := range s.ExternalIPs {
-		out.External = append(out.External, a.String())
-	}
-	for _, in := range s.LBIngress {
-		if in.IP.IsValid() {
-			out.LBIPs = append(out.LBIPs, in.IP.String())
-		}
-	}
-	for _, p := range s.Ports {
-		out.Ports = append(out.Ports, trace.ServicePort{Name: p.Name, Proto: p.Proto, Port: p.Port, NodePort: p.NodePort, Target: p.TargetPort})
-	}
-	return out
 }
 
 func (m *IndexMetadata) HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool) {

@@ -468,6 +468,9 @@ func tracePod(p *PodInfo) trace.Pod {
 	return t
 }
 
+// Trace is the Service as a trace records it.
+func (v ServiceInfo) Trace() trace.Service { return traceService(&v) }
+
 func traceService(v *ServiceInfo) trace.Service {
 	t := trace.Service{Namespace: v.Namespace, Name: v.Name, Type: v.Type, ETP: v.ExternalTrafficPolicy}
 	for _, a := range v.ClusterIPs {
