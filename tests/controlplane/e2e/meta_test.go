@@ -216,6 +216,9 @@ func TestMetadata(t *testing.T) {
 		if _, err := createService(ctx, admin2, service(ns, "late", corev1.ServiceTypeClusterIP, tcpPort("http", 8080, 8080, 0))); err != nil {
 			t.Fatal(err)
 		}
+		if err := admin2.CoreV1().Pods(ns).Delete(ctx, "db-1", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
+			t.Fatalf("delete pod db-1 during the outage: %v", err)
+		}
 		// Stay down long enough for the informers' retries to back off.
 		time.Sleep(10 * time.Second)
 		if _, ok := idx.PodByIP(netip.MustParseAddr("10.244.2.99"), time.Now()); ok {
@@ -243,6 +246,15 @@ func TestMetadata(t *testing.T) {
 			}
 			return ""
 		})
+		eventually(t, 2*time.Minute, "pod deleted during the outage gone", func() string {
+			if p, ok := idx.PodByIP(netip.MustParseAddr("10.244.2.13"), time.Now()); ok {
+				return fmt.Sprintf("PodByIP(10.244.2.13, now) = %s", p.Key())
+			}
+			return ""
+		})
+		if p, ok := idx.PodByIP(netip.MustParseAddr("10.244.2.13"), down); !ok || p.Key() != "shop/db-1" {
+			t.Errorf("PodByIP(10.244.2.13) before the outage = %s (found %v), want shop/db-1, deleted during the outage", p.Key(), ok)
+		}
 		cleared := eventually(t, 3*time.Minute, "outage warning cleared", func() string {
 			if w := idx.Warnings(); len(w) != 0 {
 				return fmt.Sprintf("Warnings() = %q", w)
