@@ -46,7 +46,7 @@ func main() {
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
 	flag.StringVar(&ramp, "ramp", "1,2,4,8,16,32", "client worker counts of the loss ramp")
-	flag.DurationVar(&cfg.rampStep, "ramp-step", 4*time.Second, "traffic per ramp step")
+	flag.DurationVar(&cfg.rampStep, "ramp-step", 5*time.Second, "traffic per ramp step")
 	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
 	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
@@ -139,7 +139,7 @@ type rampStep struct {
 
 func run(ctx context.Context, cfg config) error {
 	rep := &report{cfg: cfg, started: time.Now(), loadStart: loadavg(), machine: describeMachine()}
-	rep.commands = append(rep.commands, "go run ./bench/cmd/nodebench "+strings.Join(os.Args[1:], " "))
+	rep.commands = append(rep.commands, strings.TrimSpace("go run ./bench/cmd/nodebench "+strings.Join(os.Args[1:], " ")))
 	logf("load average %s", rep.loadStart)
 	if os.Geteuid() != 0 {
 		rep.skippedKernel = "not root: the kernel-side figures (overhead, loss, attach) need root"

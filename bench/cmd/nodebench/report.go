@@ -145,8 +145,9 @@ func (r *report) targets() []target {
 			} else {
 				t.Verdict = fmt.Sprintf("missed by %.1f points", over-3)
 			}
-			if nft != nil {
-				t.Got += fmt.Sprintf("; nft trace %.1f%%", (1-nft.Ratio)*100)
+			if nft != nil && len(vs) > 0 {
+				t.Got += fmt.Sprintf("; CPU %s µs/conn. nft trace: %.1f%% fewer conn/s, CPU %s µs/conn, and it missed %d of %d NAT decisions",
+					extraCPU(*v, vs[0]), (1-nft.Ratio)*100, extraCPU(*nft, vs[0]), missed(nft.OK, nft.NAT), nft.OK)
 			}
 			ts = append(ts, t)
 		}
@@ -168,17 +169,40 @@ func (r *report) targets() []target {
 		for _, s := range r.ramp {
 			tracerLost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
 		}
+		// The rounds too: conntrack -E and the tracer each alone at their
+		// own rates.
+		ctRound, trTop, trLost := (*roundResult)(nil), 0.0, int64(0)
+		for i := range r.rounds {
+			x := &r.rounds[i]
+			switch x.Variant {
+			case (&conntrackE{}).name():
+				if missed(x.Load.OK, x.Obs.NAT) > 0 && (ctRound == nil || x.Load.rate() < ctRound.Load.rate()) {
+					ctRound = x
+				}
+			case (&kernelOnly{}).name(), (&fullLive{}).name():
+				trTop = max(trTop, x.Load.rate())
+				trLost += max(x.Obs.Lost, 0) + missed(x.Load.OK, x.Obs.NAT)
+			}
+		}
 		switch {
-		case where == nil:
-			t.Got = fmt.Sprintf("conntrack -E lost none up to %.0f conn/s; tracer lost %d", top.Load.rate(), tracerLost)
-			t.Verdict = "not shown: conntrack -E never lost on this machine"
-		case where.Tracer.Lost == 0 && missed(where.Load.OK, where.Tracer.NAT) == 0:
-			t.Got = fmt.Sprintf("at %.0f conn/s conntrack -E missed %d, tracer 0", where.Load.rate(), missed(where.Load.OK, where.CT.NAT))
+		case where != nil && where.Tracer.Lost == 0 && missed(where.Load.OK, where.Tracer.NAT) == 0:
+			t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s: conntrack -E missed %d, tracer 0", where.Load.rate(), missed(where.Load.OK, where.CT.NAT))
 			t.Verdict = "met"
-		default:
-			t.Got = fmt.Sprintf("at %.0f conn/s conntrack -E missed %d, tracer lost %d, missed %d", where.Load.rate(),
+		case where != nil:
+			t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s: conntrack -E missed %d, tracer lost %d, missed %d", where.Load.rate(),
 				missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
 			t.Verdict = "missed"
+		case ctRound != nil && trLost == 0 && tracerLost == 0:
+			t.Got = fmt.Sprintf("ramp: neither lost (up to %.0f conn/s); rounds: conntrack -E missed %d at %.0f conn/s (round %d), the tracer lost 0 in every round, up to %.0f conn/s",
+				top.Load.rate(), missed(ctRound.Load.OK, ctRound.Obs.NAT), ctRound.Load.rate(), ctRound.Round, trTop)
+			if trTop >= ctRound.Load.rate() {
+				t.Verdict = "met (in separate rounds)"
+			} else {
+				t.Verdict = "not shown at the same rate: the tracer's rounds ran slower"
+			}
+		case where == nil:
+			t.Got = fmt.Sprintf("conntrack -E lost none up to %.0f conn/s; tracer lost %d", top.Load.rate(), tracerLost+trLost)
+			t.Verdict = "not shown: conntrack -E never lost on this machine"
 		}
 		ts = append(ts, t)
 		if len(r.attach) > 0 {
@@ -288,7 +312,7 @@ func (r *report) limits() []string {
 				worst = s
 			}
 		}
-		out = append(out, fmt.Sprintf("Userspace throughput: per event of the mix, %s (sum %.0f ns, i.e. at most %.0f events/s; "+
+		out = append(out, fmt.Sprintf("Userspace throughput: per event of the mix, each stage measured on its own, %s (sum %.0f ns, i.e. at most %.0f events/s; "+
 			"the target needs 1000 ns in all). The largest part is %s; 1,000,000 events/s would need every stage together "+
 			"%.0fx faster. Decode alone is well within budget.", strings.Join(parts, ", "), sum, 1e9/sum,
 			strings.TrimPrefix(worst, "Benchmark"), sum/1000))

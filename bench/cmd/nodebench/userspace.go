@@ -262,7 +262,7 @@ func goBenchmarks(benchtime string) ([]goBench, string, error) {
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := cmd.CombinedOutput()
-	cmdline := "GOMAXPROCS=1 go " + strings.Join(args, " ")
+	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
 	if err != nil {
 		return nil, cmdline, fmt.Errorf("go test -bench: %w: %s", err, out)
 	}
