@@ -63,7 +63,7 @@ func (r *report) kernelMarkdown(p func(string, ...any)) {
 	p("median is the median over rounds of the ratio to the same round's run with nothing attached. ")
 	p("Observers (all in the router namespace only):\n\n")
 	p("- **tracer (kernel side + drain)**: `loader.Open` observing the router namespace, a goroutine decoding every ring buffer record.\n")
-	p("- **tracer (full live pipeline)**: `live.Start` + `Run` on the router namespace (kernel side, conntrack tracking, node watcher, join, rule attribution, diagnosis); flows are counted, not printed.\n")
+	p("- **tracer (full live pipeline)**: `live.Start` + `Run` on the router namespace (kernel side, conntrack tracking, node watcher, join, rule attribution, diagnosis), flows written as NDJSON by `trace.Writer` to io.Discard, as `tracer trace -o json` does.\n")
 	p("- **conntrack -E -e NEW**: `ip netns exec ROUTER conntrack -E -e NEW`, its lines with the VIP as original destination and the server in the reply counted.\n")
 	if cfg.diagnostic {
 		p("- **diagnostic: attached, not read**: `loader.Open` as above, the ring buffer never read (it fills after about 20,000 events, then the kernel side counts them lost): the programs' own cost.\n")

@@ -185,12 +185,22 @@ func (f *fullLive) start(b *lab) error {
 		cancel()
 		return fmt.Errorf("start live pipeline: %w", err)
 	}
+	// As `tracer trace -o json`, to io.Discard.
+	w, err := trace.NewWriter(io.Discard, p.Header())
+	if err != nil {
+		cancel()
+		p.Close()
+		return fmt.Errorf("trace writer: %w", err)
+	}
 	f.p, f.cancel, f.done = p, cancel, make(chan struct{})
 	f.nat.Store(0)
 	f.flows.Store(0)
 	go func() {
 		defer close(f.done)
-		f.sum, f.err = p.Run(ctx, func(*trace.Flow) { f.flows.Add(1) }, func(e trace.Event) {
+		f.sum, f.err = p.Run(ctx, func(fl *trace.Flow) {
+			f.flows.Add(1)
+			w.WriteFlow(fl)
+		}, func(e trace.Event) {
 			if e.Kind == trace.KindDNAT && e.Orig != nil && e.Orig.Dst == vipPort {
 				f.nat.Add(1)
 			}
