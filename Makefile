@@ -5,7 +5,7 @@ PKGS      := ./...
 # Packages whose privileged tests also run in the VM kernel matrix.
 PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./cmd/tracer
 
-.PHONY: all build deps generate test test-unit test-priv test-vm demo bench clean check-generated
+.PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench clean check-generated
 
 # Debian packages the build, the tests and the demo need (idempotent).
 DEB_PKGS := clang llvm libbpf-dev bpftool iptables ipset ipvsadm conntrack \
@@ -41,9 +41,19 @@ test-unit:
 	$(GO) test -short -count=1 $(PKGS)
 
 # Privileged tier on this machine's kernel (every package without -short):
-# needs root. -p 1: the tests share the kernel's hooks and namespaces.
-test-priv:
-	$(GO) test -count=1 -p 1 $(PKGS)
+# needs root. -p 1: the tests share the kernel's hooks and namespaces. The
+# real kube-apiserver and etcd are built first (minutes when cold).
+test-priv: cp-bin
+	$(GO) test -count=1 -p 1 -timeout $(CP_TIMEOUT) $(PKGS)
+
+# kube-apiserver and etcd for the tests against a real control plane,
+# built once per machine into tests/controlplane/.cache/bin.
+CP_TIMEOUT ?= 45m
+cp-bin:
+	$(GO) test -count=1 -timeout $(CP_TIMEOUT) -run TestEnsureBinaries ./tests/controlplane/cphelper
+
+test-cp: cp-bin
+	$(GO) test -count=1 -timeout $(CP_TIMEOUT) ./tests/controlplane/...
 
 test: deps check-generated test-unit test-priv test-vm
 
