@@ -74,7 +74,7 @@ func (r *report) kernelMarkdown(p func(string, ...any)) {
 	p("*lost* what it says it lost itself (the tracer's per-hook ring buffer counters), *ev/conn* all tracer events per connection, ")
 	p("*CPU µs/c* the CPU time of the benchmark process and its children (load generator, server, observer) per connection, *+µs/conn* what the observer adds to that.\n\n")
 	vs := r.variants()
-	p("| observer | conn/s | ratio | median ratio | overhead | NAT seen | missed | lost | ev/conn | CPU µs/conn | +µs/conn |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| observer | conn/s | ratio | median ratio | conn/s change | NAT seen | missed | lost | ev/conn | CPU µs/conn | +µs/conn |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, v := range vs {
 		p("| %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %s | %.0f | %s |\n", v.Name, v.Rate, v.Ratio, v.MedianRatio, pct(v.Ratio),
 			counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]))
