@@ -200,6 +200,17 @@ static __always_inline void follow_tuple(const struct tuple *t, __u8 why)
 	bpf_map_update_elem(&followed, &k, &v, BPF_ANY);
 }
 
+/* Waking the reader for every record costs more than the programs
+ * themselves on a busy node; it is woken once this much is waiting, and
+ * otherwise reads on its own every few milliseconds (internal/loader). */
+#define WAKEUP_BYTES (256 << 10)
+
+static __always_inline void submit(void *e)
+{
+	__u64 waiting = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(e, waiting >= WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
 /* Submits the event if it passes the filters, and follows its packets. */
 static __always_inline void finish(struct event *e)
 {
@@ -211,7 +222,7 @@ static __always_inline void finish(struct event *e)
 	follow_tuple(&e->pkt, answered ? FOLLOW_ANSWERED : FOLLOW_CONN);
 	follow_tuple(&e->orig, FOLLOW_CONN);
 	follow_tuple(&e->reply, FOLLOW_CONN);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 }
 
 static __always_inline __u32 net_inum(struct net *net)
@@ -716,7 +727,7 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 		bpf_ringbuf_discard(e, 0);
 		return 0;
 	}
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 

@@ -37,7 +37,7 @@ func TestLabScenarios(t *testing.T) {
 				t.Fatalf("skipped where it must run: %s", res.Skipped)
 			}
 			for _, c := range res.Checks {
-				t.Logf("%-5s %s %s -> %s: want %s, got %q %v", okWord(c.OK), c.Proto, c.Src, c.Dst, c.Verdict, c.Got, c.Missing)
+				t.Logf("%-5s %s %s -> %s: want %s, got %q %v %s", okWord(c.OK), c.Proto, c.Src, c.Dst, c.Verdict, c.Got, c.Missing, c.Unobservable)
 			}
 			if code != 0 || !res.OK {
 				t.Fatalf("lab %s: exit %d, checks failed; stderr: %s", sc.Name, code, errb.String())

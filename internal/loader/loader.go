@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -71,10 +72,24 @@ type Attempt struct {
 
 // HookPlan records how one hook is attached and why better methods failed.
 type HookPlan struct {
-	Hook     event.Hook
-	Via      event.Via // ViaNone when nothing attached
-	Target   string
+	Hook   event.Hook
+	Via    event.Via // ViaNone when nothing attached
+	Target string
+	// Program is the program of the rung that attached ("" for the
+	// netfilter tier or none).
+	Program  string
 	Attempts []Attempt
+}
+
+// DropReasons reports whether drops come with the kernel's reason (5.17+):
+// without it, a netfilter DROP cannot be told from any other free.
+func (p Plan) DropReasons() bool {
+	for _, h := range p {
+		if h.Hook == event.HookKfreeSkb {
+			return h.Program == "tr_drop_tp3"
+		}
+	}
+	return false
 }
 
 // Plan is the attach outcome of every hook, in event.Hooks order.
@@ -295,7 +310,7 @@ func (t *Tracer) attachAll(cfg Config) {
 			err := t.tryRung(r)
 			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err, Needs: r.needs})
 			if err == nil {
-				hp.Via, hp.Target = r.via, r.target
+				hp.Via, hp.Target, hp.Program = r.via, r.target, r.prog
 				break
 			}
 		}
@@ -353,14 +368,26 @@ func (t *Tracer) Lost() (map[event.Hook]uint64, error) {
 // Records that do not decode are returned as errors, never dropped
 // silently.
 func (t *Tracer) Next(rec *ringbuf.Record) (event.Event, error) {
-	if err := t.reader.ReadInto(rec); err != nil {
-		if errors.Is(err, ringbuf.ErrClosed) {
+	for {
+		// The programs wake the reader only when a backlog builds up
+		// (bpf/tracer.c, submit): otherwise it looks on its own, often
+		// enough that an event is never shown more than pollEvery late.
+		t.reader.SetDeadline(time.Now().Add(pollEvery))
+		err := t.reader.ReadInto(rec)
+		switch {
+		case err == nil:
+			return event.Decode(rec.RawSample, t.clock)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			continue
+		case errors.Is(err, ringbuf.ErrClosed):
 			return event.Event{}, os.ErrClosed
 		}
 		return event.Event{}, fmt.Errorf("read ring buffer: %w", err)
 	}
-	return event.Decode(rec.RawSample, t.clock)
 }
+
+// pollEvery bounds how late a quiet ring buffer is read.
+const pollEvery = 20 * time.Millisecond
 
 // Reasons names drop and RST reasons for this kernel.
 func (t *Tracer) Reasons() *ReasonNames { return t.names }
