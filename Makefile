@@ -60,6 +60,11 @@ test: deps check-generated test-unit test-priv test-vm
 demo: deps build
 	./$(BIN) lab
 
+# Cost on the node, loss, userspace throughput, memory and attach time next
+# to conntrack -E and nft tracing; writes BENCHMARKS.md (root, ~6 min).
+bench: deps
+	$(GO) run ./bench/cmd/nodebench -out BENCHMARKS.md
+
 clean:
 	rm -rf bin
 
