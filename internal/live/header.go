@@ -20,7 +20,7 @@ func HookRecords(p loader.Plan) []trace.Hook {
 			ar := trace.Attempt{Via: a.Via.String(), Target: a.Target}
 			if a.Err != nil {
 				ar.Error = a.Err.Error()
-				e := a.Explain()
+				e := h.Explain(a)
 				why = append(why, a.Via.String()+": "+e)
 				plain = append(plain, e)
 			}

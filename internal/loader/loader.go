@@ -79,6 +79,9 @@ type HookPlan struct {
 	// netfilter tier or none).
 	Program  string
 	Attempts []Attempt
+	// fentryElsewhere: another hook attached by fentry, so the kernel does
+	// allow it and a failure is about this function.
+	fentryElsewhere bool
 }
 
 // DropReasons reports whether drops come with the kernel's reason (5.17+):
@@ -315,6 +318,10 @@ func (t *Tracer) attachAll(cfg Config) {
 			}
 		}
 		t.Plan = append(t.Plan, hp)
+	}
+	fentry := slices.ContainsFunc(t.Plan, func(h HookPlan) bool { return h.Via == event.ViaFentry })
+	for i := range t.Plan {
+		t.Plan[i].fentryElsewhere = fentry
 	}
 	if roles == 0 {
 		return

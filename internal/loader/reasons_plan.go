@@ -45,7 +45,7 @@ func (h HookPlan) failures() string {
 		if a.Err == nil {
 			continue
 		}
-		s := fmt.Sprintf("%s: %s", a.Via, a.Explain())
+		s := fmt.Sprintf("%s: %s", a.Via, h.explain(a))
 		if !seen[s] {
 			seen[s] = true
 			parts = append(parts, s)
@@ -65,8 +65,28 @@ func (a Attempt) Explain() string {
 	if a.Needs != "" && lacking && (a.Via == event.ViaTracepoint || kernelHasSymbol(a.Target)) {
 		return "needs " + a.Needs + ", which this kernel lacks"
 	}
+	if a.Via == event.ViaFentry && kernelHasSymbol(a.Target) {
+		if mod := moduleWithoutBTF(a.Target); mod != "" {
+			return fmt.Sprintf("%s is in module %s, which has no BTF on this kernel (module BTF came in 5.11)", a.Target, mod)
+		}
+	}
 	return Explain(a.Via, a.Target, a.Err)
 }
+
+// Explain says why one of the hook's attempts failed. A kernel that
+// attached other hooks by fentry does allow fentry: the trampoline refused
+// this one function.
+func (h HookPlan) Explain(a Attempt) string { return h.explain(a) }
+
+func (h HookPlan) explain(a Attempt) string {
+	e := a.Explain()
+	if a.Via == event.ViaFentry && e == fentryUnsupported && h.fentryElsewhere {
+		return fmt.Sprintf("the BPF trampoline cannot attach to %s on this kernel (functions with more than 6 arguments need Linux 6.5+)", a.Target)
+	}
+	return e
+}
+
+const fentryUnsupported = "this kernel does not allow fentry (BPF tracing) programs"
 
 // Explain turns an attach error into words a user understands.
 func Explain(via event.Via, target string, err error) string {
@@ -78,7 +98,7 @@ func Explain(via event.Via, target string, err error) string {
 	case via == event.ViaFentry && strings.Contains(msg, "not found"):
 		return fmt.Sprintf("%s has no BTF here (the kernel lacks module BTF)", target)
 	case via == event.ViaFentry && (errors.Is(err, syscall.EPERM) || errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, syscall.Errno(524))):
-		return "this kernel does not allow fentry (BPF tracing) programs"
+		return fentryUnsupported
 	case via == event.ViaFentry && errors.Is(err, syscall.E2BIG):
 		return fmt.Sprintf("this kernel cannot trace %s with fentry (too many arguments for its BPF trampoline)", target)
 	case via == event.ViaKprobe && !hasKprobes():
@@ -109,19 +129,24 @@ func hasKprobes() bool {
 	return false
 }
 
-// kernelSymbols is the set of function names in /proc/kallsyms, read once.
-var kernelSymbols = sync.OnceValue(func() map[string]bool {
+// kernelSymbols maps the function names in /proc/kallsyms to their module
+// ("" for the kernel itself), read once.
+var kernelSymbols = sync.OnceValue(func() map[string]string {
 	f, err := os.Open("/proc/kallsyms")
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	syms := map[string]bool{}
+	syms := map[string]string{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) >= 3 && (fields[1] == "t" || fields[1] == "T") {
-			syms[fields[2]] = true
+			mod := ""
+			if len(fields) >= 4 {
+				mod = strings.Trim(fields[3], "[]")
+			}
+			syms[fields[2]] = mod
 		}
 	}
 	return syms
@@ -131,5 +156,22 @@ var kernelSymbols = sync.OnceValue(func() map[string]bool {
 // when kallsyms cannot be read it does not claim a symbol is missing.
 func kernelHasSymbol(sym string) bool {
 	syms := kernelSymbols()
-	return syms == nil || syms[sym]
+	if syms == nil {
+		return true
+	}
+	_, ok := syms[sym]
+	return ok
+}
+
+// moduleWithoutBTF names the module a function lives in when that module
+// has no BTF (kernels before 5.11 have none), else "".
+func moduleWithoutBTF(sym string) string {
+	mod := kernelSymbols()[sym]
+	if mod == "" {
+		return ""
+	}
+	if _, err := os.Stat("/sys/kernel/btf/" + mod); err == nil {
+		return ""
+	}
+	return mod
 }
