@@ -49,7 +49,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // to the command that streams instead.
 func requireTerminal() error {
 	if !term.IsTerminal(int(os.Stdout.Fd())) || !term.IsTerminal(int(os.Stdin.Fd())) {
-		return usageError{fmt.Errorf("%w: use `tracer trace` (-o json for NDJSON) to stream flows to a pipe or file", tui.ErrNotTerminal)}
+		return usageError{tui.ErrNotTerminal} // it says to use `tracer trace`
 	}
 	return nil
 }
