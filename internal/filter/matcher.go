@@ -50,24 +50,7 @@ func (f Filter) Matcher() *Matcher {
 // Match reports whether fl, with its keys from the Store, passes the
 // filter.
 func (m *Matcher) Match(fl *trace.Flow, k *trace.AddrKeys) bool {
-	for i := range m.f.terms {
-		t := &m.f.terms[i]
-		var ok bool
-		switch {
-		case t.kind == kindWord:
-			ok = t.matchWordMemo(fl, &m.memos[i])
-		case t.kind == kindPort && k.Complete:
-			ok = t.portIn(k)
-		case t.kind == kindIP && k.Complete && t.pfx.Addr().Is4():
-			ok = t.ipIn(k)
-		default:
-			ok = t.match(fl)
-		}
-		if ok == t.neg {
-			return false
-		}
-	}
-	return true
+	return m.f.matchKeyed(fl, k, m.memos)
 }
 
 // matchWordMemo is matchWord with the shared parts' results remembered.
