@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -228,29 +227,13 @@ func labConfig(b *lab.Built, o labOptions) (live.Config, error) {
 			cfg.PeerNetns = append(cfg.PeerNetns, ns.Path())
 		}
 	}
-	idx, err := metadataFromBytes(b.MetadataJSON)
+	idx, err := meta.LoadJSON(b.MetadataJSON, "of the lab")
 	if err != nil {
 		return cfg, fmt.Errorf("lab metadata: %w", err)
 	}
 	cfg.Metadata = enrich.NewIndexMetadata(idx)
 	cfg.MetadataSnapshot = idx.Snapshot
 	return cfg, nil
-}
-
-func metadataFromBytes(b []byte) (meta.Index, error) {
-	f, err := os.CreateTemp("", "tracer-lab-metadata-*.json")
-	if err != nil {
-		return nil, err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := f.Close(); err != nil {
-		return nil, err
-	}
-	return meta.LoadFile(f.Name())
 }
 
 // checkExpectations finds, for each expectation, a flow with its tuple and

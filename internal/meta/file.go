@@ -25,9 +25,15 @@ func LoadFile(path string) (Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read metadata: %w", err)
 	}
+	return LoadJSON(data, path)
+}
+
+// LoadJSON is LoadFile for JSON already in memory (the lab builds it);
+// name says where it came from in errors.
+func LoadJSON(data []byte, name string) (Index, error) {
 	st := newStore(0, nil)
 	if err := loadJSON(st, data); err != nil {
-		return nil, fmt.Errorf("metadata %s: %w", path, err)
+		return nil, fmt.Errorf("metadata %s: %w", name, err)
 	}
 	return &fileIndex{store: st}, nil
 }
