@@ -331,6 +331,32 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 	})
 }
 
+// etpLocalShop is what both ETP=Local scenarios share: a client outside
+// node-1, pod shop on node-2 (so node-1 has no local endpoint), Service
+// shop as an ETP=Local LoadBalancer on lbIP, and shop-any, the same pod
+// behind an ETP=Cluster LoadBalancer on 192.168.1.202 for the baseline.
+func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
+	outside, err := c.addOutside("outside", outsideIP, node1IP)
+	if err != nil {
+		return nil, nil, err
+	}
+	shop, err := c.addPod(n2, "shop", "shop", tcpPort("http", 8080, 0))
+	if err != nil {
+		return nil, nil, err
+	}
+	local := &service{namespace: "shop", name: "shop", typ: "LoadBalancer", clusterIP: "10.96.0.60", lbIP: lbIP,
+		etpLocal: true, healthCheckPort: 32001,
+		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
+	cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
+		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
+	for _, s := range []*service{local, cluster} {
+		if err := c.addService(s); err != nil {
+			return nil, nil, err
+		}
+	}
+	return outside, shop, nil
+}
+
 func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 	if !env.IPVS {
 		return nil, fmt.Errorf("build ipvs-no-endpoint: %w: %s", ErrNeedsIPVS, env.IPVSReason)
@@ -343,23 +369,9 @@ func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 		for _, n := range c.nodes {
 			n.kp.before124 = true
 		}
-		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		outside, _, err := c.etpLocalShop(n2, "192.168.1.201")
 		if err != nil {
 			return nil, err
-		}
-		shop, err := c.addPod(n2, "shop", "shop", tcpPort("http", 8080, 0))
-		if err != nil {
-			return nil, err
-		}
-		local := &service{namespace: "shop", name: "shop", typ: "LoadBalancer", clusterIP: "10.96.0.60", lbIP: "192.168.1.201",
-			etpLocal: true, healthCheckPort: 32001,
-			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
-		cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
-			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
-		for _, s := range []*service{local, cluster} {
-			if err := c.addService(s); err != nil {
-				return nil, err
-			}
 		}
 		return c.built(n1, traffic(
 			tcp(outside, "192.168.1.201:80", Expectation{Verdict: VerdictIPVSNoEndpoint,
@@ -376,23 +388,9 @@ func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
 		if err != nil {
 			return nil, err
 		}
-		outside, err := c.addOutside("outside", outsideIP, node1IP)
+		outside, shop, err := c.etpLocalShop(n2, "192.168.1.200")
 		if err != nil {
 			return nil, err
-		}
-		shop, err := c.addPod(n2, "shop", "shop", tcpPort("http", 8080, 0))
-		if err != nil {
-			return nil, err
-		}
-		local := &service{namespace: "shop", name: "shop", typ: "LoadBalancer", clusterIP: "10.96.0.60", lbIP: "192.168.1.200",
-			etpLocal: true, healthCheckPort: 32001,
-			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
-		cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
-			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
-		for _, s := range []*service{local, cluster} {
-			if err := c.addService(s); err != nil {
-				return nil, err
-			}
 		}
 		return c.built(n1, traffic(
 			tcp(outside, "192.168.1.200:80", Expectation{Verdict: VerdictReturnPath,
