@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
-
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
 	"github.com/tracer-dev/tracer/internal/enrich/node"
@@ -218,9 +216,8 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 // read decodes the ring buffer until the tracer is closed.
 func (p *Pipeline) read(out chan<- decoded) {
 	defer close(out)
-	var raw ringbuf.Record
 	for {
-		ev, err := p.tracer.Next(&raw)
+		ev, err := p.tracer.Next()
 		if errors.Is(err, os.ErrClosed) {
 			return
 		}

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -178,9 +177,8 @@ type collector struct {
 func collect(tr *Tracer) *collector {
 	c := &collector{events: make(chan event.Event, 4096), errs: make(chan error, 16)}
 	go func() {
-		var rec ringbuf.Record
 		for {
-			ev, err := tr.Next(&rec)
+			ev, err := tr.Next()
 			if errors.Is(err, os.ErrClosed) {
 				close(c.events)
 				return

@@ -124,6 +124,7 @@ type Tracer struct {
 	colls    []*ebpf.Collection
 	links    []link.Link
 	reader   *ringbuf.Reader
+	rec      ringbuf.Record
 	clock    event.Clock
 	names    *ReasonNames
 
@@ -373,8 +374,9 @@ func (t *Tracer) Lost() (map[event.Hook]uint64, error) {
 
 // Next blocks for the next event. It returns os.ErrClosed after Close.
 // Records that do not decode are returned as errors, never dropped
-// silently.
-func (t *Tracer) Next(rec *ringbuf.Record) (event.Event, error) {
+// silently. One goroutine reads: the record buffer is reused between calls.
+func (t *Tracer) Next() (event.Event, error) {
+	rec := &t.rec
 	for {
 		// The programs wake the reader only when a backlog builds up
 		// (bpf/tracer.c, submit): otherwise it looks on its own, often

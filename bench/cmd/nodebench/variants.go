@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
-
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
@@ -91,10 +89,9 @@ func (k *kernelOnly) start(b *lab) error {
 	k.errs.Store(0)
 	go func() {
 		defer close(k.done)
-		var rec ringbuf.Record
 		for {
 			t0 := time.Now()
-			ev, err := t.Next(&rec)
+			ev, err := t.Next()
 			if k.batch > 0 && time.Since(t0) > 200*time.Microsecond {
 				time.Sleep(k.batch) // Next waited: the buffer was empty
 			}
