@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
