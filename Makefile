@@ -3,7 +3,7 @@ GO        ?= go
 BIN       := bin/tracer
 PKGS      := ./...
 # Packages whose privileged tests also run in the VM kernel matrix.
-PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./cmd/tracer
+PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/lab ./cmd/tracer
 
 .PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench clean check-generated
 

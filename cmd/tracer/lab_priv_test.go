@@ -5,19 +5,32 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
+// TRACER_LAB_BREAK=NAME runs TestLabScenarios with one of brokenVariants
+// in the tracer, to watch the lab's checks fail on it.
+func init() {
+	if name := os.Getenv("TRACER_LAB_BREAK"); name != "" {
+		v, ok := variantNamed(name)
+		if !ok {
+			panic("TRACER_LAB_BREAK: no broken variant " + name)
+		}
+		brokenTracer = v.breakFlow
+	}
+}
+
 // TestLabScenarios runs `tracer lab SCENARIO -o json` for every scenario:
-// the incident is built for real, traced, and every flow the scenario
-// expects must carry its verdict and the explanation's key facts (the lab
-// checks that itself and exits non-zero otherwise); here we also check the
-// attribution of every flow whose verdict rests on a rule. Scenarios that
-// need IPVS skip on kernels without it and run in the VM matrix.
+// the incident is built for real, the lab proves from the node's own
+// counters and tables that it happened, and every flow the tracer reports
+// must agree with that proof (the lab checks that itself and exits non-zero
+// otherwise). Then the same proof is checked against the flows as each
+// broken variant of the tracer would have reported them: the checks must
+// fail wherever the variant's bug shows. Scenarios that need IPVS skip on
+// kernels without it and run in the VM matrix.
 func TestLabScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("privileged tier: skipped in -short mode")
@@ -36,26 +49,34 @@ func TestLabScenarios(t *testing.T) {
 				}
 				t.Fatalf("skipped where it must run: %s", res.Skipped)
 			}
-			for _, c := range res.Checks {
-				t.Logf("%-5s %s %s -> %s: want %s, got %q %v %s", okWord(c.OK), c.Proto, c.Src, c.Dst, c.Verdict, c.Got, c.Missing, c.Unobservable)
-			}
+			logReport(t, res.Report)
 			if code != 0 || !res.OK {
 				t.Fatalf("lab %s: exit %d, checks failed; stderr: %s", sc.Name, code, errb.String())
 			}
-			if len(res.Checks) == 0 {
+			if len(res.Results) == 0 {
 				t.Fatal("the scenario checked nothing")
 			}
 			baseline := false
-			for _, c := range res.Checks {
+			for _, c := range res.Results {
 				baseline = baseline || c.Baseline
 			}
 			if !baseline {
 				t.Error("the scenario has no baseline traffic to show healthy flows stay ok")
 			}
-			for _, f := range flows {
-				checkAttribution(t, f)
+			if brokenTracer == nil {
+				checkBrokenVariants(t, res.Report, flows)
 			}
 		})
+	}
+}
+
+func logReport(t *testing.T, rep lab.Report) {
+	t.Helper()
+	for _, c := range rep.Results {
+		t.Logf("%-4s %s %s -> %s (%s): want %s, got %q in %d flow(s) %v %s", okWord(c.OK), c.Proto, c.Src, c.Dst, c.Mechanism, c.Verdict, c.Got, c.Flows, c.Wrong, c.Unobservable)
+	}
+	for _, fa := range rep.FalseAlarms {
+		t.Logf("FALSE ALARM %s %s -> %s: %s", fa.Proto, fa.Orig.Src, fa.Orig.Dst, fa.Verdict)
 	}
 }
 
@@ -66,25 +87,133 @@ func okWord(ok bool) string {
 	return "FAIL"
 }
 
-// checkAttribution: verdicts that rest on a rule must name it, with its
-// chain path; a hostPort rule must name its owner.
-func checkAttribution(t *testing.T, f *trace.Flow) {
+// checkBrokenVariants re-checks the scenario's proof against the flows as
+// each broken tracer would have reported them.
+func checkBrokenVariants(t *testing.T, rep lab.Report, flows []*trace.Flow) {
 	t.Helper()
-	switch f.Verdict {
-	case trace.VerdictHostportHijack:
-		if f.Rule == nil || !strings.HasPrefix(f.Rule.Chain, "CNI-DN-") || f.Rule.EntryChain != "CNI-HOSTPORT-DNAT" ||
-			f.Rule.Owner == nil || f.Rule.Owner.ContainerID == "" || f.Rule.Owner.Pod == nil || f.DstPod == nil {
-			t.Errorf("hijack flow %s -> %s without full attribution: rule %+v dst_pod %+v", f.Orig.Src, f.Orig.Dst, f.Rule, f.DstPod)
+	exps := make([]lab.Expectation, len(rep.Results))
+	for i, r := range rep.Results {
+		exps[i] = r.Expectation
+	}
+	dropReasons := true
+	for _, r := range rep.Results {
+		dropReasons = dropReasons && r.Unobservable == ""
+	}
+	for _, v := range brokenVariants {
+		var broken []*trace.Flow
+		for _, f := range flows {
+			if b := v.breakFlow(cloneFlow(t, f)); b != nil {
+				broken = append(broken, b)
+				if v.name == "split" {
+					broken = append(broken, cloneFlow(t, b))
+				}
+			}
 		}
-	case trace.VerdictIPVSFilterReject:
-		if f.Rule == nil || f.Rule.Chain != "KUBE-IPVS-FILTER" || !strings.Contains(f.Rule.Text, "-j REJECT") {
-			t.Errorf("filter reject %s -> %s: rule %+v", f.Orig.Src, f.Orig.Dst, f.Rule)
-		}
-	case trace.VerdictRejected, trace.VerdictDropped:
-		if f.Rule == nil || f.Rule.Text == "" || len(f.Rule.Path) == 0 {
-			t.Errorf("%s %s -> %s: no rule", f.Verdict, f.Orig.Src, f.Orig.Dst)
+		should := v.shows(rep)
+		got := lab.Check(exps, broken, dropReasons)
+		switch {
+		case should && got.OK:
+			t.Errorf("broken tracer %q (%s): the lab's checks passed it", v.name, v.what)
+		case !should && !got.OK:
+			t.Errorf("broken tracer %q (%s): the checks failed where its bug cannot show", v.name, v.what)
+			logReport(t, got)
+		default:
+			t.Logf("broken tracer %q: checks ok=%v, as they must be", v.name, got.OK)
 		}
 	}
+}
+
+// brokenVariant is a bug a tracer could have, and which scenarios it shows
+// in: those with an attempt whose proof the bug contradicts.
+type brokenVariant struct {
+	name, what string
+	breakFlow  func(*trace.Flow) *trace.Flow
+	shows      func(lab.Report) bool
+}
+
+// flowChecked says the attempt's flow was compared with its proof.
+func flowChecked(r lab.Result) bool { return r.Flows > 0 && !r.NoFlow() }
+
+func anyResult(pred func(lab.Result) bool) func(lab.Report) bool {
+	return func(rep lab.Report) bool {
+		for _, r := range rep.Results {
+			if pred(r) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+var brokenVariants = []brokenVariant{
+	{"hijack-as-ok", "reports every hostPort hijack as ok",
+		func(f *trace.Flow) *trace.Flow {
+			if f.Verdict == trace.VerdictHostportHijack {
+				f.Verdict, f.Explanation = trace.VerdictOK, "ok: "+f.Orig.Dst+" was DNAT'd"
+			}
+			return f
+		},
+		anyResult(func(r lab.Result) bool { return r.Verdict == trace.VerdictHostportHijack })},
+	{"no-flows", "drops every flow",
+		func(*trace.Flow) *trace.Flow { return nil },
+		anyResult(func(r lab.Result) bool { return r.Flows > 0 && !r.NoFlow() })},
+	{"split", "reports each connection as two flows",
+		func(f *trace.Flow) *trace.Flow { return f },
+		anyResult(func(r lab.Result) bool { return r.Flows > 0 })},
+	{"no-rule", "names no rule",
+		func(f *trace.Flow) *trace.Flow { f.Rule = nil; return f },
+		anyResult(func(r lab.Result) bool { return flowChecked(r) && (r.Proof.Rule != nil || r.Proof.Owner != "") })},
+	{"wrong-rule", "names the rule before the deciding one in its chain path",
+		func(f *trace.Flow) *trace.Flow {
+			if f.Rule != nil && len(f.Rule.Path) > 1 {
+				f.Rule.Chain = f.Rule.Path[len(f.Rule.Path)-2]
+			}
+			return f
+		},
+		anyResult(func(r lab.Result) bool {
+			return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Chain != "PREROUTING" && r.Proof.Rule.Chain != "OUTPUT"
+		})},
+	{"wrong-pod", "names the source pod as the destination",
+		func(f *trace.Flow) *trace.Flow { f.DstPod = f.SrcPod; return f },
+		anyResult(func(r lab.Result) bool { return flowChecked(r) && r.Proof.DstPod != "" })},
+	{"wrong-backend", "reports another real server in the reply tuple",
+		func(f *trace.Flow) *trace.Flow {
+			if f.Reply != nil {
+				f.Reply.Src = "10.255.255.1:1"
+			}
+			return f
+		},
+		anyResult(func(r lab.Result) bool { return flowChecked(r) && r.Proof.Conntrack != nil })},
+	{"false-alarm", "reports healthy flows as dropped",
+		func(f *trace.Flow) *trace.Flow {
+			if f.Verdict == trace.VerdictOK {
+				f.Verdict = trace.VerdictDropped
+			}
+			return f
+		},
+		anyResult(func(r lab.Result) bool { return r.Flows > 0 && r.Verdict == trace.VerdictOK })},
+}
+
+func variantNamed(name string) (brokenVariant, bool) {
+	for _, v := range brokenVariants {
+		if v.name == name {
+			return v, true
+		}
+	}
+	return brokenVariant{}, false
+}
+
+func cloneFlow(t *testing.T, f *trace.Flow) *trace.Flow {
+	t.Helper()
+	b, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := new(trace.Flow)
+	if err := json.Unmarshal(b, c); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func parseLabOutput(t *testing.T, out []byte) (labResult, []*trace.Flow) {

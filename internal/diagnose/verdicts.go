@@ -188,7 +188,7 @@ func (d *diagnosis) returnPathMismatch() (Result, bool) {
 		fmt.Sprintf("return path: %s from %s was DNAT'd to %s on node %s without SNAT, so that pod answers %s directly from %s instead of through this node",
 			d.target(), d.f.Orig.Src, d.where(d.wentTo().String(), d.f.DstPod), node, d.f.Orig.Src, d.wentTo()),
 		"The client has no connection to that address: it resets or drops the answer", d.conntrackEvidence()+" on this node",
-		d.etpNote(),
+		d.ruleEvidence(), d.etpNote(),
 		"Fix: route the traffic only to nodes with a local endpoint (the LB health check on healthCheckNodePort), or use externalTrafficPolicy=Cluster so the node SNATs",
 	)}, true
 }

@@ -174,8 +174,9 @@ func (c *cluster) close() error {
 	return errors.Join(errs...)
 }
 
-// built wraps the cluster as a Built observed at node (and extra).
-func (c *cluster) built(n *node, traffic func(context.Context) ([]Expectation, error), extra ...netlab.Namespace) (*Built, error) {
+// built wraps the cluster as a Built observed at node (and extra), whose
+// Traffic makes atts.
+func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Built, error) {
 	meta, err := c.metadata()
 	if err != nil {
 		return nil, err
@@ -195,7 +196,7 @@ func (c *cluster) built(n *node, traffic func(context.Context) ([]Expectation, e
 		MetadataJSON: meta,
 		NodeName:     n.name,
 		Mode:         mode,
-		Traffic:      traffic,
+		Traffic:      func(ctx context.Context) ([]Expectation, error) { return c.run(ctx, n, atts) },
 		Close:        c.close,
 		cluster:      c,
 	}, nil

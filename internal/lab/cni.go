@@ -2,7 +2,6 @@ package lab
 
 import (
 	"bytes"
-	"crypto/sha512"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/rules"
 )
 
 // containerPort is a port of a pod's container; HostPort > 0 asks portmap
@@ -36,7 +36,8 @@ type pod struct {
 	containerID     string // the app container's id (containerStatuses)
 	hostNetwork     bool
 	ports           []containerPort
-	// dnatChain is the CNI-DN-* chain portmap wrote for the hostPorts.
+	// dnatChain is the CNI-DN-* chain portmap writes for the hostPorts, as
+	// the tracer names it (the tests check portmap really wrote it).
 	dnatChain string
 }
 
@@ -143,7 +144,7 @@ func (c *cluster) portmapAdd(n *node, p *pod, prevResult []byte) error {
 	if _, err := c.runPlugin(n, p, "portmap", conf); err != nil {
 		return fmt.Errorf("cni portmap add %s: %w", p.name, err)
 	}
-	p.dnatChain = dnatChainName(netName, p.sandboxID)
+	p.dnatChain = rules.PortmapChainName(netName, p.sandboxID)
 	if n.portmapFirst {
 		if err := portmapJumpsFirst(n); err != nil {
 			return err
@@ -218,14 +219,6 @@ func sandboxIP(result []byte) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("cni result has no IPv4 address on a sandbox interface: %s", result)
-}
-
-// dnatChainName is portmap's chain name: "CNI-DN-" + hex(sha512(netName +
-// containerID)), the whole name cut to 28 characters (iptables' limit as
-// libcni counts it).
-func dnatChainName(network, containerID string) string {
-	sum := sha512.Sum512([]byte(network + containerID))
-	return fmt.Sprintf("CNI-DN-%x", sum)[:28]
 }
 
 // portmapJumpsFirst moves portmap's PREROUTING and OUTPUT jumps to the top

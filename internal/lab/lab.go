@@ -33,18 +33,6 @@ const stateRoot = "/run/trlab"
 // incident without the kernel's IPVS.
 var ErrNeedsIPVS = errors.New("scenario needs IPVS")
 
-// Verdict identifiers of SPEC.md.
-const (
-	VerdictOK               = "ok"
-	VerdictHostportHijack   = "hostport-hijack"
-	VerdictIPVSFilterReject = "ipvs-filter-reject"
-	VerdictIPVSNoEndpoint   = "ipvs-no-endpoint"
-	VerdictReturnPath       = "return-path-mismatch"
-	VerdictRejected         = "rejected"
-	VerdictReset            = "reset"
-	VerdictDropped          = "dropped"
-)
-
 // Outcomes a client reports.
 const (
 	OutcomeRefused     = "refused"
@@ -82,7 +70,8 @@ type Built struct {
 	// Mode says how kube-proxy's service handling ran: "ipvs", "iptables
 	// stand-in for IPVS" (kernel without IPVS), or "no kube-proxy".
 	Mode string
-	// Traffic makes the scenario's traffic; call it once tracing is attached.
+	// Traffic makes the scenario's traffic and proves what the node did
+	// with each attempt; call it once tracing is attached.
 	Traffic func(ctx context.Context) ([]Expectation, error)
 	// Close removes everything the scenario created.
 	Close func() error
@@ -90,21 +79,33 @@ type Built struct {
 	cluster *cluster
 }
 
-// Expectation is one connection attempt of Traffic: what the tracer must
-// report for it, what the client should see, and what it really saw.
+// Expectation is one connection attempt of Traffic: what the client should
+// see, how the node must have handled it (Mechanism), what the lab read from
+// the node to prove it (Proof), and the verdict the tracer must give it.
 type Expectation struct {
-	Proto    string // tcp, udp, icmp
-	Src, Dst string // as the client sent it: "IP:PORT" (ICMP: "IP")
-	Verdict  string
-	Facts    []string // words the tracer's explanation must mention (compare case-insensitively)
-	Baseline bool     // healthy traffic of the same scenario (Verdict ok)
-	Outcome  string   // what the client should see if the incident is reproduced
-	Saw      string   // what the client really saw
-	Note     string   // one line: why this outcome
+	Proto    string `json:"proto"` // tcp, udp, icmp
+	Src      string `json:"src"`   // as the client sent it: "IP:PORT" (ICMP: "IP")
+	Dst      string `json:"dst"`
+	Verdict  string `json:"verdict"`
+	Baseline bool   `json:"baseline,omitempty"` // healthy traffic of the same scenario (Verdict ok)
+	Outcome  string `json:"outcome"`            // what the client should see if the incident is reproduced
+	Saw      string `json:"saw"`                // what the client really saw
+	Note     string `json:"note,omitempty"`     // one line: why this outcome
+	// Mechanism is how the node must have handled the attempt.
+	Mechanism Mechanism `json:"mechanism"`
+	Proof     Proof     `json:"proof"`
+	// Unproven lists what Mechanism needs that the node did not show.
+	Unproven []string `json:"unproven,omitempty"`
 }
 
-// Reproduced says whether the client saw what the scenario intends.
-func (e Expectation) Reproduced() bool { return e.Saw == e.Outcome }
+// Reproduced says whether the incident (or the healthy baseline) really
+// happened: the client saw what the scenario intends, and the node's own
+// counters and tables show the mechanism.
+func (e Expectation) Reproduced() bool { return e.Saw == e.Outcome && len(e.Unproven) == 0 }
+
+// NoFlow says the kernel makes no decision the tracer reports for this
+// attempt, so no flow is required (one that is reported must be ok).
+func (e Expectation) NoFlow() bool { return e.Mechanism == NoDecision }
 
 // Env is what Build needs to know about the machine.
 type Env struct {

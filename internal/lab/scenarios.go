@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Scenarios lists the incidents in the order INCIDENTS.md tells them. Each
@@ -179,15 +181,14 @@ func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
 				return nil, err
 			}
 		}
-		return c.built(n2, traffic(
-			tcp(client, "10.96.0.10:3306", Expectation{Verdict: VerdictHostportHijack,
-				Facts:   []string{mysqlB.dnatChain, "mysql-b", "mysql-a", "CNI-HOSTPORT-DNAT"},
+		return c.built(n2, []attempt{
+			tcp(client, "10.96.0.10:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected("mysql-b"),
 				Note:    "mysql-a's ClusterIP is local on kube-ipvs0; portmap's DNAT for hostPort 3306 runs first"}),
-			tcp(client, "10.96.0.20:80", Expectation{Baseline: true, Facts: []string{"web"}, Outcome: Connected("web")}),
-			tcp(client, mysqlA.ip+":3306", Expectation{Baseline: true, Facts: []string{"mysql-a"}, Outcome: Connected("mysql-a"),
+			tcp(client, "10.96.0.20:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("web")}),
+			tcp(client, mysqlA.ip+":3306", NoDecision, Expectation{Baseline: true, Outcome: Connected("mysql-a"),
 				Note: "mysql-a itself is healthy"}),
-		))
+		})
 	})
 }
 
@@ -230,15 +231,13 @@ func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
 				return nil, err
 			}
 		}
-		return c.built(n2, traffic(
-			tcp(outside, node2IP+":30080", Expectation{Verdict: VerdictHostportHijack,
-				Facts: []string{hpA.dnatChain, "hp-30080", "nginx-a", "NodePort"}, Outcome: Connected("hp-30080"),
-				Note: "Service created first; the hostPort pod still answers"}),
-			tcp(outside, node2IP+":30081", Expectation{Verdict: VerdictHostportHijack,
-				Facts: []string{hpB.dnatChain, "hp-30081", "nginx-b", "NodePort"}, Outcome: Connected("hp-30081"),
-				Note: "hostPort pod created first; it answers too"}),
-			tcp(outside, node2IP+":30082", Expectation{Baseline: true, Facts: []string{"nginx-c"}, Outcome: Connected("nginx-c")}),
-		))
+		return c.built(n2, []attempt{
+			tcp(outside, node2IP+":30080", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+				Outcome: Connected(hpA.name), Note: "Service created first; the hostPort pod still answers"}),
+			tcp(outside, node2IP+":30081", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+				Outcome: Connected(hpB.name), Note: "hostPort pod created first; it answers too"}),
+			tcp(outside, node2IP+":30082", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("nginx-c")}),
+		})
 	})
 }
 
@@ -263,14 +262,13 @@ func buildHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
 		if err != nil {
 			return nil, err
 		}
-		facts := []string{webHP.dnatChain, "web-hp", "ingress-agent"}
-		return c.built(n1, traffic(
-			tcp(outside, node1IP+":80", Expectation{Verdict: VerdictHostportHijack, Facts: facts, Outcome: Connected("web-hp"),
+		return c.built(n1, []attempt{
+			tcp(outside, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 				Note: "the hostNetwork listener on :80 is bypassed"}),
-			tcp(client, node1IP+":80", Expectation{Verdict: VerdictHostportHijack, Facts: facts, Outcome: Connected("web-hp"),
+			tcp(client, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 				Note: "from a pod too"}),
-			tcp(outside, node1IP+":9100", Expectation{Baseline: true, Facts: []string{"ingress-agent"}, Outcome: Connected("ingress-agent")}),
-		))
+			tcp(outside, node1IP+":9100", NoDecision, Expectation{Baseline: true, Outcome: Connected("ingress-agent")}),
+		})
 	})
 }
 
@@ -292,15 +290,14 @@ func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			ports: []servicePort{{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}}, endpoints: []*pod{ldap}}); err != nil {
 			return nil, err
 		}
-		facts := []string{"KUBE-IPVS-FILTER", "KUBE-IPVS-IPS", "ldap"}
-		return c.built(n1, traffic(
-			icmp(client, "10.96.0.30", Expectation{Verdict: VerdictIPVSFilterReject, Facts: facts, Outcome: OutcomeUnreachable,
+		return c.built(n1, []attempt{
+			icmp(client, "10.96.0.30", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeUnreachable,
 				Note: "ICMP is never a service ip,port"}),
-			tcp(client, "10.96.0.30:22", Expectation{Verdict: VerdictIPVSFilterReject, Facts: facts, Outcome: OutcomeRefused,
+			tcp(client, "10.96.0.30:22", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "22 is not a port of the Service"}),
-			tcp(client, "10.96.0.30:389", Expectation{Baseline: true, Facts: []string{"ldap"}, Outcome: Connected("ldap")}),
-			icmp(client, ldap.ip, Expectation{Baseline: true, Facts: []string{"ldap"}, Outcome: OutcomeEchoReply}),
-		))
+			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("ldap")}),
+			icmp(client, ldap.ip, NoDecision, Expectation{Baseline: true, Outcome: OutcomeEchoReply}),
+		})
 	})
 }
 
@@ -322,12 +319,11 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 			ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30090}}, endpoints: []*pod{gw}}); err != nil {
 			return nil, err
 		}
-		return c.built(n1, traffic(
-			tcp(client, "192.168.1.200:443", Expectation{Verdict: VerdictIPVSFilterReject,
-				Facts: []string{"KUBE-IPVS-FILTER", "192.168.1.200", "gateway"}, Outcome: OutcomeRefused,
+		return c.built(n1, []attempt{
+			tcp(client, "192.168.1.200:443", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "443 is served by the cloud LB, not by a virtual server; the LB IP is local on kube-ipvs0"}),
-			tcp(client, "192.168.1.200:80", Expectation{Baseline: true, Facts: []string{"gateway"}, Outcome: Connected("gateway")}),
-		))
+			tcp(client, "192.168.1.200:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("gateway")}),
+		})
 	})
 }
 
@@ -373,12 +369,11 @@ func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 		if err != nil {
 			return nil, err
 		}
-		return c.built(n1, traffic(
-			tcp(outside, "192.168.1.201:80", Expectation{Verdict: VerdictIPVSNoEndpoint,
-				Facts: []string{"192.168.1.201:80", "shop", "Local"}, Outcome: OutcomeRefused,
+		return c.built(n1, []attempt{
+			tcp(outside, "192.168.1.201:80", NoRealServer, Expectation{Verdict: trace.VerdictIPVSNoEndpoint, Outcome: OutcomeRefused,
 				Note: "the virtual server on node-1 has no real server"}),
-			tcp(outside, "192.168.1.202:80", Expectation{Baseline: true, Facts: []string{"shop-any"}, Outcome: Connected("shop")}),
-		))
+			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("shop")}),
+		})
 	})
 }
 
@@ -392,12 +387,11 @@ func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
 		if err != nil {
 			return nil, err
 		}
-		return c.built(n1, traffic(
-			tcp(outside, "192.168.1.200:80", Expectation{Verdict: VerdictReturnPath,
-				Facts: []string{shop.ip + ":8080", "shop", "UNREPLIED"}, Outcome: OutcomeTimeout,
+		return c.built(n1, []attempt{
+			tcp(outside, "192.168.1.200:80", ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
 				Note: "the pod's SYN-ACK goes straight to the client, which resets it"}),
-			tcp(outside, "192.168.1.202:80", Expectation{Baseline: true, Facts: []string{"shop-any"}, Outcome: Connected("shop")}),
-		), outside.ns)
+			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected(shop.name)}),
+		}, outside.ns)
 	})
 }
 
@@ -432,17 +426,14 @@ func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
 		if err := policy(n1, api.ip); err != nil {
 			return nil, err
 		}
-		return c.built(n1, traffic(
-			tcp(client, api.ip+":9000", Expectation{Verdict: VerdictRejected,
-				Facts: []string{"LAB-POLICY", "REJECT", "tcp-reset", "api"}, Outcome: OutcomeRefused}),
-			tcp(client, node1IP+":2222", Expectation{Verdict: VerdictReset,
-				Facts: []string{"no socket", node1IP + ":2222"}, Outcome: OutcomeRefused,
+		return c.built(n1, []attempt{
+			tcp(client, api.ip+":9000", PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
+			tcp(client, node1IP+":2222", StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
 				Note: "nothing listens on node-1's :2222: the TCP stack resets"}),
-			tcp(client, api.ip+":9001", Expectation{Verdict: VerdictDropped,
-				Facts: []string{"LAB-POLICY", "DROP", "api"}, Outcome: OutcomeTimeout}),
-			tcp(client, "10.96.0.40:443", Expectation{Baseline: true, Facts: []string{"api"}, Outcome: Connected("api")}),
-			udp(client, "10.96.0.53:53", Expectation{Baseline: true, Facts: []string{"kube-dns", "coredns"}, Outcome: Connected("coredns")}),
-		))
+			tcp(client, api.ip+":9001", PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
+			tcp(client, "10.96.0.40:443", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("api")}),
+			udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected(dns.name)}),
+		})
 	})
 }
 

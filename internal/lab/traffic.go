@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // attempt is one connection a scenario makes, with what it should show.
@@ -16,18 +17,23 @@ type attempt struct {
 }
 
 // tcp, udp and icmp describe attempts from a pod or an outside host.
-func tcp(from endpoint, dst string, exp Expectation) attempt {
-	exp.Proto = "tcp"
-	return attempt{from: from.netns(), srcIP: from.addr(), dst: dst, exp: exp}
+func tcp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	return newAttempt("tcp", from, dst, m, exp)
 }
 
-func udp(from endpoint, dst string, exp Expectation) attempt {
-	exp.Proto = "udp"
-	return attempt{from: from.netns(), srcIP: from.addr(), dst: dst, exp: exp}
+func udp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	return newAttempt("udp", from, dst, m, exp)
 }
 
-func icmp(from endpoint, dst string, exp Expectation) attempt {
-	exp.Proto = "icmp"
+func icmp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	return newAttempt("icmp", from, dst, m, exp)
+}
+
+func newAttempt(proto string, from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	exp.Proto, exp.Mechanism = proto, m
+	if exp.Verdict == "" {
+		exp.Verdict = trace.VerdictOK
+	}
 	return attempt{from: from.netns(), srcIP: from.addr(), dst: dst, exp: exp}
 }
 
@@ -43,16 +49,21 @@ func (h *host) netns() netlab.Namespace { return h.ns }
 func (h *host) addr() string            { return h.ip }
 
 // run makes the attempts one after the other, so each flow stands alone in
-// a trace, and fills in what the client saw.
-func run(ctx context.Context, atts []attempt) ([]Expectation, error) {
+// a trace and in the node's counters, fills in what the client saw, and
+// reads what the node did (Proof) around each.
+func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectation, error) {
 	var out []Expectation
+	ipvs := n.kp != nil && n.kp.ipvs
 	for _, a := range atts {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
+		before, err := readCounters(n.ns, a.from, ipvs)
+		if err != nil {
+			return out, fmt.Errorf("traffic: %w", err)
+		}
 		e := a.exp
 		e.Dst = a.dst
-		var err error
 		switch e.Proto {
 		case "tcp":
 			e.Src, e.Saw, err = dialTCP(ctx, a.from, a.srcIP, a.dst)
@@ -67,14 +78,16 @@ func run(ctx context.Context, atts []attempt) ([]Expectation, error) {
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
-		if e.Baseline && e.Verdict == "" {
-			e.Verdict = VerdictOK
+		after, err := readCounters(n.ns, a.from, ipvs)
+		if err != nil {
+			return out, fmt.Errorf("traffic: %w", err)
 		}
+		ct, err := conntrackEntry(n.ns, e.Proto, e.Src, e.Dst)
+		if err != nil {
+			return out, fmt.Errorf("traffic: %w", err)
+		}
+		c.prove(&e, before, after, ct)
 		out = append(out, e)
 	}
 	return out, nil
-}
-
-func traffic(atts ...attempt) func(context.Context) ([]Expectation, error) {
-	return func(ctx context.Context) ([]Expectation, error) { return run(ctx, atts) }
 }

@@ -1,0 +1,304 @@
+package lab
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// Proof is what the lab read from the node around one attempt, with the
+// node's own tools (iptables-save -c, ipvsadm --stats, the conntrack tool,
+// /proc/net/snmp) and from the servers' answers: never from the tracer.
+// It shows the incident happened, and it is the truth the tracer's flow is
+// compared with.
+type Proof struct {
+	// Rule is the deciding rule whose packet counter this attempt raised,
+	// as the node's iptables-save prints it.
+	Rule *RuleHit `json:"rule,omitempty"`
+	// Owner is the pod whose sandbox portmap named in the comment of the
+	// CNI-HOSTPORT-DNAT jump to Rule's chain.
+	Owner string `json:"owner,omitempty"`
+	// IPVS is the virtual server this attempt reached and the real server
+	// whose connection counter went up ("" when it has none).
+	IPVS *IPVSHit `json:"ipvs,omitempty"`
+	// Conntrack is the node's entry for the attempt, as `conntrack -L` lists it.
+	Conntrack *CTEntry `json:"conntrack,omitempty"`
+	// AnsweredBy is the pod (namespace/name) whose server answered.
+	AnsweredBy string `json:"answered_by,omitempty"`
+	// DstPod is the pod the connection ended at: the one that answered,
+	// else the one conntrack's reply comes from, else the one owning the
+	// address the client dialled.
+	DstPod string `json:"dst_pod,omitempty"`
+	// Service is the Service owning the address the client dialled (its
+	// ClusterIP or LB IP, or a node address and one of its NodePorts).
+	Service string `json:"service,omitempty"`
+	// Counter deltas of the attempt: the node's TCP resets and ICMP
+	// destination-unreachable errors sent, and the client's TCP resets.
+	NodeResets   int64 `json:"node_resets,omitempty"`
+	NodeUnreach  int64 `json:"node_icmp_unreachable,omitempty"`
+	ClientResets int64 `json:"client_resets,omitempty"`
+	// Translated says some DNAT rule or IPVS virtual server took the
+	// attempt; Refused that some REJECT or DROP rule counted it.
+	Translated bool `json:"translated"`
+	Refused    bool `json:"refused"`
+}
+
+// RuleHit is a rule of the node as iptables-save prints it.
+type RuleHit struct {
+	Table   string `json:"table"`
+	Chain   string `json:"chain"`
+	Text    string `json:"text"`
+	Packets uint64 `json:"packets"` // counted during the attempt
+}
+
+// IPVSHit is a virtual server and the real server it chose.
+type IPVSHit struct {
+	Virtual string `json:"virtual"`
+	Real    string `json:"real,omitempty"`
+}
+
+// CTEntry is a conntrack entry as the conntrack tool lists it.
+type CTEntry struct {
+	State     string   `json:"state,omitempty"`
+	Flags     []string `json:"flags,omitempty"` // UNREPLIED, ASSURED
+	ReplySrc  string   `json:"reply_src"`
+	ReplyDst  string   `json:"reply_dst"`
+	Unreplied bool     `json:"unreplied"`
+}
+
+// counters is what the lab reads of the observed node (and the client's
+// namespace) just before and just after an attempt.
+type counters struct {
+	rules        map[ruleKey]uint64
+	ipvs         map[string]uint64 // "VS" and "VS RS" -> connections
+	snmp         map[string]int64  // "Tcp:OutRsts", "Icmp:OutDestUnreachs"
+	clientResets int64
+}
+
+type ruleKey struct{ table, text string }
+
+var proofTables = []string{"nat", "filter"}
+
+func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
+	c := counters{rules: map[ruleKey]uint64{}}
+	for _, table := range proofTables {
+		out, err := node.Run("iptables-save", "-c", "-t", table)
+		if err != nil {
+			return c, fmt.Errorf("read rule counters: %w", err)
+		}
+		for k, n := range parseRuleCounters(table, out) {
+			c.rules[k] = n
+		}
+	}
+	if ipvs {
+		out, err := node.Run("ipvsadm", "-L", "-n", "--stats", "--exact")
+		if err != nil {
+			return c, fmt.Errorf("read ipvs stats: %w", err)
+		}
+		c.ipvs = parseIPVSStats(out)
+	}
+	var err error
+	if c.snmp, err = readSNMP(node); err != nil {
+		return c, err
+	}
+	if client.Name != "" {
+		snmp, err := readSNMP(client)
+		if err != nil {
+			return c, err
+		}
+		c.clientResets = snmp["Tcp:OutRsts"]
+	}
+	return c, nil
+}
+
+// parseRuleCounters reads `iptables-save -c` lines "[pkts:bytes] -A ...";
+// identical lines get their occurrence number so none hides another.
+func parseRuleCounters(table, out string) map[ruleKey]uint64 {
+	m := map[ruleKey]uint64{}
+	seen := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "[") {
+			continue
+		}
+		cnt, text, ok := strings.Cut(line[1:], "] ")
+		if !ok || !strings.HasPrefix(text, "-A ") {
+			continue
+		}
+		pkts, _, _ := strings.Cut(cnt, ":")
+		n, err := strconv.ParseUint(pkts, 10, 64)
+		if err != nil {
+			continue
+		}
+		seen[text]++
+		if seen[text] > 1 {
+			text += "\x00" + strconv.Itoa(seen[text])
+		}
+		m[ruleKey{table, text}] = n
+	}
+	return m
+}
+
+// parseIPVSStats reads `ipvsadm -L -n --stats --exact`: a virtual server
+// line "TCP  VIP:PORT  CONNS ..." followed by its "  -> RIP:PORT  CONNS ..."
+// lines.
+func parseIPVSStats(out string) map[string]uint64 {
+	m := map[string]uint64{}
+	vs := ""
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[2], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP":
+			vs = strings.ToLower(f[0]) + " " + f[1]
+			m[vs] = n
+		case f[0] == "->" && vs != "":
+			m[vs+" "+f[1]] = n
+		}
+	}
+	return m
+}
+
+// readSNMP reads the namespace's /proc/net/snmp as "Proto:Field" -> value.
+func readSNMP(ns netlab.Namespace) (map[string]int64, error) {
+	out, err := ns.Run("cat", "/proc/net/snmp")
+	if err != nil {
+		return nil, fmt.Errorf("read snmp counters of %s: %w", ns.Name, err)
+	}
+	return parseSNMP(out), nil
+}
+
+func parseSNMP(out string) map[string]int64 {
+	m := map[string]int64{}
+	names := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		proto := f[0]
+		if hdr, ok := names[proto]; ok {
+			for i := 1; i < len(f) && i < len(hdr); i++ {
+				if v, err := strconv.ParseInt(f[i], 10, 64); err == nil {
+					m[strings.TrimSuffix(proto, ":")+":"+hdr[i]] = v
+				}
+			}
+			delete(names, proto)
+			continue
+		}
+		names[proto] = f
+	}
+	return m
+}
+
+// decidingTargets are the rule targets that decide a connection's fate;
+// counters of other rules (jumps, marks, masquerades) are not the decision.
+var decidingTargets = map[string]string{"-j DNAT": "nat", "-j REJECT": "filter", "-j DROP": "filter"}
+
+// hits lists the deciding rules whose counters went up between a and b.
+func hits(a, b counters) []RuleHit {
+	var out []RuleHit
+	for k, after := range b.rules {
+		before := a.rules[k]
+		if after <= before {
+			continue
+		}
+		text, _, _ := strings.Cut(k.text, "\x00")
+		for target, table := range decidingTargets {
+			if k.table == table && strings.Contains(text+" ", " "+target+" ") {
+				chain, _, _ := strings.Cut(strings.TrimPrefix(text, "-A "), " ")
+				out = append(out, RuleHit{Table: k.table, Chain: chain, Text: text, Packets: after - before})
+			}
+		}
+	}
+	return out
+}
+
+// ipvsHit finds the virtual server whose connection counter went up and
+// the real server that took the connection.
+func ipvsHit(a, b counters) *IPVSHit {
+	var hit *IPVSHit
+	for k, after := range b.ipvs {
+		if after <= a.ipvs[k] {
+			continue
+		}
+		f := strings.Fields(k)
+		if hit == nil {
+			hit = &IPVSHit{Virtual: f[1]}
+		}
+		if len(f) == 3 && f[1] == hit.Virtual {
+			hit.Real = f[2]
+		}
+	}
+	return hit
+}
+
+// parseConntrack reads the first entry of `conntrack -L` output:
+// "tcp 6 117 TIME_WAIT src=A dst=B sport=P dport=Q src=.. dst=.. sport=.. dport=.. [ASSURED] ...".
+func parseConntrack(out string) *CTEntry {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.Contains(line, "src=") {
+			continue
+		}
+		e := &CTEntry{}
+		var tuples [2]map[string]string
+		n := -1
+		for i, w := range f {
+			k, v, ok := strings.Cut(w, "=")
+			switch {
+			case ok && k == "src":
+				n++
+				if n < 2 {
+					tuples[n] = map[string]string{}
+				}
+				fallthrough
+			case ok && n >= 0 && n < 2:
+				tuples[n][k] = v
+			case strings.HasPrefix(w, "[") && strings.HasSuffix(w, "]"):
+				flag := strings.Trim(w, "[]")
+				e.Flags = append(e.Flags, flag)
+				e.Unreplied = e.Unreplied || flag == "UNREPLIED"
+			case !ok && i == 3 && f[0] == "tcp":
+				e.State = w
+			}
+		}
+		if tuples[1] == nil {
+			return nil
+		}
+		e.ReplySrc = endpointOf(tuples[1]["src"], tuples[1]["sport"])
+		e.ReplyDst = endpointOf(tuples[1]["dst"], tuples[1]["dport"])
+		return e
+	}
+	return nil
+}
+
+func endpointOf(ip, port string) string {
+	if port == "" {
+		return ip
+	}
+	return ip + ":" + port
+}
+
+// conntrackEntry lists the node's entry for one connection with the
+// conntrack tool (ICMP entries are not looked up: their id is the ping's).
+func conntrackEntry(node netlab.Namespace, proto, src, dst string) (*CTEntry, error) {
+	if proto == "icmp" {
+		return nil, nil
+	}
+	sip, sport, _ := strings.Cut(src, ":")
+	dip, dport, _ := strings.Cut(dst, ":")
+	out, err := node.Run("conntrack", "-L", "-p", proto, "--orig-src", sip, "--orig-dst", dip,
+		"--orig-port-src", sport, "--orig-port-dst", dport)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack -L for %s %s -> %s: %w", proto, src, dst, err)
+	}
+	return parseConntrack(out), nil
+}
