@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -282,7 +283,8 @@ func writeTrace(w io.Writer, run *labRun) error {
 }
 
 // labUI runs the scenarios one after another into one UI, which stays
-// open until the user quits; `make demo` runs this.
+// open until the user quits; `make demo` runs this. The title shows the
+// checks' results so far; a failed check or record file is also returned.
 func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, stderr io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -294,51 +296,165 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 		hdr.Hooks = live.HookRecords(t.Plan)
 		t.Close()
 	}
-	var rec *trace.Writer
-	var mu sync.Mutex
-	var labErr error
+	st := &labStatus{total: len(scs)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for _, sc := range scs {
-			run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) })
-			mu.Lock()
-			if err != nil {
-				labErr = errors.Join(labErr, err)
-			}
-			mu.Unlock()
-			if err != nil || ctx.Err() != nil {
-				return
-			}
-			if o.record != "" && run.result.Skipped == "" {
-				if rec == nil {
-					h := run.header
-					h.Command = "lab"
-					if rec, err = trace.Create(o.record, h); err != nil {
-						return
-					}
-				}
-				for _, f := range run.flows {
-					rec.WriteFlow(f)
-				}
-			}
-		}
+		st.set(runLabScenarios(ctx, env, scs, o, store, st))
 	}()
-	uiErr := tui.Run(ctx, tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true}, tui.Options{})
+	uiErr := tui.Run(ctx, tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true, Status: st.line}, tui.Options{})
 	cancel()
 	<-done
-	if rec != nil {
-		labErr = errors.Join(labErr, rec.Close())
-	}
 	if errors.Is(uiErr, tui.ErrNotTerminal) {
 		uiErr = usageError{uiErr}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if errors.Is(labErr, context.Canceled) {
-		labErr = nil
+	return errors.Join(uiErr, st.err())
+}
+
+// runLabScenarios runs scs into store, counting their checks in st and
+// recording their flows to o.record.
+func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, store *trace.Store, st *labStatus) error {
+	var rec *trace.Writer
+	var errs []error
+	for _, sc := range scs {
+		st.start(sc.Name)
+		run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) })
+		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			errs = append(errs, err)
+			st.finish(sc.Name, labFailed)
+			continue
+		}
+		st.finish(sc.Name, outcomeOf(run.result))
+		if o.record == "" || run.result.Skipped != "" {
+			continue
+		}
+		if rec == nil {
+			if rec, err = trace.Create(o.record, run.header); err != nil {
+				err = fmt.Errorf("record %s: %w", o.record, err)
+				st.recordFailed(err)
+				return errors.Join(append(errs, err)...)
+			}
+		}
+		for _, f := range run.flows {
+			if err := rec.WriteFlow(f); err != nil {
+				err = fmt.Errorf("record %s: %w", o.record, err)
+				st.recordFailed(err)
+				return errors.Join(append(errs, err, rec.Close())...)
+			}
+		}
 	}
-	return errors.Join(uiErr, labErr)
+	if rec != nil {
+		if err := rec.Close(); err != nil {
+			err = fmt.Errorf("record %s: %w", o.record, err)
+			st.recordFailed(err)
+			errs = append(errs, err)
+		}
+	}
+	if n := st.failedCount(); n > 0 {
+		errs = append(errs, fmt.Errorf("lab: %d scenario(s) did not show what they should: %s", n, strings.Join(st.failedNames(), ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+type labOutcome int
+
+const (
+	labPassed labOutcome = iota
+	labFailed
+	labSkipped
+)
+
+func outcomeOf(r labResult) labOutcome {
+	switch {
+	case r.Skipped != "":
+		return labSkipped
+	case r.OK:
+		return labPassed
+	}
+	return labFailed
+}
+
+// labStatus is what the UI's title says of the lab's checks.
+type labStatus struct {
+	mu                     sync.Mutex
+	total, passed, skipped int
+	failed                 []string
+	running, recordErr     string
+	runErr                 error
+}
+
+func (s *labStatus) start(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running = name
+}
+
+func (s *labStatus) finish(name string, o labOutcome) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running = ""
+	switch o {
+	case labPassed:
+		s.passed++
+	case labSkipped:
+		s.skipped++
+	default:
+		s.failed = append(s.failed, name)
+	}
+}
+
+func (s *labStatus) recordFailed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recordErr = err.Error()
+}
+
+func (s *labStatus) set(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runErr = err
+}
+
+func (s *labStatus) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runErr
+}
+
+func (s *labStatus) failedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.failed)
+}
+
+func (s *labStatus) failedNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.failed)
+}
+
+// line is the title's status: "lab 5/8: 4 passed, 1 failed (x) · running y".
+func (s *labStatus) line() (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	done := s.passed + s.skipped + len(s.failed)
+	text := fmt.Sprintf("lab %d/%d: %d passed", done, s.total, s.passed)
+	if len(s.failed) > 0 {
+		text += fmt.Sprintf(", %d FAILED (%s)", len(s.failed), strings.Join(s.failed, ", "))
+	}
+	if s.skipped > 0 {
+		text += fmt.Sprintf(", %d skipped", s.skipped)
+	}
+	if s.running != "" {
+		text += " · running " + s.running
+	}
+	if s.recordErr != "" {
+		text += " · " + s.recordErr
+	}
+	return text, len(s.failed) > 0 || s.recordErr != ""
 }
 
 func scenarioNames(scs []lab.Scenario) string {

@@ -44,7 +44,10 @@ const (
 func (c *cluster) prove(e *Expectation, before, after counters, ct *CTEntry) {
 	p := &e.Proof
 	rules := hits(before, after)
-	p.IPVS = ipvsHit(before, after)
+	vss := ipvsHits(after, e.Proto, e.Src)
+	if len(vss) > 0 {
+		p.IPVS = &vss[0]
+	}
 	p.Conntrack = ct
 	p.NodeResets = after.snmp["Tcp:OutRsts"] - before.snmp["Tcp:OutRsts"]
 	p.NodeUnreach = after.snmp["Icmp:OutDestUnreachs"] - before.snmp["Icmp:OutDestUnreachs"]
@@ -85,19 +88,20 @@ func (c *cluster) prove(e *Expectation, before, after counters, ct *CTEntry) {
 	}
 	serviceDNAT := func() {
 		if p.IPVS != nil {
-			need(p.IPVS.Real != "", "virtual server %s counted a connection to a real server", p.IPVS.Virtual)
+			need(p.IPVS.Real != "", "IPVS connected it through virtual server %s to a real server", p.IPVS.Virtual)
 			return
 		}
 		pick("nat", "KUBE-SEP-", "DNAT")
 	}
+	need(len(vss) <= 1, "at most one IPVS connection is the attempt's (%d are)", len(vss))
 	switch e.Mechanism {
 	case NoDecision:
-		need(len(rules) == 0 && p.IPVS == nil, "no DNAT, REJECT or DROP rule and no virtual server counted it (counted: %s)", describeHits(rules, p.IPVS))
+		need(len(rules) == 0 && p.IPVS == nil, "no DNAT, REJECT or DROP rule counted it and IPVS has no connection of it (found: %s)", describeHits(rules, p.IPVS))
 	case ServiceDNAT:
 		serviceDNAT()
 	case HostportDNAT:
 		pick("nat", "CNI-DN-", "DNAT")
-		need(p.IPVS == nil, "no virtual server counted it (%s did)", describeHits(nil, p.IPVS))
+		need(p.IPVS == nil, "IPVS has no connection of it (found: %s)", describeHits(nil, p.IPVS))
 		if p.Rule != nil {
 			p.Owner = c.portmapOwner(after, p.Rule.Chain)
 			need(p.Owner != "", "portmap's CNI-HOSTPORT-DNAT jump to %s names the sandbox of a lab pod", p.Rule.Chain)
@@ -178,7 +182,7 @@ func (c *cluster) portmapOwner(after counters, chain string) string {
 // servers it has.
 func (c *cluster) virtualServer(after counters, proto, dst string) (bool, int) {
 	key := proto + " " + dst
-	_, ok := after.ipvs[key]
+	ok := after.ipvs[key]
 	reals := 0
 	for k := range after.ipvs {
 		if strings.HasPrefix(k, key+" ") {

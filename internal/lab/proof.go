@@ -21,7 +21,7 @@ type Proof struct {
 	// CNI-HOSTPORT-DNAT jump to Rule's chain.
 	Owner string `json:"owner,omitempty"`
 	// IPVS is the virtual server this attempt reached and the real server
-	// whose connection counter went up ("" when it has none).
+	// IPVS's connection table gives it ("" when it has none).
 	IPVS *IPVSHit `json:"ipvs,omitempty"`
 	// Conntrack is the node's entry for the attempt, as `conntrack -L` lists it.
 	Conntrack *CTEntry `json:"conntrack,omitempty"`
@@ -71,8 +71,13 @@ type CTEntry struct {
 // counters is what the lab reads of the observed node (and the client's
 // namespace) just before and just after an attempt.
 type counters struct {
-	rules        map[ruleKey]uint64
-	ipvs         map[string]uint64 // "VS" and "VS RS" -> connections
+	rules map[ruleKey]uint64
+	// ipvs lists the virtual servers ("tcp VIP:PORT") and their real
+	// servers ("tcp VIP:PORT RIP:PORT"); ipvsConns is IPVS's connection
+	// table. Both are read at once; IPVS's per-service counters are not,
+	// as the kernel refreshes them only every two seconds.
+	ipvs         map[string]bool
+	ipvsConns    []ipvsConn
 	snmp         map[string]int64  // "Tcp:OutRsts", "Icmp:OutDestUnreachs"
 	clientResets int64
 }
@@ -93,11 +98,15 @@ func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
 		}
 	}
 	if ipvs {
-		out, err := node.Run("ipvsadm", "-L", "-n", "--stats", "--exact")
+		out, err := node.Run("ipvsadm", "-L", "-n")
 		if err != nil {
-			return c, fmt.Errorf("read ipvs stats: %w", err)
+			return c, fmt.Errorf("list ipvs virtual servers: %w", err)
 		}
-		c.ipvs = parseIPVSStats(out)
+		c.ipvs = parseIPVSList(out)
+		if out, err = node.Run("ipvsadm", "-L", "-n", "-c"); err != nil {
+			return c, fmt.Errorf("list ipvs connections: %w", err)
+		}
+		c.ipvsConns = parseIPVSConns(out)
 	}
 	var err error
 	if c.snmp, err = readSNMP(node); err != nil {
@@ -140,30 +149,40 @@ func parseRuleCounters(table, out string) map[ruleKey]uint64 {
 	return m
 }
 
-// parseIPVSStats reads `ipvsadm -L -n --stats --exact`: a virtual server
-// line "TCP  VIP:PORT  CONNS ..." followed by its "  -> RIP:PORT  CONNS ..."
-// lines.
-func parseIPVSStats(out string) map[string]uint64 {
-	m := map[string]uint64{}
+// parseIPVSList reads `ipvsadm -L -n`: a virtual server line
+// "TCP  VIP:PORT rr" followed by its "  -> RIP:PORT  Masq ..." lines.
+func parseIPVSList(out string) map[string]bool {
+	m := map[string]bool{}
 	vs := ""
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 3 {
-			continue
-		}
-		n, err := strconv.ParseUint(f[2], 10, 64)
-		if err != nil {
-			continue
-		}
 		switch {
+		case len(f) < 2:
 		case f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP":
 			vs = strings.ToLower(f[0]) + " " + f[1]
-			m[vs] = n
-		case f[0] == "->" && vs != "":
-			m[vs+" "+f[1]] = n
+			m[vs] = true
+		case f[0] == "->" && vs != "" && strings.Contains(f[1], ":") && f[1] != "RemoteAddress:Port":
+			m[vs+" "+f[1]] = true
 		}
 	}
 	return m
+}
+
+// ipvsConn is one entry of IPVS's connection table.
+type ipvsConn struct{ proto, source, virtual, dest string }
+
+// parseIPVSConns reads `ipvsadm -L -n -c`:
+// "TCP 01:59  TIME_WAIT   CLIENT:PORT   VIP:PORT   RIP:PORT".
+func parseIPVSConns(out string) []ipvsConn {
+	var conns []ipvsConn
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 6 || f[0] != "TCP" && f[0] != "UDP" && f[0] != "SCTP" {
+			continue
+		}
+		conns = append(conns, ipvsConn{proto: strings.ToLower(f[0]), source: f[3], virtual: f[4], dest: f[5]})
+	}
+	return conns
 }
 
 // readSNMP reads the namespace's /proc/net/snmp as "Proto:Field" -> value.
@@ -221,23 +240,15 @@ func hits(a, b counters) []RuleHit {
 	return out
 }
 
-// ipvsHit finds the virtual server whose connection counter went up and
-// the real server that took the connection.
-func ipvsHit(a, b counters) *IPVSHit {
-	var hit *IPVSHit
-	for k, after := range b.ipvs {
-		if after <= a.ipvs[k] {
-			continue
-		}
-		f := strings.Fields(k)
-		if hit == nil {
-			hit = &IPVSHit{Virtual: f[1]}
-		}
-		if len(f) == 3 && f[1] == hit.Virtual {
-			hit.Real = f[2]
+// ipvsHits lists IPVS's connections from the attempt's source.
+func ipvsHits(c counters, proto, src string) []IPVSHit {
+	var out []IPVSHit
+	for _, conn := range c.ipvsConns {
+		if conn.proto == proto && conn.source == src {
+			out = append(out, IPVSHit{Virtual: conn.virtual, Real: conn.dest})
 		}
 	}
-	return hit
+	return out
 }
 
 // parseConntrack reads the first entry of `conntrack -L` output:

@@ -34,6 +34,9 @@ type Source struct {
 	// LostEvents is the lost-event count when Stats is nil (a replay's
 	// summary).
 	LostEvents uint64
+	// Status, when not nil, is polled for a line the title shows next to
+	// "tracer" (the lab's checks so far); alert shows it as a warning.
+	Status func() (text string, alert bool)
 }
 
 // Stats are the capture stage's counters.

@@ -55,6 +55,13 @@ func (m *Model) headerLines() []string {
 		// First, so that a narrow terminal never truncates it away.
 		title += "  " + styleWarn.Render(fmt.Sprintf("PAUSED (%d new)", m.src.Store.Len()-m.flows.view.Len()))
 	}
+	if m.src.Status != nil {
+		if text, alert := m.src.Status(); alert {
+			title += "  " + styleWarn.Render(text)
+		} else if text != "" {
+			title += "  " + text
+		}
+	}
 	title += "  node " + orDash(h.Node) + "  kernel " + orDash(h.Kernel)
 	if m.src.Title != "" {
 		title += "  " + styleFaint.Render(m.src.Title)
