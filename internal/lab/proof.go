@@ -78,7 +78,7 @@ type counters struct {
 	// as the kernel refreshes them only every two seconds.
 	ipvs         map[string]bool
 	ipvsConns    []ipvsConn
-	snmp         map[string]int64  // "Tcp:OutRsts", "Icmp:OutDestUnreachs"
+	snmp         map[string]int64 // "Tcp:OutRsts", "Icmp:OutDestUnreachs"
 	clientResets int64
 }
 
