@@ -261,3 +261,14 @@ func press(m *Model, s string) {
 		m.Update(k)
 	}
 }
+
+// The lab's status line sits in the title, where a narrow terminal keeps it.
+func TestStatusInTitle(t *testing.T) {
+	src := incidentSource(t)
+	src.Status = func() (string, bool) { return "lab 3/8: 2 passed, 1 FAILED (ping-clusterip)", true }
+	m := drive(t, src, Options{}, 120, 24)
+	first := strings.SplitN(screenText(m), "\n", 2)[0]
+	if !strings.Contains(first, "lab 3/8: 2 passed, 1 FAILED (ping-clusterip)") {
+		t.Errorf("title %q lacks the lab's status", first)
+	}
+}
