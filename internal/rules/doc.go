@@ -24,8 +24,6 @@
 //   - ParseIPSetSave and MemNode provide the node state the evaluator needs
 //     (LOCAL addresses, ipset membership) from `ip route show table local`
 //     style prefixes and `ipset save` output.
-//   - ReadLive runs iptables-save / ip6tables-save (read only) through an
-//     injectable Runner.
 //
 // Native nftables tables, such as the `ip cni_hostport` / `inet cni_hostport`
 // tables the portmap plugin (1.6 and later, "backend": "nftables") and
