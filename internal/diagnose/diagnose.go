@@ -85,7 +85,6 @@ func (d *diagnosis) has(kinds ...string) bool {
 
 // dst is where the client sent the flow.
 func (d *diagnosis) dst() netip.AddrPort { return parseEndpoint(d.f.Orig.Dst) }
-func (d *diagnosis) src() netip.AddrPort { return parseEndpoint(d.f.Orig.Src) }
 
 // wentTo is where the connection really went: the reply's source.
 func (d *diagnosis) wentTo() netip.AddrPort {

@@ -221,7 +221,7 @@ func parseRule(r *Rule, toks []string, family Family) error {
 			neg = true
 			i++
 			if i >= len(toks) {
-				return errors.New("dangling !")
+				return errors.New(`"!" negates nothing`)
 			}
 		}
 		tok := toks[i]
