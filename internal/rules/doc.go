@@ -28,6 +28,8 @@
 // Native nftables tables, such as the `ip cni_hostport` / `inet cni_hostport`
 // tables the portmap plugin (1.6 and later, "backend": "nftables") and
 // kube-proxy's nftables mode create, are not iptables rules: iptables-nft
-// only prints its own xtables-compatible tables. Those tables are read and
-// attributed by the tracer's nftables reader, not by this package.
+// only prints its own xtables-compatible tables. Nothing parses or
+// attributes them yet: the node watcher (internal/enrich/node) only keeps
+// their `nft list ruleset` text in its State, so a decision one of their
+// rules made is reported without a rule.
 package rules

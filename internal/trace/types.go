@@ -125,8 +125,8 @@ type ServicePort struct {
 	Target   string `json:"target,omitempty"`
 }
 
-// Endpoint is a source or destination of a five-tuple, as "IP:PORT"
-// (ICMP uses the ICMP id as port, as conntrack does).
+// Tuple is the source and destination of a five-tuple, each as "IP:PORT",
+// or a bare IP for ICMP.
 type Tuple struct {
 	Src string `json:"src"`
 	Dst string `json:"dst"`

@@ -59,8 +59,9 @@ type IPVSReal struct {
 	Weight  uint32
 }
 
-// NFTable is a native nftables table (not one of iptables-nft's), kept as
-// `nft list table` prints it so users see exactly what the kernel has.
+// NFTable is a native nftables table (not one of iptables-nft's), its text
+// cut from `nft list ruleset` with comment lines dropped and counters and
+// timers left out, so that a poll sees a change only when a rule changed.
 type NFTable struct {
 	Family, Name string
 	Text         string
