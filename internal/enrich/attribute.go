@@ -21,15 +21,15 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 		var k rules.ActionKind
 		r := 0
 		switch {
-		case e.Kind == "reject":
+		case e.Kind == trace.KindReject:
 			k, r = rules.ActionReject, 5
-		case e.Kind == "reset" && e.By == "netfilter":
+		case e.Kind == trace.KindReset && e.By == "netfilter":
 			k, r = rules.ActionReset, 4
-		case e.Kind == "drop" && e.Reason == "NETFILTER_DROP":
+		case e.Kind == trace.KindDrop && e.Reason == "NETFILTER_DROP":
 			k, r = rules.ActionDrop, 3
-		case e.Kind == "dnat":
+		case e.Kind == trace.KindDNAT:
 			k, r = rules.ActionDNAT, 2
-		case e.Kind == "snat":
+		case e.Kind == trace.KindSNAT:
 			k, r = rules.ActionSNAT, 1
 		}
 		if r > rank {

@@ -66,7 +66,7 @@ func endpoint(s string) netip.AddrPort {
 
 func dnatTarget(f *trace.Flow) netip.AddrPort {
 	for _, e := range f.Events {
-		if e.Kind == "dnat" {
+		if e.Kind == trace.KindDNAT {
 			if r, ok := parseRange(e.To); ok {
 				return netip.AddrPortFrom(r.MinAddr, r.MinPort)
 			}
