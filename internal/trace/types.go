@@ -4,7 +4,10 @@
 // two in step. Every optional field is omitted when unknown, never invented.
 package trace
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Schema identifies this format in the header.
 const Schema = "tracer/v1"
@@ -130,6 +133,18 @@ type ServicePort struct {
 type Tuple struct {
 	Src string `json:"src"`
 	Dst string `json:"dst"`
+}
+
+// ParseEndpoint reads one side of a Tuple: "IP:PORT", or a bare IP (ICMP)
+// as port 0. Anything else gives the zero AddrPort.
+func ParseEndpoint(s string) netip.AddrPort {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 0)
+	}
+	return netip.AddrPort{}
 }
 
 // Event is one decision the kernel made, as the capture stage decoded it.
