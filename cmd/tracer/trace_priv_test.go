@@ -139,7 +139,7 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if flow == nil {
 		t.Fatalf("no flow to 10.96.78.1:80 in %v", types)
 	}
-	if len(flow.Events) == 0 || flow.Events[0].Kind != "dnat" || flow.Events[0].To != "10.78.0.1:8080" {
+	if len(flow.Events) == 0 || flow.Events[0].Kind != trace.KindDNAT || flow.Events[0].To != "10.78.0.1:8080" {
 		t.Errorf("flow events %+v", flow.Events)
 	}
 	if flow.Reply == nil || flow.Reply.Src != "10.78.0.1:8080" {

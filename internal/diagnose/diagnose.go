@@ -84,26 +84,14 @@ func (d *diagnosis) has(kinds ...string) bool {
 }
 
 // dst is where the client sent the flow.
-func (d *diagnosis) dst() netip.AddrPort { return parseEndpoint(d.f.Orig.Dst) }
-func (d *diagnosis) src() netip.AddrPort { return parseEndpoint(d.f.Orig.Src) }
+func (d *diagnosis) dst() netip.AddrPort { return trace.ParseEndpoint(d.f.Orig.Dst) }
 
 // wentTo is where the connection really went: the reply's source.
 func (d *diagnosis) wentTo() netip.AddrPort {
 	if d.f.Reply != nil {
-		return parseEndpoint(d.f.Reply.Src)
+		return trace.ParseEndpoint(d.f.Reply.Src)
 	}
 	return d.dst()
-}
-
-// parseEndpoint reads "IP:PORT" or a bare IP (ICMP).
-func parseEndpoint(s string) netip.AddrPort {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return netip.AddrPortFrom(a, 0)
-	}
-	return netip.AddrPort{}
 }
 
 // target names what the client addressed: "10.96.0.20:3306 (Service ns/name)".

@@ -86,13 +86,13 @@ func flow(proto, src, dst, replySrc string, kinds ...string) *trace.Flow {
 	for _, k := range kinds {
 		e := trace.Event{Kind: k, Hook: "h", Via: "fentry"}
 		switch k {
-		case "reject":
+		case trace.KindReject:
 			e.Reason = "icmp-port-unreachable"
 			e.Packet = &trace.Tuple{Src: src, Dst: dst}
-		case "reset":
+		case trace.KindReset:
 			e.By = "stack"
 			e.Reason = "NO_SOCKET"
-		case "drop":
+		case trace.KindDrop:
 			e.Reason = "NETFILTER_DROP"
 		}
 		f.Events = append(f.Events, e)
@@ -114,7 +114,7 @@ func check(t *testing.T, f *trace.Flow, verdict string, facts ...string) {
 }
 
 func TestHostportHijackOfClusterIP(t *testing.T) {
-	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", trace.KindDNAT)
 	f.Rule = portmapRule
 	f.Service = &trace.ServiceRef{Namespace: "ns-a", Name: "mysql-a", Port: "3306"}
 	f.DstPod = &trace.PodRef{Namespace: "ns-b", Name: "mysql-b"}
@@ -123,7 +123,7 @@ func TestHostportHijackOfClusterIP(t *testing.T) {
 }
 
 func TestHostportHijackOfHostListener(t *testing.T) {
-	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:80", "10.244.1.5:80", "dnat")
+	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:80", "10.244.1.5:80", trace.KindDNAT)
 	f.Rule = portmapRule
 	check(t, f, trace.VerdictHostportHijack, "host listener on 0.0.0.0:80 (hostNetwork pod ingress/ingress-agent)", "pick one")
 	if r := Diagnose(flowHijackVIP(), newEnv()); strings.Contains(r.Explanation, "pick one") {
@@ -133,14 +133,14 @@ func TestHostportHijackOfHostListener(t *testing.T) {
 
 // Near miss: a hostPort on a port nobody else owns is the hostPort working.
 func TestHostportAsIntendedIsOK(t *testing.T) {
-	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:3306", "10.244.1.5:3306", "dnat")
+	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:3306", "10.244.1.5:3306", trace.KindDNAT)
 	f.Rule = portmapRule
 	check(t, f, trace.VerdictOK, "hostPort used as intended")
 }
 
 // Near miss: a DNAT to the same pod by kube-proxy's own rule is no hijack.
 func TestServiceDNATIsOK(t *testing.T) {
-	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", trace.KindDNAT)
 	f.Rule = &trace.Rule{Table: "nat", Chain: "KUBE-SEP-X", Path: []string{"PREROUTING", "KUBE-SERVICES", "KUBE-SVC-Y", "KUBE-SEP-X"}, Text: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.244.1.5:3306"}
 	f.Service = &trace.ServiceRef{Namespace: "ns-a", Name: "mysql-a"}
 	f.Conntrack = &trace.Conntrack{Replied: true}
@@ -148,13 +148,13 @@ func TestServiceDNATIsOK(t *testing.T) {
 }
 
 func TestPingClusterIPRejectedByFilter(t *testing.T) {
-	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", "reject", "drop")
+	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", trace.KindReject, trace.KindDrop)
 	f.Rule = filterRule
 	check(t, f, trace.VerdictIPVSFilterReject, "KUBE-IPVS-FILTER", "ICMP (ping)", "only tcp:80", "kube-ipvs0", "ping never will")
 }
 
 func TestLBPortOutsideClusterRejected(t *testing.T) {
-	f := flow("tcp", "10.244.1.7:40000", "192.168.1.200:443", "", "reject")
+	f := flow("tcp", "10.244.1.7:40000", "192.168.1.200:443", "", trace.KindReject)
 	f.Rule = filterRule
 	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
 	check(t, f, trace.VerdictIPVSFilterReject, "tcp port 443", "ipMode: Proxy", "hostname")
@@ -162,26 +162,26 @@ func TestLBPortOutsideClusterRejected(t *testing.T) {
 
 // Without a rules snapshot the address on kube-ipvs0 still identifies it.
 func TestFilterRejectWithoutRule(t *testing.T) {
-	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", "reject")
+	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", trace.KindReject)
 	check(t, f, trace.VerdictIPVSFilterReject, "not attributed")
 }
 
 // Near miss: a REJECT in another chain is not KUBE-IPVS-FILTER.
 func TestOtherRejectIsRejected(t *testing.T) {
-	f := flow("udp", "10.244.1.7:5000", "10.96.0.10:53", "", "reject")
+	f := flow("udp", "10.244.1.7:5000", "10.96.0.10:53", "", trace.KindReject)
 	f.Rule = &trace.Rule{Table: "filter", Chain: "MY-FIREWALL", Path: []string{"FORWARD", "MY-FIREWALL"}, Text: "-A MY-FIREWALL -p udp -j REJECT"}
 	check(t, f, trace.VerdictRejected, "MY-FIREWALL", "icmp-port-unreachable")
 }
 
 func TestIPVSNoEndpoint(t *testing.T) {
-	f := flow("tcp", "172.18.0.9:40000", "192.168.1.200:80", "", "ipvs-no-dest", "reject")
+	f := flow("tcp", "172.18.0.9:40000", "192.168.1.200:80", "", trace.KindIPVSNoDest, trace.KindReject)
 	f.Events[0].Virtual = "192.168.1.200:80"
 	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
 	check(t, f, trace.VerdictIPVSNoEndpoint, "no real server", "externalTrafficPolicy=Local", "before 1.24")
 }
 
 func TestReturnPathOnDNATNode(t *testing.T) {
-	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", "ipvs")
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", trace.KindIPVS)
 	f.Events[0].To = "10.244.2.7:8080"
 	f.Conntrack = &trace.Conntrack{Replied: false, State: "SYN_SENT"}
 	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
@@ -191,7 +191,7 @@ func TestReturnPathOnDNATNode(t *testing.T) {
 
 // Near miss: the same DNAT with its reply seen is fine.
 func TestRepliedRemoteDNATIsOK(t *testing.T) {
-	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", "ipvs")
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", trace.KindIPVS)
 	f.Events[0].To = "10.244.2.7:8080"
 	f.Conntrack = &trace.Conntrack{Replied: true}
 	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
@@ -199,29 +199,29 @@ func TestRepliedRemoteDNATIsOK(t *testing.T) {
 }
 
 func TestReturnPathOnClient(t *testing.T) {
-	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "192.168.1.200:80", "reset")
+	f := flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "192.168.1.200:80", trace.KindReset)
 	f.Events[0].Packet = &trace.Tuple{Src: "10.244.2.7:8080", Dst: "172.18.0.99:40000"}
 	f.Conntrack = &trace.Conntrack{Replied: false}
 	check(t, f, trace.VerdictReturnPathMismatch, "10.244.2.7:8080", "different five-tuple")
 }
 
 func TestStackResetAndDrop(t *testing.T) {
-	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:9999", "10.0.0.2:9999", "reset")
+	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:9999", "10.0.0.2:9999", trace.KindReset)
 	f.Events[0].Packet = &trace.Tuple{Src: "10.0.0.1:40000", Dst: "10.0.0.2:9999"}
 	check(t, f, trace.VerdictReset, "NO_SOCKET", "no socket listens on 10.0.0.2:9999")
-	f = flow("tcp", "10.0.0.1:40000", "10.0.0.2:22", "", "drop")
+	f = flow("tcp", "10.0.0.1:40000", "10.0.0.2:22", "", trace.KindDrop)
 	f.Rule = &trace.Rule{Table: "filter", Chain: "INPUT", Text: "-A INPUT -p tcp --dport 22 -j DROP"}
 	check(t, f, trace.VerdictDropped, "NETFILTER_DROP", "-A INPUT -p tcp --dport 22 -j DROP")
 }
 
 func TestNetfilterResetIsRejected(t *testing.T) {
-	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:81", "", "reset")
+	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:81", "", trace.KindReset)
 	f.Events[0].By = "netfilter"
 	check(t, f, trace.VerdictRejected, "tcp-reset")
 }
 
 func flowHijackVIP() *trace.Flow {
-	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", "dnat")
+	f := flow("tcp", "10.244.2.9:40000", "10.96.0.20:3306", "10.244.1.5:3306", trace.KindDNAT)
 	f.Rule = portmapRule
 	return f
 }
@@ -229,7 +229,7 @@ func flowHijackVIP() *trace.Flow {
 // A drop whose rule is a REJECT is the REJECT's drop (its reset or ICMP
 // may go out unseen, e.g. for bridged packets).
 func TestDropByRejectRuleIsRejected(t *testing.T) {
-	f := flow("tcp", "10.244.1.2:40000", "10.244.2.2:9000", "", "drop")
+	f := flow("tcp", "10.244.1.2:40000", "10.244.2.2:9000", "", trace.KindDrop)
 	f.Rule = &trace.Rule{Table: "filter", Chain: "LAB-POLICY", Text: "-A LAB-POLICY -p tcp --dport 9000 -j REJECT --reject-with tcp-reset"}
 	check(t, f, trace.VerdictRejected, "REJECT rule", "tcp-reset")
 }

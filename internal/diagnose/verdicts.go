@@ -11,9 +11,9 @@ import (
 // client with ICMP port unreachable (ip_vs_leave), seed 004's ETP=Local
 // before Kubernetes 1.24.
 func (d *diagnosis) ipvsNoEndpoint() (Result, bool) {
-	leave := d.event("ipvs-no-dest")
+	leave := d.event(trace.KindIPVSNoDest)
 	vs, haveVS := d.env.IPVSService(d.f.Proto, d.dst())
-	emptyVS := haveVS && len(vs.Reals) == 0 && d.has("reject")
+	emptyVS := haveVS && len(vs.Reals) == 0 && d.has(trace.KindReject)
 	if leave == nil && !emptyVS {
 		return Result{}, false
 	}
@@ -22,7 +22,7 @@ func (d *diagnosis) ipvsNoEndpoint() (Result, bool) {
 		virtual = leave.Virtual
 	}
 	how := "ICMP port unreachable"
-	if r := d.event("reject"); r != nil && r.Reason != "" {
+	if r := d.event(trace.KindReject); r != nil && r.Reason != "" {
 		how = r.Reason
 	}
 	etp := ""
@@ -57,7 +57,7 @@ func (d *diagnosis) service() (trace.Service, bool) {
 // ip,port: ping to a ClusterIP (seed 003), an LB IP port that belongs to
 // something outside the cluster (seed 004).
 func (d *diagnosis) ipvsFilterReject() (Result, bool) {
-	if !d.has("reject", "drop", "reset") {
+	if !d.has(trace.KindReject, trace.KindDrop, trace.KindReset) {
 		return Result{}, false
 	}
 	dst := d.dst()
@@ -65,7 +65,7 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 	if d.f.Rule != nil && !byRule {
 		return Result{}, false // another rule decided: not this incident
 	}
-	if !byRule && !(d.has("reject") && d.env.OnKubeIPVS(dst.Addr())) {
+	if !byRule && !(d.has(trace.KindReject) && d.env.OnKubeIPVS(dst.Addr())) {
 		return Result{}, false
 	}
 	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
@@ -113,7 +113,7 @@ func (d *diagnosis) isPortmapRule() bool {
 // Service VIP, a NodePort, an LB IP, or a port a host listener owns (seeds
 // 000 and 002).
 func (d *diagnosis) hostportHijack() (Result, bool) {
-	if !d.has("dnat") || !d.isPortmapRule() {
+	if !d.has(trace.KindDNAT) || !d.isPortmapRule() {
 		return Result{}, false
 	}
 	dst := d.dst()
@@ -172,7 +172,7 @@ func (d *diagnosis) returnPathMismatch() (Result, bool) {
 	if r, ok := d.clientSideMismatch(); ok {
 		return r, true
 	}
-	if !d.has("dnat", "ipvs") || d.has("snat") {
+	if !d.has(trace.KindDNAT, trace.KindIPVS) || d.has(trace.KindSNAT) {
 		return Result{}, false
 	}
 	ct := d.f.Conntrack
@@ -205,9 +205,9 @@ func (d *diagnosis) etpNote() string {
 // joiner records the client's connection as the flow's reply-less orig
 // and the stray packet in the event.
 func (d *diagnosis) clientSideMismatch() (Result, bool) {
-	ev := d.event("reset")
+	ev := d.event(trace.KindReset)
 	if ev == nil || ev.By != "stack" {
-		ev = d.event("drop")
+		ev = d.event(trace.KindDrop)
 	}
 	if ev == nil || ev.Packet == nil || d.f.Reply == nil {
 		return Result{}, false
@@ -218,7 +218,7 @@ func (d *diagnosis) clientSideMismatch() (Result, bool) {
 		return Result{}, false
 	}
 	what := "reset"
-	if ev.Kind == "drop" {
+	if ev.Kind == trace.KindDrop {
 		what = "dropped (" + ev.Reason + ")"
 	}
 	return Result{trace.VerdictReturnPathMismatch, sentences(
@@ -231,13 +231,13 @@ func (d *diagnosis) clientSideMismatch() (Result, bool) {
 
 // generic: any other REJECT, stack RST or drop, with the rule or reason.
 func (d *diagnosis) generic() (Result, bool) {
-	if ev := d.event("reject"); ev != nil {
+	if ev := d.event(trace.KindReject); ev != nil {
 		return Result{trace.VerdictRejected, sentences(
 			fmt.Sprintf("rejected: %s from %s was answered with %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "an ICMP error")),
 			orDefault(d.ruleEvidence(), "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"),
 		)}, true
 	}
-	if ev := d.event("reset"); ev != nil {
+	if ev := d.event(trace.KindReset); ev != nil {
 		if ev.By == "netfilter" {
 			return Result{trace.VerdictRejected, sentences(
 				fmt.Sprintf("rejected: %s from %s was refused with a TCP reset by a REJECT --reject-with tcp-reset rule", d.target(), d.f.Orig.Src),
@@ -248,7 +248,7 @@ func (d *diagnosis) generic() (Result, bool) {
 			fmt.Sprintf("reset: the TCP stack answered %s from %s with a reset%s", d.target(), d.f.Orig.Src, resetWhy(ev.Reason, d.wentTo())),
 		)}, true
 	}
-	if ev := d.event("drop"); ev != nil {
+	if ev := d.event(trace.KindDrop); ev != nil {
 		if r := d.f.Rule; r != nil && strings.Contains(r.Text, "-j REJECT") {
 			// REJECT drops the packet after answering it; the answer itself
 			// was not seen (a bridged packet's reset goes straight out).
@@ -289,16 +289,16 @@ func orDefault(s, def string) string {
 func (d *diagnosis) ok() Result {
 	var parts []string
 	switch {
-	case d.has("ipvs"):
-		ev := d.event("ipvs")
+	case d.has(trace.KindIPVS):
+		ev := d.event(trace.KindIPVS)
 		parts = append(parts, fmt.Sprintf("ok: IPVS sent %s from %s to real server %s (%s)", d.target(), d.f.Orig.Src, d.where(ev.To, d.f.DstPod), orDefault(ev.Forward, "masq")))
-	case d.has("dnat"):
+	case d.has(trace.KindDNAT):
 		parts = append(parts, fmt.Sprintf("ok: %s from %s was DNAT'd to %s", d.target(), d.f.Orig.Src, d.where(d.wentTo().String(), d.f.DstPod)))
 		if d.isPortmapRule() {
 			parts = append(parts, "a hostPort used as intended: nothing else owns that address and port")
 		}
-	case d.has("snat"):
-		ev := d.event("snat")
+	case d.has(trace.KindSNAT):
+		ev := d.event(trace.KindSNAT)
 		parts = append(parts, fmt.Sprintf("ok: %s to %s leaves with source %s (SNAT/MASQUERADE)", d.f.Orig.Src, d.target(), ev.To))
 	default:
 		parts = append(parts, fmt.Sprintf("ok: %s to %s passed untranslated", d.f.Orig.Src, d.target()))

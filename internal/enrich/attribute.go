@@ -21,15 +21,15 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 		var k rules.ActionKind
 		r := 0
 		switch {
-		case e.Kind == "reject":
+		case e.Kind == trace.KindReject:
 			k, r = rules.ActionReject, 5
-		case e.Kind == "reset" && e.By == "netfilter":
+		case e.Kind == trace.KindReset && e.By == "netfilter":
 			k, r = rules.ActionReset, 4
-		case e.Kind == "drop" && e.Reason == "NETFILTER_DROP":
+		case e.Kind == trace.KindDrop && e.Reason == "NETFILTER_DROP":
 			k, r = rules.ActionDrop, 3
-		case e.Kind == "dnat":
+		case e.Kind == trace.KindDNAT:
 			k, r = rules.ActionDNAT, 2
-		case e.Kind == "snat":
+		case e.Kind == trace.KindSNAT:
 			k, r = rules.ActionSNAT, 1
 		}
 		if r > rank {
@@ -100,15 +100,15 @@ func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (r
 	if (kind == rules.ActionReject || kind == rules.ActionReset || kind == rules.ActionDrop) && ev.Packet != nil {
 		t = ev.Packet
 	}
-	src, dst := endpoint(t.Src), endpoint(t.Dst)
+	src, dst := trace.ParseEndpoint(t.Src), trace.ParseEndpoint(t.Dst)
 	if kind == rules.ActionSNAT && f.Reply != nil {
 		// POSTROUTING sees the destination after any DNAT.
-		dst = endpoint(f.Reply.Src)
+		dst = trace.ParseEndpoint(f.Reply.Src)
 	}
 	if !src.IsValid() || !dst.IsValid() {
 		return rules.Packet{}, false
 	}
-	pkt := rules.Packet{Proto: protoNumber(f.Proto), Src: src, Dst: dst, OrigDst: endpoint(f.Orig.Dst).Addr()}
+	pkt := rules.Packet{Proto: protoNumber(f.Proto), Src: src, Dst: dst, OrigDst: trace.ParseEndpoint(f.Orig.Dst).Addr()}
 	if f.Conntrack == nil || !f.Conntrack.Replied {
 		pkt.State = rules.CTNew // the first packet: what nat sees, and REJECT met
 	}

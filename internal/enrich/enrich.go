@@ -31,13 +31,13 @@ func Enrich(f *trace.Flow, env Env) {
 // where the connection really went (reply.src), or the addressed pod; the
 // Service is the one the client addressed.
 func names(f *trace.Flow, env Env) {
-	src, dst := endpoint(f.Orig.Src), endpoint(f.Orig.Dst)
+	src, dst := trace.ParseEndpoint(f.Orig.Src), trace.ParseEndpoint(f.Orig.Dst)
 	if p, ok := env.PodByIP(src.Addr(), f.Time); ok {
 		f.SrcPod = &p
 	}
 	went := dst
 	if f.Reply != nil {
-		went = endpoint(f.Reply.Src)
+		went = trace.ParseEndpoint(f.Reply.Src)
 	}
 	if p, ok := env.PodByIP(went.Addr(), f.Time); ok {
 		f.DstPod = &p
@@ -54,19 +54,9 @@ func names(f *trace.Flow, env Env) {
 	}
 }
 
-func endpoint(s string) netip.AddrPort {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return netip.AddrPortFrom(a, 0)
-	}
-	return netip.AddrPort{}
-}
-
 func dnatTarget(f *trace.Flow) netip.AddrPort {
 	for _, e := range f.Events {
-		if e.Kind == "dnat" {
+		if e.Kind == trace.KindDNAT {
 			if r, ok := parseRange(e.To); ok {
 				return netip.AddrPortFrom(r.MinAddr, r.MinPort)
 			}

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // record builds a raw ring buffer record as bpf/tracer.c writes it.
@@ -72,7 +74,7 @@ func TestDecodeDNAT(t *testing.T) {
 		t.Errorf("status names %v", got)
 	}
 	rec := e.Record(nil)
-	if rec.Kind != "dnat" || rec.Via != "fentry" || rec.Hook != "nf_nat_setup_info" || rec.Proto != "tcp" ||
+	if rec.Kind != trace.KindDNAT || rec.Via != "fentry" || rec.Hook != "nf_nat_setup_info" || rec.Proto != "tcp" ||
 		rec.Orig.Dst != "10.96.0.20:3306" || rec.Reply.Src != "10.96.0.20:3306" || rec.To != "10.244.1.5:3306" {
 		t.Errorf("record %+v", rec)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Kind is what the kernel decided.
@@ -22,7 +24,8 @@ const (
 	KindDrop       Kind = 7
 )
 
-var kindNames = [...]string{"", "dnat", "snat", "ipvs", "ipvs-no-dest", "reject", "reset", "drop"}
+// kindNames are the trace format's names of the kinds.
+var kindNames = [...]string{"", trace.KindDNAT, trace.KindSNAT, trace.KindIPVS, trace.KindIPVSNoDest, trace.KindReject, trace.KindReset, trace.KindDrop}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && k != 0 {

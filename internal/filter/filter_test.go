@@ -176,7 +176,7 @@ func FuzzParse(f *testing.F) {
 func TestMatchKeyedAgreesWithMatch(t *testing.T) {
 	flows := incidentFlows(t)
 	flows = append(flows, &trace.Flow{Proto: "tcp", Orig: trace.Tuple{Src: "[fd00::1]:5000", Dst: "[fd00::2]:3306"},
-		Events: []trace.Event{{Kind: "dnat", To: "10.0.0.1-10.0.0.9:3300-3310"}}})
+		Events: []trace.Event{{Kind: trace.KindDNAT, To: "10.0.0.1-10.0.0.9:3300-3310"}}})
 	for _, expr := range []string{"port:3306", "port:7", "port:3305", "!port:53", "ip:10.96.0.20", "ip:10.0.0.5",
 		"ip:10.244.0.0/16", "ip:192.168.1.20", "ip:fd00::/64", "ip:0.0.0.0/0", "port:8080 ip:10.244.3.8", "proto:tcp port:443"} {
 		f := MustParse(expr)

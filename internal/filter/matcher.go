@@ -15,7 +15,6 @@ import (
 type Matcher struct {
 	f     Filter
 	memos []memo // one per term
-	keys  *trace.AddrKeys
 }
 
 // memo is a small direct-mapped cache from an object's address to a

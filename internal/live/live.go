@@ -41,7 +41,8 @@ type Config struct {
 	MetadataWarnings func() []string
 	// Linger is how long a flow waits for more of its events.
 	Linger time.Duration
-	// RawEvents also hands every event to Run's onEvent.
+	// Command and Filter are recorded in the trace header: the command
+	// line that started the trace and its filter expression.
 	Command string
 	Filter  string
 }

@@ -5,22 +5,26 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// ActionKind is what the kernel was seen doing to a packet.
+// ActionKind is what the kernel was seen doing to a packet. The kinds an
+// event can report carry the event's kind name, so reasons read the same
+// as the trace.
 type ActionKind string
 
 const (
 	// ActionDNAT: nf_nat_setup_info(..., NF_NAT_MANIP_DST) at PREROUTING or OUTPUT.
-	ActionDNAT ActionKind = "dnat"
+	ActionDNAT ActionKind = trace.KindDNAT
 	// ActionSNAT: nf_nat_setup_info(..., NF_NAT_MANIP_SRC) at POSTROUTING or INPUT.
-	ActionSNAT ActionKind = "snat"
+	ActionSNAT ActionKind = trace.KindSNAT
 	// ActionReject: an ICMP error sent for the packet (nf_send_unreach).
-	ActionReject ActionKind = "reject"
+	ActionReject ActionKind = trace.KindReject
 	// ActionReset: a TCP reset sent by netfilter (nf_send_reset).
-	ActionReset ActionKind = "reset"
+	ActionReset ActionKind = trace.KindReset
 	// ActionDrop: kfree_skb with reason NETFILTER_DROP.
-	ActionDrop ActionKind = "drop"
+	ActionDrop ActionKind = trace.KindDrop
 	// ActionAccept: the packet passed the hook untranslated.
 	ActionAccept ActionKind = "accept"
 )

@@ -24,12 +24,12 @@
 //   - ParseIPSetSave and MemNode provide the node state the evaluator needs
 //     (LOCAL addresses, ipset membership) from `ip route show table local`
 //     style prefixes and `ipset save` output.
-//   - ReadLive runs iptables-save / ip6tables-save (read only) through an
-//     injectable Runner.
 //
 // Native nftables tables, such as the `ip cni_hostport` / `inet cni_hostport`
 // tables the portmap plugin (1.6 and later, "backend": "nftables") and
 // kube-proxy's nftables mode create, are not iptables rules: iptables-nft
-// only prints its own xtables-compatible tables. Those tables are read and
-// attributed by the tracer's nftables reader, not by this package.
+// only prints its own xtables-compatible tables. Nothing parses or
+// attributes them yet: the node watcher (internal/enrich/node) only keeps
+// their `nft list ruleset` text in its State, so a decision one of their
+// rules made is reported without a rule.
 package rules

@@ -10,16 +10,6 @@ import (
 	"strings"
 )
 
-// builtinChains are the base chains of each table with the hooks they sit
-// on; other chains need a jump to be reached.
-var builtinChains = map[string][]string{
-	"raw":      {"PREROUTING", "OUTPUT"},
-	"mangle":   {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
-	"nat":      {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
-	"filter":   {"INPUT", "FORWARD", "OUTPUT"},
-	"security": {"INPUT", "FORWARD", "OUTPUT"},
-}
-
 // ParseSave parses the output of iptables-save (or ip6tables-save, with
 // family IPv6). Tables other than raw, mangle, nat, filter and security are
 // kept too. Lines it cannot parse are errors naming the line; a rule whose
@@ -231,7 +221,7 @@ func parseRule(r *Rule, toks []string, family Family) error {
 			neg = true
 			i++
 			if i >= len(toks) {
-				return errors.New("dangling !")
+				return errors.New(`"!" negates nothing`)
 			}
 		}
 		tok := toks[i]

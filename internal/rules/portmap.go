@@ -8,10 +8,9 @@ import (
 
 // Names the CNI portmap plugin (iptables backend) gives its chains.
 const (
-	PortmapDNATChain    = "CNI-HOSTPORT-DNAT"
-	PortmapSetMarkChain = "CNI-HOSTPORT-SETMARK"
-	PortmapMasqChain    = "CNI-HOSTPORT-MASQ"
-	PortmapChainPrefix  = "CNI-DN-"
+	PortmapDNATChain   = "CNI-HOSTPORT-DNAT"
+	PortmapMasqChain   = "CNI-HOSTPORT-MASQ"
+	PortmapChainPrefix = "CNI-DN-"
 	// portmapChainLen is the plugin's maxChainLength: the whole name,
 	// prefix included, is cut to 28 characters (iptables allows 28 usable
 	// bytes in a chain name).
@@ -161,10 +160,4 @@ func (rs *Ruleset) PortmapOwnerOfPath(o *Outcome) (*PortmapOwner, bool) {
 		return rs.PortmapOwnerOf(o.Rule)
 	}
 	return nil, false
-}
-
-// PortmapChainFor finds the chain of a sandbox in the ruleset: the chain
-// named PortmapChainName(netName, containerID) if it exists.
-func (rs *Ruleset) PortmapChainFor(netName, containerID string) *Chain {
-	return rs.Chain("nat", PortmapChainName(netName, containerID))
 }

@@ -65,8 +65,8 @@ func TestPortmapOwner(t *testing.T) {
 		t.Fatalf("jump owner %+v %v", o, ok)
 	}
 	// And back: from the container id to its chain.
-	if c := rs.PortmapChainFor("cbr0", nginxID); c == nil || c.Name != nginxChain {
-		t.Errorf("PortmapChainFor: %v", c)
+	if c := rs.Chain("nat", PortmapChainName("cbr0", nginxID)); c == nil || c.Name != nginxChain {
+		t.Errorf("chain of PortmapChainName: %v", c)
 	}
 	if _, ok := rs.PortmapOwnerOf(rs.Chain("nat", "KUBE-SERVICES").Rules[0]); ok {
 		t.Error("a kube-proxy rule has no portmap owner")

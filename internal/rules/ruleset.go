@@ -246,15 +246,3 @@ func (n NATRange) String() string {
 	}
 	return b.String()
 }
-
-// terminates reports whether the kernel stops traversing the table when a
-// rule with this target matches (RETURN, jumps and gotos are handled by
-// the walker).
-func (k TargetKind) terminates() bool {
-	switch k {
-	case TargetAccept, TargetDrop, TargetReject, TargetDNAT, TargetSNAT,
-		TargetMasquerade, TargetRedirect, TargetQueue:
-		return true
-	}
-	return false
-}

@@ -234,3 +234,17 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+func TestParseEndpoint(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.96.0.20:3306":   "10.96.0.20:3306",
+		"[fd00::1]:443":     "[fd00::1]:443",
+		"10.96.0.10":        "10.96.0.10:0", // ICMP
+		"10.0.0.1-10.0.0.9": "invalid AddrPort",
+		"":                  "invalid AddrPort",
+	} {
+		if got := ParseEndpoint(in).String(); got != want {
+			t.Errorf("ParseEndpoint(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

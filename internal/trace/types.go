@@ -4,7 +4,10 @@
 // two in step. Every optional field is omitted when unknown, never invented.
 package trace
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Schema identifies this format in the header.
 const Schema = "tracer/v1"
@@ -125,11 +128,23 @@ type ServicePort struct {
 	Target   string `json:"target,omitempty"`
 }
 
-// Endpoint is a source or destination of a five-tuple, as "IP:PORT"
-// (ICMP uses the ICMP id as port, as conntrack does).
+// Tuple is the source and destination of a five-tuple, each as "IP:PORT",
+// or a bare IP for ICMP.
 type Tuple struct {
 	Src string `json:"src"`
 	Dst string `json:"dst"`
+}
+
+// ParseEndpoint reads one side of a Tuple: "IP:PORT", or a bare IP (ICMP)
+// as port 0. Anything else gives the zero AddrPort.
+func ParseEndpoint(s string) netip.AddrPort {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 0)
+	}
+	return netip.AddrPort{}
 }
 
 // Event is one decision the kernel made, as the capture stage decoded it.

@@ -152,14 +152,6 @@ func (w *Writer) Abort() {
 	w.discard()
 }
 
-// Summary returns the counts so far.
-func (w *Writer) Summary() Summary {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	s := w.summary
-	return s
-}
-
 func (w *Writer) discard() {
 	if w.file != nil {
 		w.file.Close()

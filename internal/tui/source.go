@@ -19,7 +19,7 @@ type Source struct {
 	// Header names the node and kernel and lists the hooks; its snapshot
 	// is written into exports.
 	Header trace.Header
-	// Title says what is shown: "live" or "replay FILE".
+	// Title says what is shown: "live", "replay FILE" or "lab SCENARIOS".
 	Title string
 	// Store holds the flows. The UI only reads it, except for flows it
 	// receives on Flows, which it appends.

@@ -21,10 +21,10 @@ var verdictLooks = map[string]verdictLook{
 	trace.VerdictIPVSFilterReject:   {"⊘", "filter-reject", lipgloss.Red},
 	trace.VerdictIPVSNoEndpoint:     {"∅", "no-endpoint", lipgloss.Red},
 	trace.VerdictReturnPathMismatch: {"↩", "return-path", lipgloss.Yellow},
-	trace.VerdictRejected:           {"✗", "rejected", lipgloss.Red},
-	trace.VerdictReset:              {"⟂", "reset", lipgloss.Yellow},
-	trace.VerdictDropped:            {"↓", "dropped", lipgloss.Red},
-	trace.VerdictOK:                 {"✓", "ok", lipgloss.Green},
+	trace.VerdictRejected:           {"✗", trace.VerdictRejected, lipgloss.Red},
+	trace.VerdictReset:              {"⟂", trace.VerdictReset, lipgloss.Yellow},
+	trace.VerdictDropped:            {"↓", trace.VerdictDropped, lipgloss.Red},
+	trace.VerdictOK:                 {"✓", trace.VerdictOK, lipgloss.Green},
 }
 
 func lookOf(verdict string) verdictLook {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,16 +173,3 @@ func (b *lab) traffic(ctx context.Context, workers int, d time.Duration) (load, 
 	}
 	return res, nil
 }
-
-// conntrackCount is the number of entries in R's conntrack table.
-func (b *lab) conntrackCount() int {
-	out, err := b.r.Run("conntrack", "-C")
-	if err != nil {
-		return -1
-	}
-	var n int
-	fmt.Sscan(out, &n)
-	return n
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

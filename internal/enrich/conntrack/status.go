@@ -3,15 +3,12 @@ package conntrack
 import "github.com/tracer-dev/tracer/internal/event"
 
 // IPS_* bits of enum ip_conntrack_status (include/uapi/linux/netfilter/
-// nf_conntrack_common.h), the ones the joiner tests directly.
+// nf_conntrack_common.h), the ones the tracker and its tests read.
 const (
-	StatusExpected  uint32 = 1 << 0
 	StatusSeenReply uint32 = 1 << 1
 	StatusAssured   uint32 = 1 << 2
 	StatusConfirmed uint32 = 1 << 3
-	StatusSrcNAT    uint32 = 1 << 4
 	StatusDstNAT    uint32 = 1 << 5
-	StatusDying     uint32 = 1 << 9
 )
 
 // FormatStatus names the IPS_* bits set in status, lowest bit first. It is

@@ -163,19 +163,26 @@ func TestPrivUnrepliedSYN(t *testing.T) {
 	}
 }
 
-// createFlows inserts n UDP entries into the namespace's table through
-// ctnetlink, as `conntrack -I` does but without a process per entry.
-func createFlows(t *testing.T, ns netlab.Namespace, base, n int) {
+// dialIn opens a ctnetlink connection in ns; the caller closes it.
+func dialIn(t *testing.T, ns netlab.Namespace) *ct.Conn {
 	t.Helper()
 	fd, err := unix.Open(ns.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
+	defer unix.Close(fd) // the socket stays in ns once made
 	c, err := ct.Dial(&netlink.Config{NetNS: fd})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// createFlows inserts n UDP entries into the namespace's table through
+// ctnetlink, as `conntrack -I` does but without a process per entry.
+func createFlows(t *testing.T, ns netlab.Namespace, base, n int) {
+	t.Helper()
+	c := dialIn(t, ns)
 	defer c.Close()
 	for i := base; i < base+n; i++ {
 		src := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
@@ -186,17 +193,10 @@ func createFlows(t *testing.T, ns netlab.Namespace, base, n int) {
 	}
 }
 
-func dumpCount(t *testing.T, ns netlab.Namespace) []ct.Flow {
+// dumpFlows is the namespace's conntrack table as the kernel has it.
+func dumpFlows(t *testing.T, ns netlab.Namespace) []ct.Flow {
 	t.Helper()
-	fd, err := unix.Open(ns.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	c, err := ct.Dial(&netlink.Config{NetNS: fd})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialIn(t, ns)
 	defer c.Close()
 	flows, err := c.Dump(nil)
 	if err != nil {
@@ -232,7 +232,7 @@ func TestPrivOverrunRedump(t *testing.T) {
 	if tr.Stats().Overruns == 0 {
 		t.Fatalf("no overrun after %d entries with a tiny buffer", total)
 	}
-	flows := dumpCount(t, ns)
+	flows := dumpFlows(t, ns)
 	if len(flows) != total {
 		t.Fatalf("kernel has %d entries, created %d", len(flows), total)
 	}

@@ -19,22 +19,38 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
-	"github.com/tracer-dev/tracer/internal/rules"
 )
 
 // Runner runs a read-only command in the observed namespace and returns its
-// standard output.
-type Runner = rules.Runner
+// standard output. It is injectable so tests need neither root nor the
+// commands.
+type Runner func(ctx context.Context, name string, args ...string) ([]byte, error)
+
+// execRunner runs the command with os/exec; stderr goes into the error.
+func execRunner(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg != "" {
+			return nil, fmt.Errorf("run %s: %w: %s", name, err, msg)
+		}
+		return nil, fmt.Errorf("run %s: %w", name, err)
+	}
+	return out, nil
+}
 
 // nsRunner runs commands inside the namespace at path with nsenter, which
 // (unlike `ip netns exec`) takes any namespace file, /proc/PID/ns/net too,
 // and changes nothing but the network namespace of the child.
 func nsRunner(path string) Runner {
 	if path == "" {
-		return rules.ExecRunner
+		return execRunner
 	}
 	return func(ctx context.Context, name string, args ...string) ([]byte, error) {
-		return rules.ExecRunner(ctx, "nsenter", append([]string{"--net=" + path, "--", name}, args...)...)
+		return execRunner(ctx, "nsenter", append([]string{"--net=" + path, "--", name}, args...)...)
 	}
 }
 

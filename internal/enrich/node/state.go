@@ -59,8 +59,9 @@ type IPVSReal struct {
 	Weight  uint32
 }
 
-// NFTable is a native nftables table (not one of iptables-nft's), kept as
-// `nft list table` prints it so users see exactly what the kernel has.
+// NFTable is a native nftables table (not one of iptables-nft's), its text
+// cut from `nft list ruleset` with comment lines dropped and counters and
+// timers left out, so that a poll sees a change only when a rule changed.
 type NFTable struct {
 	Family, Name string
 	Text         string
@@ -242,106 +243,6 @@ func (s *State) Snapshot() *trace.Snapshot {
 		snap.Listeners = append(snap.Listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process})
 	}
 	return snap
-}
-
-// FromSnapshot rebuilds a State from a recorded trace's snapshot, so a
-// trace can be re-diagnosed on another machine. A malformed part is an error
-// naming it. Native nftables tables and notes are not in the trace format
-// and come back empty.
-func FromSnapshot(snap *trace.Snapshot) (*State, error) {
-	s := &State{notes: map[string]string{}}
-	if snap == nil {
-		s.finish()
-		return s, nil
-	}
-	for i, a := range snap.Addresses {
-		p, err := netip.ParsePrefix(a.Address)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot addresses[%d] %q on %s: %w", i, a.Address, a.Interface, err)
-		}
-		s.addrs = append(s.addrs, Address{Interface: a.Interface, Prefix: p, Up: a.Up})
-	}
-	if len(snap.LocalRoutes) > 0 {
-		for i, r := range snap.LocalRoutes {
-			p, err := parsePrefixOrAddr(r)
-			if err != nil {
-				return nil, fmt.Errorf("snapshot local_routes[%d] %q: %w", i, r, err)
-			}
-			s.local = append(s.local, p)
-		}
-	} else {
-		// Older traces without the local table: every interface address
-		// (as a host address) and loopback is local, which is what the
-		// kernel's local table holds in the common case.
-		s.local = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
-		for _, a := range s.addrs {
-			s.local = append(s.local, netip.PrefixFrom(a.Prefix.Addr(), a.Prefix.Addr().BitLen()))
-		}
-	}
-	if len(snap.Rules) > 0 {
-		s.rulesText = make(map[string]string, len(snap.Rules))
-		for k, v := range snap.Rules {
-			s.rulesText[k] = v
-		}
-		var err error
-		if s.rules4, s.rules6, err = parseRulesText(s.rulesText); err != nil {
-			return nil, fmt.Errorf("snapshot rules: %w", err)
-		}
-	}
-	if snap.Ipsets != "" {
-		sets, err := rules.ParseIPSetSave(strings.NewReader(snap.Ipsets))
-		if err != nil {
-			return nil, fmt.Errorf("snapshot ipsets: %w", err)
-		}
-		s.ipsetText, s.sets = snap.Ipsets, sets
-	}
-	for i, v := range snap.IPVS {
-		svc := IPVSService{Proto: v.Proto, Scheduler: v.Scheduler}
-		if v.Proto == "fwmark" {
-			m, err := strconv.ParseUint(v.Address, 10, 32)
-			if err != nil {
-				return nil, fmt.Errorf("snapshot ipvs[%d] fwmark %q: %w", i, v.Address, err)
-			}
-			svc.FWMark = uint32(m)
-		} else {
-			ap, err := netip.ParseAddrPort(v.Address)
-			if err != nil {
-				return nil, fmt.Errorf("snapshot ipvs[%d] address %q: %w", i, v.Address, err)
-			}
-			svc.VIP = ap
-		}
-		for j, r := range v.Reals {
-			ap, err := netip.ParseAddrPort(r)
-			if err != nil {
-				return nil, fmt.Errorf("snapshot ipvs[%d] real server %d %q: %w", i, j, r, err)
-			}
-			svc.Reals = append(svc.Reals, IPVSReal{Addr: ap})
-		}
-		s.ipvs = append(s.ipvs, svc)
-	}
-	for i, l := range snap.Listeners {
-		ap, err := netip.ParseAddrPort(l.Address)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot listeners[%d] %q: %w", i, l.Address, err)
-		}
-		if l.Proto != "tcp" && l.Proto != "udp" {
-			return nil, fmt.Errorf("snapshot listeners[%d]: protocol %q is not tcp or udp", i, l.Proto)
-		}
-		s.listeners = append(s.listeners, Listener{Proto: l.Proto, Addr: ap, Process: l.Process})
-	}
-	s.finish()
-	return s, nil
-}
-
-func parsePrefixOrAddr(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("not a prefix or address: %w", err)
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // parseRulesText parses the per-table texts, IPv4 and IPv6 separately. The

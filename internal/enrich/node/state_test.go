@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -160,7 +161,10 @@ func TestListening(t *testing.T) {
 	}
 }
 
-func TestSnapshotRoundTrip(t *testing.T) {
+// TestSnapshotReplays checks that a State's snapshot survives the trace
+// file's JSON and that the Env replay builds from it (enrich.NewNodeEnv, as
+// for the live pipeline) answers what the State answered.
+func TestSnapshotReplays(t *testing.T) {
 	st := sampleState(t)
 	snap := st.Snapshot()
 	b, err := json.Marshal(snap)
@@ -171,60 +175,30 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	st2, err := FromSnapshot(&back)
+	if !reflect.DeepEqual(&back, snap) {
+		t.Errorf("JSON round trip differs:\n%+v\n%+v", &back, snap)
+	}
+	env, err := enrich.NewNodeEnv("node-1", &back, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(st2.Snapshot(), snap) {
-		t.Errorf("round trip differs:\n%+v\n%+v", st2.Snapshot(), snap)
+	if local, _ := env.IsLocal(netip.MustParseAddr("10.96.0.10")); !local {
+		t.Error("10.96.0.10 is not local after replay")
 	}
-	if !st2.IsLocal(netip.MustParseAddr("10.96.0.10")) || st2.IsLocal(netip.MustParseAddr("10.1.1.1")) {
-		t.Error("IsLocal after round trip")
+	if local, _ := env.IsLocal(netip.MustParseAddr("10.1.1.1")); local {
+		t.Error("10.1.1.1 is local after replay")
 	}
-	if l, ok := st2.Listening("tcp", netip.MustParseAddrPort("10.0.0.1:80")); !ok || l.Process != "nginx[12]" {
-		t.Errorf("listener after round trip %+v %v", l, ok)
+	if l, ok := env.Listener("tcp", netip.MustParseAddrPort("10.0.0.1:80")); !ok || l.Process != "nginx[12]" {
+		t.Errorf("listener after replay %+v %v", l, ok)
 	}
-	if v, ok := st2.IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80")); !ok || len(v.Reals) != 2 {
-		t.Errorf("ipvs after round trip %+v", v)
+	if v, ok := env.IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80")); !ok || len(v.Reals) != 2 {
+		t.Errorf("ipvs after replay %+v", v)
 	}
-	if st2.Ruleset(rules.IPv4).Chain("filter", "INPUT") == nil || len(st2.IPSets()) != 2 {
-		t.Error("rules or sets lost")
+	if env.Ruleset(rules.IPv4).Chain("filter", "INPUT") == nil || env.Ruleset(rules.IPv6).Chain("nat", "CNI-HOSTPORT-DNAT") == nil {
+		t.Error("rules lost")
 	}
-	if empty, err := FromSnapshot(nil); err != nil || empty.IsLocal(netip.MustParseAddr("127.0.0.1")) {
-		t.Errorf("nil snapshot: %v", err)
-	}
-}
-
-func TestFromSnapshotOldTraceWithoutLocalRoutes(t *testing.T) {
-	st, err := FromSnapshot(&trace.Snapshot{Addresses: []trace.Address{{Interface: "eth0", Address: "172.18.0.2/16", Up: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.IsLocal(netip.MustParseAddr("172.18.0.2")) || st.IsLocal(netip.MustParseAddr("172.18.0.3")) || !st.IsLocal(netip.MustParseAddr("127.0.0.1")) {
-		t.Error("local addresses derived from interface addresses")
-	}
-}
-
-func TestFromSnapshotErrorsNameThePart(t *testing.T) {
-	for part, snap := range map[string]*trace.Snapshot{
-		"addresses[0]":     {Addresses: []trace.Address{{Interface: "eth0", Address: "nope"}}},
-		"local_routes[1]":  {LocalRoutes: []string{"10.0.0.1", "x/33"}},
-		"snapshot rules":   {Rules: map[string]string{"nat": "*nat\n-A NOCHAIN -j ACCEPT\n:bad\nCOMMIT\n"}},
-		"snapshot ipsets":  {Ipsets: "add NOSET 1.2.3.4\n"},
-		"ipvs[0] address":  {IPVS: []trace.IPVSService{{Proto: "tcp", Address: "10.96.0.10"}}},
-		"ipvs[0] real":     {IPVS: []trace.IPVSService{{Proto: "tcp", Address: "10.96.0.10:80", Reals: []string{"bad"}}}},
-		"ipvs[0] fwmark":   {IPVS: []trace.IPVSService{{Proto: "fwmark", Address: "x"}}},
-		"listeners[0]":     {Listeners: []trace.Listener{{Proto: "tcp", Address: "1.2.3.4"}}},
-		"listeners[0]: pr": {Listeners: []trace.Listener{{Proto: "sctp", Address: "1.2.3.4:5"}}},
-	} {
-		_, err := FromSnapshot(snap)
-		if err == nil {
-			t.Errorf("%s: no error", part)
-			continue
-		}
-		if !strings.Contains(err.Error(), strings.TrimSuffix(part, ": pr")) {
-			t.Errorf("%s: error %q does not name the part", part, err)
-		}
+	if member, err := env.SetMember("KUBE-IPVS-IPS", []rules.SetLookup{{Addr: netip.MustParseAddr("10.96.0.10")}}); err != nil || !member {
+		t.Errorf("ipset membership after replay: %v %v", member, err)
 	}
 }
 

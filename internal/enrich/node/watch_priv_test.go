@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/rules"
 )
@@ -145,8 +146,8 @@ func TestPrivNodeState(t *testing.T) {
 		!strings.Contains(snap.Ipsets, "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80") {
 		t.Errorf("snapshot %+v", snap)
 	}
-	if _, err := FromSnapshot(snap); err != nil {
-		t.Errorf("live snapshot does not load back: %v", err)
+	if _, err := enrich.NewNodeEnv("node", snap, nil); err != nil {
+		t.Errorf("live snapshot does not replay: %v", err)
 	}
 	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
 		note := strings.Join(st.Notes(), "\n")

@@ -135,9 +135,6 @@ func (cp *ControlPlane) AddAPIServer() *ControlPlane {
 // URL is the API server's address.
 func (cp *ControlPlane) URL() string { return "https://127.0.0.1:" + strconv.Itoa(cp.apiPort) }
 
-// AdminToken authenticates as a member of system:masters.
-func (cp *ControlPlane) AdminToken() string { return cp.adminToken }
-
 // TracerToken authenticates as system:serviceaccount:tracer:tracer.
 func (cp *ControlPlane) TracerToken() string { return cp.tracerToken }
 

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
 )
@@ -61,6 +60,3 @@ func startCluster(t *testing.T, adminQPS float32) *cluster {
 	}
 	return &cluster{cp: cp, admin: admin, tracer: tracer, tracerKubeconfig: cp.KubeconfigFor(cp.TracerToken())}
 }
-
-// tracerConfig is the tracer's client configuration.
-func (c *cluster) tracerConfig() *rest.Config { return c.cp.ConfigFor(c.cp.TracerToken()) }
