@@ -206,7 +206,7 @@ func (d *diagnosis) etpNote() string {
 // and the stray packet in the event.
 func (d *diagnosis) clientSideMismatch() (Result, bool) {
 	ev := d.event(trace.KindReset)
-	if ev == nil || ev.By != "stack" {
+	if ev == nil || ev.By != trace.ResetByStack {
 		ev = d.event(trace.KindDrop)
 	}
 	if ev == nil || ev.Packet == nil || d.f.Reply == nil {
@@ -238,7 +238,7 @@ func (d *diagnosis) generic() (Result, bool) {
 		)}, true
 	}
 	if ev := d.event(trace.KindReset); ev != nil {
-		if ev.By == "netfilter" {
+		if ev.By == trace.ResetByNetfilter {
 			return Result{trace.VerdictRejected, sentences(
 				fmt.Sprintf("rejected: %s from %s was refused with a TCP reset by a REJECT --reject-with tcp-reset rule", d.target(), d.f.Orig.Src),
 				d.ruleEvidence(),

@@ -23,7 +23,7 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 		switch {
 		case e.Kind == trace.KindReject:
 			k, r = rules.ActionReject, 5
-		case e.Kind == trace.KindReset && e.By == "netfilter":
+		case e.Kind == trace.KindReset && e.By == trace.ResetByNetfilter:
 			k, r = rules.ActionReset, 4
 		case e.Kind == trace.KindDrop && e.Reason == "NETFILTER_DROP":
 			k, r = rules.ActionDrop, 3

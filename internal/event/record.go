@@ -57,9 +57,9 @@ func (e Event) Record(names ReasonNamer) trace.Event {
 		r.ICMPType, r.ICMPCode = &t, &c
 		r.Reason = ICMPName(e.Packet.Src.Is4() || !e.Packet.Valid(), t, c)
 	case KindReset:
-		r.By = "stack"
+		r.By = trace.ResetByStack
 		if e.Hook == HookNFSendReset {
-			r.By = "netfilter"
+			r.By = trace.ResetByNetfilter
 		} else if e.HasReason && names != nil {
 			r.Reason = names.ResetReason(e.Reason)
 		}

@@ -160,9 +160,9 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 	}
 	switch e.Mechanism {
 	case StackReset:
-		need(hasEvent(f, trace.KindReset, "stack"), "the node's stack reset (the node's Tcp OutRsts went up)")
+		need(hasEvent(f, trace.KindReset, trace.ResetByStack), "the node's stack reset (the node's Tcp OutRsts went up)")
 	case ReturnPath:
-		need(hasEvent(f, trace.KindReset, "stack"), "the client's reset (its Tcp OutRsts went up)")
+		need(hasEvent(f, trace.KindReset, trace.ResetByStack), "the client's reset (its Tcp OutRsts went up)")
 	case FilterReject:
 		need(hasEvent(f, trace.KindReject, ""), "the ICMP error the node sent (its Icmp OutDestUnreachs went up)")
 	}

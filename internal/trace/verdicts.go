@@ -47,6 +47,12 @@ const (
 	KindDrop       = "drop"
 )
 
+// Who sent a reset (Event.By).
+const (
+	ResetByNetfilter = "netfilter" // REJECT --reject-with tcp-reset
+	ResetByStack     = "stack"     // the TCP stack
+)
+
 // Kinds lists every event kind.
 var Kinds = []string{KindDNAT, KindSNAT, KindIPVS, KindIPVSNoDest, KindReject, KindReset, KindDrop}
 
