@@ -75,6 +75,9 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := preflight(); err != nil {
 		return err
 	}
+	if err := probeRecord(o.record); err != nil {
+		return err
+	}
 	// A crashed run leaves namespaces behind: remove them first.
 	if err := lab.Cleanup(); err != nil {
 		return fmt.Errorf("remove an earlier lab: %w", err)
@@ -240,11 +243,15 @@ func labConfig(b *lab.Built, o labOptions) (live.Config, error) {
 // and its lab record. It fails when any expectation was not met.
 func labJSON(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
+	rec := &labRecorder{path: o.record}
 	failed := 0
 	for _, sc := range scs {
 		run, err := runScenario(ctx, env, sc, o, nil)
 		if err != nil {
-			return err
+			return errors.Join(err, rec.close())
+		}
+		if err := rec.add(run); err != nil {
+			return errors.Join(err, rec.close())
 		}
 		if run.result.Skipped == "" {
 			if err := writeTrace(stdout, run); err != nil {
@@ -260,8 +267,11 @@ func labJSON(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions
 			failed++
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return errors.Join(ctx.Err(), rec.close())
 		}
+	}
+	if err := rec.close(); err != nil {
+		return err
 	}
 	if failed > 0 {
 		return fmt.Errorf("lab: %d scenario(s) did not show what they should", failed)
@@ -313,9 +323,10 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 }
 
 // runLabScenarios runs scs into store, counting their checks in st and
-// recording their flows to o.record.
+// recording their flows to o.record. A recording that fails stops; the
+// scenarios go on, and the title says why.
 func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, store *trace.Store, st *labStatus) error {
-	var rec *trace.Writer
+	rec := &labRecorder{path: o.record}
 	var errs []error
 	for _, sc := range scs {
 		st.start(sc.Name)
@@ -329,35 +340,73 @@ func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o la
 			continue
 		}
 		st.finish(sc.Name, outcomeOf(run.result))
-		if o.record == "" || run.result.Skipped != "" {
-			continue
-		}
-		if rec == nil {
-			if rec, err = trace.Create(o.record, run.header); err != nil {
-				err = fmt.Errorf("record %s: %w", o.record, err)
-				st.recordFailed(err)
-				return errors.Join(append(errs, err)...)
-			}
-		}
-		for _, f := range run.flows {
-			if err := rec.WriteFlow(f); err != nil {
-				err = fmt.Errorf("record %s: %w", o.record, err)
-				st.recordFailed(err)
-				return errors.Join(append(errs, err, rec.Close())...)
-			}
-		}
-	}
-	if rec != nil {
-		if err := rec.Close(); err != nil {
-			err = fmt.Errorf("record %s: %w", o.record, err)
+		if err := rec.add(run); err != nil {
 			st.recordFailed(err)
 			errs = append(errs, err)
 		}
+	}
+	if err := rec.close(); err != nil {
+		st.recordFailed(err)
+		errs = append(errs, err)
 	}
 	if n := st.failedCount(); n > 0 {
 		errs = append(errs, fmt.Errorf("lab: %d scenario(s) did not show what they should: %s", n, strings.Join(st.failedNames(), ", ")))
 	}
 	return errors.Join(errs...)
+}
+
+// probeRecord fails early, as bad usage, when the record file cannot be
+// created; the real one is created with the first scenario's header.
+func probeRecord(path string) error {
+	if path == "" {
+		return nil
+	}
+	w, err := trace.Create(path, trace.Header{Type: trace.TypeHeader, Schema: trace.Schema})
+	if err != nil {
+		return usagef("--record %s: %v", path, err)
+	}
+	w.Abort()
+	return nil
+}
+
+// labRecorder writes the flows of every scenario into one trace; its
+// header is the first scenario's. After an error it records nothing more.
+type labRecorder struct {
+	path   string
+	w      *trace.Writer
+	failed bool
+}
+
+func (r *labRecorder) add(run *labRun) error {
+	if r.path == "" || r.failed || run.result.Skipped != "" {
+		return nil
+	}
+	if r.w == nil {
+		w, err := trace.Create(r.path, run.header)
+		if err != nil {
+			r.failed = true
+			return fmt.Errorf("record %s: %w", r.path, err)
+		}
+		r.w = w
+	}
+	for _, f := range run.flows {
+		if err := r.w.WriteFlow(f); err != nil {
+			r.failed = true
+			return fmt.Errorf("record %s: %w", r.path, errors.Join(err, r.w.Close()))
+		}
+	}
+	return nil
+}
+
+func (r *labRecorder) close() error {
+	if r.w == nil || r.failed {
+		return nil
+	}
+	if err := r.w.Close(); err != nil {
+		r.failed = true
+		return fmt.Errorf("record %s: %w", r.path, err)
+	}
+	return nil
 }
 
 type labOutcome int

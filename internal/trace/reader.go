@@ -171,7 +171,7 @@ func (r *Reader) parseRecord(line []byte) (Record, error) {
 		if err := json.Unmarshal(line, e); err != nil {
 			return Record{}, r.errorf("bad event: %v", jsonProblem(err))
 		}
-		if err := validateEvent(e); err != nil {
+		if err := validateEvent(e, ""); err != nil {
 			return Record{}, r.errorf("bad event: %w", err)
 		}
 		return Record{Event: e}, nil
@@ -236,11 +236,11 @@ func validateFlow(f *Flow) error {
 	default:
 		return fmt.Errorf("proto %q is not tcp, udp, icmp, icmpv6 or sctp", f.Proto)
 	}
-	if err := validateTuple("orig", &f.Orig); err != nil {
+	if err := validateTuple("orig", f.Proto, &f.Orig); err != nil {
 		return err
 	}
 	if f.Reply != nil {
-		if err := validateTuple("reply", f.Reply); err != nil {
+		if err := validateTuple("reply", f.Proto, f.Reply); err != nil {
 			return err
 		}
 	}
@@ -248,14 +248,15 @@ func validateFlow(f *Flow) error {
 		return fmt.Errorf("unknown verdict %q", f.Verdict)
 	}
 	for i := range f.Events {
-		if err := validateEvent(&f.Events[i]); err != nil {
+		if err := validateEvent(&f.Events[i], f.Proto); err != nil {
 			return fmt.Errorf("events[%d]: %w", i, err)
 		}
 	}
 	return nil
 }
 
-func validateEvent(e *Event) error {
+// validateEvent checks e; flowProto stands in for a proto the event lacks.
+func validateEvent(e *Event, flowProto string) error {
 	if e.Kind == "" {
 		return errors.New("no kind")
 	}
@@ -272,19 +273,31 @@ func validateEvent(e *Event) error {
 		if t.t == nil {
 			continue
 		}
-		if err := validateTuple(t.name, t.t); err != nil {
+		proto := e.Proto
+		if proto == "" {
+			proto = flowProto
+		}
+		if err := validateTuple(t.name, proto, t.t); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func validateTuple(name string, t *Tuple) error {
-	if _, err := netip.ParseAddrPort(t.Src); err != nil {
-		return fmt.Errorf("%s.src %q is not IP:PORT", name, t.Src)
-	}
-	if _, err := netip.ParseAddrPort(t.Dst); err != nil {
-		return fmt.Errorf("%s.dst %q is not IP:PORT", name, t.Dst)
+// validateTuple checks both endpoints are IP:PORT, or bare IPs for ICMP,
+// which has no ports.
+func validateTuple(name, proto string, t *Tuple) error {
+	for _, side := range []struct{ name, addr string }{{"src", t.Src}, {"dst", t.Dst}} {
+		if _, err := netip.ParseAddrPort(side.addr); err == nil {
+			continue
+		}
+		if _, err := netip.ParseAddr(side.addr); err == nil && (proto == "icmp" || proto == "icmpv6") {
+			continue
+		}
+		if proto == "icmp" || proto == "icmpv6" {
+			return fmt.Errorf("%s.%s %q is not IP or IP:PORT", name, side.name, side.addr)
+		}
+		return fmt.Errorf("%s.%s %q is not IP:PORT", name, side.name, side.addr)
 	}
 	return nil
 }

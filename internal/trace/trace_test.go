@@ -248,3 +248,23 @@ func TestParseEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// ICMP has no ports: the tracer writes its tuples as bare IPs, and a
+// recorded ping must read back (`tracer lab --record` of ping-clusterip).
+func TestReaderTakesICMPWithoutPorts(t *testing.T) {
+	const in = `{"type":"header","schema":"tracer/v1","started":"2026-01-01T00:00:00Z","hooks":[]}
+{"type":"flow","time":"2026-01-01T00:00:01Z","proto":"icmp","orig":{"src":"10.244.1.2","dst":"10.96.0.30"},"events":[{"kind":"reject","time":"2026-01-01T00:00:01Z","hook":"icmp_send","via":"tracepoint","proto":"icmp","packet":{"src":"10.244.1.2","dst":"10.96.0.30"}}],"verdict":"ipvs-filter-reject"}
+{"type":"flow","time":"2026-01-01T00:00:02Z","proto":"icmpv6","orig":{"src":"fd00::2","dst":"fd00::30"},"events":[]}
+`
+	tr, err := ReadAll(strings.NewReader(in), "ping.ndjson")
+	if err != nil {
+		t.Fatalf("an ICMP flow without ports is refused: %v", err)
+	}
+	if len(tr.Flows) != 2 {
+		t.Fatalf("%d flows, want 2", len(tr.Flows))
+	}
+	bad := strings.Replace(in, `"10.96.0.30"},"events":[{`, `"10.96.0.30:x"},"events":[{`, 1)
+	if _, err := ReadAll(strings.NewReader(bad), "ping.ndjson"); err == nil || !strings.Contains(err.Error(), `orig.dst "10.96.0.30:x" is not IP or IP:PORT`) {
+		t.Errorf("a malformed ICMP endpoint: error %v", err)
+	}
+}
