@@ -1,7 +1,13 @@
 package main
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 func TestLabStatusLine(t *testing.T) {
@@ -28,3 +34,44 @@ func TestLabStatusLine(t *testing.T) {
 type errTest string
 
 func (e errTest) Error() string { return string(e) }
+
+func TestLabRecorderWritesEveryScenarioIntoOneTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lab.ndjson")
+	if err := probeRecord(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the probe left %s behind (%v)", path, err)
+	}
+	run := func(node, dst string) *labRun {
+		return &labRun{header: trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: node, Started: time.Unix(1, 0).UTC()},
+			flows: []*trace.Flow{{Type: trace.TypeFlow, Time: time.Unix(2, 0).UTC(), Proto: "tcp",
+				Orig: trace.Tuple{Src: "10.0.0.1:1", Dst: dst}, Verdict: trace.VerdictOK}}}
+	}
+	skipped := run("node-x", "10.0.0.9:9")
+	skipped.result.Skipped = "needs IPVS"
+	rec := &labRecorder{path: path}
+	for _, r := range []*labRun{run("node-1", "10.0.0.2:80"), skipped, run("node-2", "10.0.0.3:80")} {
+		if err := rec.add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rec.close(); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := trace.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Header.Node != "node-1" || len(tr.Flows) != 2 || tr.Flows[1].Orig.Dst != "10.0.0.3:80" {
+		t.Errorf("header node %q, %d flows: want node-1's header and the two scenarios' flows", tr.Header.Node, len(tr.Flows))
+	}
+}
+
+func TestLabRecordProbeIsBadUsage(t *testing.T) {
+	err := probeRecord("/nonexistent-dir/lab.ndjson")
+	var u usageError
+	if !errors.As(err, &u) {
+		t.Fatalf("error %v is not a usage error (exit 2)", err)
+	}
+}
