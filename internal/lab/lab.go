@@ -5,9 +5,13 @@
 // the kernel has IPVS), Go servers in the pods that answer with the pod's
 // name, and Go clients that report what they really saw.
 //
-// The tracer itself is not part of this package: `tracer lab` builds a
-// Scenario, attaches the tracer to Built.Observe, runs Built.Traffic and
-// compares what it reports with the returned Expectations.
+// Around every attempt the lab reads what the node did with the node's own
+// tools (rule counters, IPVS's connection table, the conntrack tool, SNMP
+// counters) into the attempt's Proof. The tracer itself is not part of this
+// package: `tracer lab` builds a Scenario, attaches the tracer to
+// Built.Observe, runs Built.Traffic and hands the Expectations and the
+// tracer's flows to Check, which fails an incident that did not happen, a
+// flow that disagrees with the proof, and a problem flow nothing explains.
 package lab
 
 import (
