@@ -7,7 +7,7 @@
 #
 # Kernels and apt lists are cached in $(TRACER_VM_CACHE) (default tests/vm/cache).
 VM_KERNELS ?= 5.10 6.1 6.12
-VM_TIMEOUT ?= 20m
+VM_TIMEOUT ?= 30m
 # The harness's own smoke tests always run, next to the privileged packages.
 VM_PKGS    := $(PRIV_PKGS) ./tests/vm/smoke
 VMRUN      := $(GO) run ./tests/vm/cmd/vmrun
