@@ -82,7 +82,7 @@ func child(spec string, env ...string) (childResult, error) {
 	return r, nil
 }
 
-// throughput runs the recorded mix through decode -> join -> enrich and
+// throughput runs the generated mix through decode -> join -> enrich and
 // diagnose -> encode on one core until d has passed or max events.
 func throughput(d time.Duration, max int) (childResult, error) {
 	runtime.GOMAXPROCS(1)
@@ -132,7 +132,7 @@ func memory(kind string, n int) (childResult, error) {
 	var tmpl []*trace.Flow
 	tj := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
 	for i := range mix.Shapes {
-		for _, e := range mix.Flow(i) {
+		for _, e := range mix.Generate(i) {
 			e.Time = mix.Clock.BootWall
 			tj.Add(e, e.Record(mix.Names{}), e.Time)
 		}
@@ -151,7 +151,7 @@ func memory(kind string, n int) (childResult, error) {
 		j = &enrich.Joiner{Linger: time.Hour}
 		for i := range n {
 			at := t0.Add(time.Duration(i) * time.Microsecond)
-			for _, e := range mix.Flow(i) {
+			for _, e := range mix.Generate(i) {
 				e.Time = at
 				j.Add(e, e.Record(mix.Names{}), at)
 			}
@@ -164,23 +164,15 @@ func memory(kind string, n int) (childResult, error) {
 		store = trace.NewStore()
 		for i := range n {
 			at := t0.Add(time.Duration(i) * time.Microsecond)
-			evs := mix.Flow(i)
-			shape := mix.Flow(i % mix.Shapes)
-			key := evs[0].Orig
-			if !key.Valid() {
-				key = evs[0].Packet
-			}
-			sk := shape[0].Orig
-			if !sk.Valid() {
-				sk = shape[0].Packet
-			}
-			t := byOrig[event.TupleRecord(sk).Src+" "+event.TupleRecord(sk).Dst]
+			evs := mix.Generate(i)
+			sk := mix.OrigOf(mix.Generate(i % mix.Shapes))
+			t := byOrig[sk.Src+" "+sk.Dst]
 			if t == nil {
 				return childResult{}, fmt.Errorf("no template for shape %d", i%mix.Shapes)
 			}
 			f := *t
 			f.Time = at
-			f.Orig = *event.TupleRecord(key)
+			f.Orig = mix.OrigOf(evs)
 			if evs[0].Reply.Valid() {
 				f.Reply = event.TupleRecord(evs[0].Reply)
 			}
