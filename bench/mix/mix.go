@@ -274,11 +274,14 @@ func Records(flows int, gap time.Duration) [][]byte {
 	return out
 }
 
+// ExpireEvery is how often, in the events' own clock, Pipeline expires the
+// joiner's quiet flows, as internal/live does on its ticker.
+const ExpireEvery = 100 * time.Millisecond
+
 // Pipeline is what live.Pipeline.Run does per event, without the kernel:
 // decode, trace form, join, and (when a flow finishes) enrich + diagnose
 // and encode to the trace writer. Time is the events' own clock, so a run
-// is reproducible; the joiner's flows expire every 100 ms of it, as live
-// does.
+// is reproducible; the joiner's flows expire every ExpireEvery of it.
 type Pipeline struct {
 	J        *enrich.Joiner
 	W        *trace.Writer
@@ -315,7 +318,7 @@ func (p *Pipeline) Feed(raw []byte) {
 	now := ev.Time
 	if now.After(p.nextTick) {
 		p.J.Expire(now)
-		p.nextTick = now.Add(100 * time.Millisecond)
+		p.nextTick = now.Add(ExpireEvery)
 	}
 	p.J.Add(ev, ev.Record(Names{}), now)
 }

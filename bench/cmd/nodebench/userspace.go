@@ -82,6 +82,10 @@ func child(spec string, env ...string) (childResult, error) {
 	return r, nil
 }
 
+// throughputGap is how far apart the events of the throughput run are in
+// their own clock: 100,000 events/s, as BenchmarkPipeline.
+const throughputGap = 10 * time.Microsecond
+
 // throughput runs the generated mix through decode -> join -> enrich and
 // diagnose -> encode on one core until d has passed or max events.
 func throughput(d time.Duration, max int) (childResult, error) {
@@ -90,8 +94,7 @@ func throughput(d time.Duration, max int) (childResult, error) {
 	if err != nil {
 		return childResult{}, err
 	}
-	const gap = 10 * time.Microsecond
-	recs := mix.Records(200_000, gap)
+	recs := mix.Records(200_000, throughputGap)
 	p, err := mix.NewPipeline(io.Discard, env)
 	if err != nil {
 		return childResult{}, err
@@ -106,7 +109,7 @@ func throughput(d time.Duration, max int) (childResult, error) {
 		r := recs[i]
 		binary.LittleEndian.PutUint64(r[event.OffTsNs:], ts)
 		p.Feed(r)
-		ts += uint64(gap)
+		ts += uint64(throughputGap)
 		if i++; i == len(recs) {
 			i = 0
 		}
