@@ -81,7 +81,7 @@ func (r *report) overheadMarkdown(p printer) {
 	p("%d rounds of %s per observer, the observers rotated every round so none always follows another; ", cfg.rounds, cfg.round)
 	p("conn/s is the successful connections over the whole time, ratio is that over the rate with nothing attached, ")
 	p("median is the median over rounds of the ratio to the same round's run with nothing attached. ")
-	p("Observers (all in the router namespace only):\n\n")
+	p("Observers (each observing the router namespace only):\n\n")
 	p("- **%s**: `loader.Open` observing the router namespace, a goroutine reading and decoding every ring buffer record (`Tracer.Next`). ", kernelName)
 	p("The programs submit records without waking the reader until a backlog has built up (bpf/tracer.c, `submit`); otherwise the reader looks on its own on a short timer (internal/loader, `Next`).\n")
 	p("- **%s**: the same, with the kernel's BPF run statistics on for the round: enabled with the BPF_ENABLE_STATS command (`loader.EnableRunStats`; the kernel.bpf_stats_enabled sysctl is not touched) ", statsName)
