@@ -137,4 +137,7 @@ func BenchmarkPipeline(b *testing.B) {
 		b.Fatalf("%d errors", p.Errors)
 	}
 	b.ReportMetric(float64(p.Events)/b.Elapsed().Seconds(), "events/s")
+	// Flows are emitted only once quiet for the linger: how many were
+	// says how much of the run was past the joiner's filling.
+	b.ReportMetric(float64(p.Flows)/float64(max(p.Events, 1)), "flows/event")
 }

@@ -47,7 +47,7 @@ func (r *report) programShare(st, base variantSummary) string {
 	}
 	own := c.usPerConn(c.total())
 	added := st.CPUPerConn() - base.CPUPerConn()
-	line := fmt.Sprintf("By the kernel's BPF statistics (%d rounds, %d connections), the tracer's programs ran %.2f µs per connection", c.Rounds, c.Conns, own)
+	line := fmt.Sprintf("By the kernel's BPF statistics (%s, %d connections), the tracer's programs ran %.2f µs per connection", plural(c.Rounds, "round"), c.Conns, own)
 	if added > own {
 		line += fmt.Sprintf("; those rounds added %+.0f µs CPU per connection over nothing attached, %.1fx that, so at least %.0f µs of it is not the programs' run time",
 			added, added/own, added-own)
@@ -139,8 +139,12 @@ func (r *report) stageRelation(whole float64) string {
 	} else {
 		line += fmt.Sprintf(" The whole pipeline took %.0f%% more than that sum.", 100*(whole/sum-1))
 	}
-	if bp, ok := per["BenchmarkPipeline"]; ok {
-		line += fmt.Sprintf(" BenchmarkPipeline, the same pipeline under go test, took %.0f ns per event.", bp)
+	if bp, ok := r.stage("BenchmarkPipeline"); ok {
+		line += fmt.Sprintf(" BenchmarkPipeline, the same pipeline under go test, took %.0f ns per event, %s against the whole pipeline's run", bp.NsOp, pct(bp.NsOp/whole))
+		if fpe, ok := bp.Extra["flows/event"]; ok {
+			line += fmt.Sprintf(", and emitted %.2f flows per event against that run's %.2f", fpe, r.flowsPerEvent())
+		}
+		line += "."
 	}
 	name := strings.TrimPrefix(largest, "Benchmark")
 	if per[largest] > 1000 {
@@ -149,6 +153,21 @@ func (r *report) stageRelation(whole float64) string {
 		line += fmt.Sprintf(" The largest stage, %s, takes %.0f ns per event, %.0f%% of the budget.", name, per[largest], per[largest]/10)
 	}
 	return line + fmt.Sprintf(" Decode takes %.0f ns, %.0f%% of it.", per["BenchmarkDecode"], per["BenchmarkDecode"]/10)
+}
+
+// stage is the named per-stage benchmark.
+func (r *report) stage(name string) (goBench, bool) {
+	for _, s := range r.stages {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return goBench{}, false
+}
+
+// flowsPerEvent is the flows the whole-pipeline run emitted per event.
+func (r *report) flowsPerEvent() float64 {
+	return float64(r.throughput.Flows) / float64(max(r.throughput.Events, 1))
 }
 
 func (r *report) memoryLimits() []string {

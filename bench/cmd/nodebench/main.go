@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -251,7 +252,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 			return terr
 		}
 		if cerr != nil || serr != nil {
-			return fmt.Errorf("ramp %d workers: %v %v", w, cerr, serr)
+			return fmt.Errorf("ramp %d workers: %w", w, errors.Join(cerr, serr))
 		}
 		rep.ramp = append(rep.ramp, rampStep{w, l, to, co})
 		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, l.rate(), l.OK, to.NAT, to.Lost, co.NAT, co.Extra)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,7 +80,7 @@ func (r *report) overheadMarkdown(p printer) {
 		cAddr, vip, vport, sAddr, sport, sAddr)
 	p("%d client workers, each on a thread in the client namespace, make short-lived connections to %s:%d ", cfg.workers, vip, vport)
 	p("(connect, read the one byte the Go server in the server namespace writes, close) as fast as they can. ")
-	p("%d rounds of %s per observer, the observers rotated every round so none always follows another; ", cfg.rounds, cfg.round)
+	p("%s of %s per observer, the observers rotated every round so none always follows another; ", plural(cfg.rounds, "round"), cfg.round)
 	p("conn/s is the successful connections over the whole time, ratio is that over the rate with nothing attached, ")
 	p("median is the median over rounds of the ratio to the same round's run with nothing attached. ")
 	p("Observers (each observing the router namespace only):\n\n")
@@ -140,21 +142,20 @@ func (r *report) programsMarkdown(p printer) {
 		p("No round had BPF statistics.\n\n")
 		return
 	}
-	p("From the %d rounds of **%s** (%d connections). ", c.Rounds, statsName, c.Conns)
+	p("From the %s of **%s** (%d connections). ", plural(c.Rounds, "round"), statsName, c.Conns)
 	p("%s ", whereProgramsRun(c.Programs))
 	if c.Lost == 0 {
 		p("No record was lost in these rounds (the per-hook counters read 0), so no run was cut short by a full ring buffer.\n\n")
 	} else {
 		p("%d records were lost in these rounds: the ring buffer filled, those runs stopped early, and the figures below under-count.\n\n", c.Lost)
 	}
+	p("*hooks* are the tracer's hooks (internal/event) whose events the program reports; *µs/conn* is the program's run time per connection.\n\n")
 	p("| program | via | hooks | runs | runs/conn | ns/run | µs/conn |\n|---|---|---|---|---|---|---|\n")
 	for _, pr := range append(c.Programs, c.total()) {
 		p("| %s | %s | %s | %d | %.2f | %.0f | %.3f |\n", pr.Program, pr.Via, pr.Hooks, pr.Runs, c.runsPerConn(pr), nsPerRun(pr), c.usPerConn(pr))
 	}
-	vs := r.variants()
-	if st, kern := find(vs, statsName), find(vs, kernelName); st != nil && kern != nil {
-		p("\nWith the statistics on, %.0f conn/s and %.0f µs CPU per connection; without them (%s), %.0f conn/s and %.0f µs.\n",
-			st.Rate, st.CPUPerConn(), kernelName, kern.Rate, kern.CPUPerConn())
+	if s := r.statsCost(); s != "" {
+		p("\n%s\n", s)
 	}
 	p("\nPer round:\n\n| round | connections | program | runs | run time |\n|---|---|---|---|---|\n")
 	for _, x := range r.rounds {
@@ -185,6 +186,25 @@ func whereProgramsRun(progs []programRun) string {
 	return strings.Join(out, " ")
 }
 
+// statsCost compares the kernel side with and without the statistics on,
+// against the round-to-round spread with nothing attached.
+func (r *report) statsCost() string {
+	vs := r.variants()
+	st, kern, base := find(vs, statsName), find(vs, kernelName), find(vs, (none{}).name())
+	if st == nil || kern == nil || base == nil {
+		return ""
+	}
+	line := fmt.Sprintf("With the statistics on, %.0f conn/s and %.0f µs CPU per connection; without them, %.0f conn/s and %.0f µs",
+		st.Rate, st.CPUPerConn(), kern.Rate, kern.CPUPerConn())
+	diff := st.CPUPerConn() - kern.CPUPerConn()
+	lo, hi := slices.Min(base.RoundCPU), slices.Max(base.RoundCPU)
+	if math.Abs(diff) <= hi-lo {
+		return line + fmt.Sprintf(": %+.0f µs per connection, within the %.0f µs spread (%.0f to %.0f) of the rounds with nothing attached, so this run does not tell the statistics' own cost from that noise.",
+			diff, hi-lo, lo, hi)
+	}
+	return line + fmt.Sprintf(": %+.0f µs per connection, more than the %.0f µs spread (%.0f to %.0f) of the rounds with nothing attached.", diff, hi-lo, lo, hi)
+}
+
 func (r *report) roundsMarkdown(p printer) {
 	p("### Raw rounds\n\n| round | observer | ok | failed | seconds | conn/s | NAT seen | lost | CPU s | machine busy | notes |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.rounds {
@@ -211,7 +231,7 @@ func (r *report) rampMarkdown(p printer) {
 		top = max(top, s.Load.rate())
 		lost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
 		if first == "" && missed(s.Load.OK, s.CT.NAT) > 0 {
-			first = fmt.Sprintf("%.0f conn/s (%d workers)", s.Load.rate(), s.Workers)
+			first = fmt.Sprintf("%.0f conn/s (%s)", s.Load.rate(), plural(s.Workers, "worker"))
 		}
 	}
 	p("\nHighest rate reached in the ramp: %.0f conn/s. Tracer events lost or missed over the whole ramp: %d. ", top, lost)
@@ -276,7 +296,10 @@ func (r *report) throughputMarkdown(p printer) {
 		enrich.DefaultLinger, mix.ExpireEvery, throughputGap)
 	p("portmap node (rules and ipsets from internal/rules/testdata), %d pods and %d Services, and `trace.Writer` to io.Discard, on one core (GOMAXPROCS=1).\n\n",
 		len(snap.Pods), len(snap.Services))
-	p("Whole pipeline: **%.0f events/s** (%d events, %d flows in %.1f s).\n\n", r.throughput.Rate, r.throughput.Events, r.throughput.Flows, r.throughput.Seconds)
+	p("Whole pipeline: **%.0f events/s** (%d events, %d flows in %.1f s). ", r.throughput.Rate, r.throughput.Events, r.throughput.Flows, r.throughput.Seconds)
+	p("Its events span %.1f s of their own clock, and a flow is emitted once it has been quiet for the %s linger: %.2f flows per event, where the mix has %.2f (%d per %d).\n\n",
+		(time.Duration(r.throughput.Events) * throughputGap).Seconds(), enrich.DefaultLinger, r.flowsPerEvent(),
+		float64(mix.Shapes)/float64(mix.EventsPerCycle), mix.Shapes, mix.EventsPerCycle)
 	if len(r.stages) == 0 {
 		return
 	}

@@ -131,6 +131,14 @@ func missed(ok uint64, seen int64) int64 {
 	return max(int64(ok)-seen, 0)
 }
 
+// plural is n and the word, an s added unless n is 1.
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
 func counted(n int64) string {
 	if n < 0 {
 		return "-"
@@ -317,8 +325,8 @@ func (r *report) lossTarget() target {
 	switch {
 	case where != nil:
 		trLost := where.Tracer.Lost + missed(where.Load.OK, where.Tracer.NAT)
-		t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s (%d workers): conntrack -E missed %d, tracer lost %d and missed %d",
-			where.Load.rate(), where.Workers, missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
+		t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s (%s): conntrack -E missed %d, tracer lost %d and missed %d",
+			where.Load.rate(), plural(where.Workers, "worker"), missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
 		t.Verdict = "met"
 		if trLost > 0 {
 			t.Verdict = "missed"

@@ -244,10 +244,12 @@ func vmRSS() uint64 {
 type goBench struct {
 	Name    string
 	NsOp    float64
-	Metric  float64 // events/s or flows/s
+	Metric  float64 // the first custom metric: events/s or flows/s
 	Unit    string
 	BytesOp float64
 	Allocs  float64
+	// Extra is every custom metric by unit.
+	Extra map[string]float64
 }
 
 // goBenchmarks runs the per-stage Go benchmarks on one core.
@@ -267,7 +269,7 @@ func goBenchmarks(benchtime string) ([]goBench, string, error) {
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
-		b := goBench{Name: strings.TrimSuffix(f[0], "-1")}
+		b := goBench{Name: strings.TrimSuffix(f[0], "-1"), Extra: map[string]float64{}}
 		for k := 2; k+1 < len(f); k += 2 {
 			v, _ := strconv.ParseFloat(f[k], 64)
 			switch u := f[k+1]; u {
@@ -278,7 +280,10 @@ func goBenchmarks(benchtime string) ([]goBench, string, error) {
 			case "allocs/op":
 				b.Allocs = v
 			default:
-				b.Metric, b.Unit = v, u
+				if b.Unit == "" {
+					b.Metric, b.Unit = v, u
+				}
+				b.Extra[u] = v
 			}
 		}
 		res = append(res, b)
