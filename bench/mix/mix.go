@@ -1,7 +1,9 @@
-// Package mix is the recorded event mix the userspace benchmarks replay:
-// raw ring buffer records laid out as bpf/tracer.h writes them, the node
-// snapshot they are diagnosed against, and the decode -> join -> diagnose ->
-// encode pipeline the live tracer runs, without the kernel.
+// Package mix generates the synthetic event mix the userspace benchmarks
+// replay: raw ring buffer records laid out as bpf/tracer.h writes them,
+// made up here in a fixed rotation of flow shapes (not recorded from a
+// node), the node snapshot they are diagnosed against, and the decode ->
+// join -> diagnose -> encode pipeline the live tracer runs, without the
+// kernel.
 package mix
 
 import (
@@ -17,8 +19,9 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// The rules and ipsets internal/rules captured from real iptables-save and
-// ipset save (kube-proxy IPVS mode with CNI portmap appended).
+// Copies of internal/rules/testdata: what the real iptables-save and ipset
+// save printed for kube-proxy (IPVS mode) with CNI portmap appended
+// (internal/rules/testdata/gen.sh).
 var (
 	//go:embed testdata/appended.save
 	rulesSave string
@@ -26,7 +29,7 @@ var (
 	ipsetsSave string
 )
 
-// Node is the node the mix happens on.
+// Node is the node the generated mix happens on.
 const Node = "node-2"
 
 // Snapshot is node-2 of INCIDENTS.md with a cluster's worth of pods and
@@ -95,10 +98,11 @@ func (Names) ResetReason(r uint32) string {
 	return fmt.Sprintf("RST_%d", r)
 }
 
-// DropNetfilter is the drop reason number the mix uses for netfilter drops.
+// DropNetfilter is the drop reason number the generated mix uses for
+// netfilter drops.
 const DropNetfilter = 12
 
-// Kernel ct status bits the mix sets.
+// Kernel ct status bits the generated mix sets.
 const (
 	ctSeenReply = 1 << 1
 	ctAssured   = 1 << 2
@@ -111,16 +115,30 @@ func tuple(proto uint8, src, dst netip.Addr, sport, dport uint16) event.Tuple {
 	return event.Tuple{Src: src, Dst: dst, SrcPort: sport, DstPort: dport, Proto: proto}
 }
 
-// Flow shapes of the mix, one in Events per flow, in this rotation:
-// 4 of 10 DNATs to a hostPort (with their reply), 2 of 10 the hostPort
-// hijack DNAT, 1 of 10 a DNAT then SNAT (masquerade), 1 ping rejected by
-// KUBE-IPVS-FILTER (reject + drop), 1 a REJECT (reject + drop) and 1 a
-// stack reset.
+// Shapes is the length of the rotation of flow shapes: flow i of the
+// generated mix has shape i % Shapes (see ShapeName and Generate).
 const Shapes = 10
 
-// Flow returns the events of flow i of the mix (distinct five-tuples for
-// distinct i up to 3*200*50000). Times are left zero.
-func Flow(i int) []event.Event {
+// shapeNames says what Generate makes for each shape.
+var shapeNames = [Shapes]string{
+	"a pod's connection to a hostPort of the node, DNAT'd, with its reply",
+	"a pod's connection to a hostPort of the node, DNAT'd, with its reply",
+	"a pod's connection to a hostPort of the node, DNAT'd, with its reply",
+	"a pod's connection to a hostPort of the node, DNAT'd, with its reply",
+	"a connection to a ClusterIP on a port a pod's hostPort also uses, DNAT'd to that pod",
+	"a connection to a ClusterIP on a port a pod's hostPort also uses, DNAT'd to that pod",
+	"an external client's connection to a hostPort of the node, DNAT'd then SNAT'd",
+	"a ping to a ClusterIP answered with ICMP port unreachable and dropped by netfilter",
+	"a TCP connection to a kube-ipvs0 address on a port no Service has, answered with ICMP port unreachable and dropped by netfilter",
+	"a TCP connection to a node port without a socket, answered with the stack's reset",
+}
+
+// ShapeName says what flows of a shape (0 <= shape < Shapes) are.
+func ShapeName(shape int) string { return shapeNames[shape] }
+
+// Generate returns the events of flow i of the generated mix (distinct
+// five-tuples for distinct i up to 3*200*50000). Times are left zero.
+func Generate(i int) []event.Event {
 	client := netip.AddrFrom4([4]byte{10, 244, byte(1 + i%3), byte(10 + (i/3)%200)})
 	sport := uint16(10000 + (i/600)%50000)
 	node := netip.MustParseAddr("172.18.0.2")
@@ -171,7 +189,19 @@ func Flow(i int) []event.Event {
 }
 
 // EventsPerCycle is the number of events in Shapes consecutive flows.
+// TestPipelineVerdicts checks it against Generate.
 const EventsPerCycle = 4 + 2 + 2 + 2 + 2 + 1
+
+// OrigOf is the original tuple a flow's trace record names: the conntrack
+// original tuple of its first event, or that event's packet when
+// conntrack had none.
+func OrigOf(evs []event.Event) trace.Tuple {
+	t := evs[0].Orig
+	if !t.Valid() {
+		t = evs[0].Packet
+	}
+	return *event.TupleRecord(t)
+}
 
 // Clock is the boot clock the raw records are decoded with.
 var Clock = event.Clock{BootWall: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)}
@@ -230,13 +260,13 @@ func putTuple(b []byte, t event.Tuple) {
 	b[event.TupleOffProto] = t.Proto
 }
 
-// Records is the raw records of flows 0..flows-1, spaced gap apart in
-// kernel time, the events of one flow back to back.
+// Records is the raw records of generated flows 0..flows-1, spaced gap
+// apart in kernel time, the events of one flow back to back.
 func Records(flows int, gap time.Duration) [][]byte {
 	var out [][]byte
 	ts := uint64(time.Second)
 	for i := range flows {
-		for _, e := range Flow(i) {
+		for _, e := range Generate(i) {
 			out = append(out, Encode(nil, e, ts))
 			ts += uint64(gap)
 		}
@@ -244,11 +274,14 @@ func Records(flows int, gap time.Duration) [][]byte {
 	return out
 }
 
+// ExpireEvery is how often, in the events' own clock, Pipeline expires the
+// joiner's quiet flows, as internal/live does on its ticker.
+const ExpireEvery = 100 * time.Millisecond
+
 // Pipeline is what live.Pipeline.Run does per event, without the kernel:
 // decode, trace form, join, and (when a flow finishes) enrich + diagnose
 // and encode to the trace writer. Time is the events' own clock, so a run
-// is reproducible; the joiner's flows expire every 100 ms of it, as live
-// does.
+// is reproducible; the joiner's flows expire every ExpireEvery of it.
 type Pipeline struct {
 	J        *enrich.Joiner
 	W        *trace.Writer
@@ -285,7 +318,7 @@ func (p *Pipeline) Feed(raw []byte) {
 	now := ev.Time
 	if now.After(p.nextTick) {
 		p.J.Expire(now)
-		p.nextTick = now.Add(100 * time.Millisecond)
+		p.nextTick = now.Add(ExpireEvery)
 	}
 	p.J.Add(ev, ev.Record(Names{}), now)
 }

@@ -127,6 +127,8 @@ type Tracer struct {
 	rec      ringbuf.Record
 	clock    event.Clock
 	names    *ReasonNames
+	// progs are the programs that attached, for their run statistics.
+	progs []attachedProgram
 
 	closeOnce sync.Once
 	closeErr  error
@@ -349,6 +351,7 @@ func (t *Tracer) tryRung(r rung) error {
 		return fmt.Errorf("attach %s %s: %w", r.via, r.target, err)
 	}
 	t.links = append(t.links, l)
+	t.progs = append(t.progs, attachedProgram{name: r.prog, via: r.via, prog: p})
 	return nil
 }
 

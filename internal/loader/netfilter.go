@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
 )
 
 // Priorities just after the kernel's nat hooks (NF_IP_PRI_NAT_DST = -100,
@@ -71,6 +74,13 @@ func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 		})
 		if err != nil {
 			return err
+		}
+	}
+	var attached []string
+	for _, a := range nfAttachments(roles) {
+		if !slices.Contains(attached, a.prog) {
+			attached = append(attached, a.prog)
+			t.progs = append(t.progs, attachedProgram{name: a.prog, via: event.ViaNetfilter, prog: progs[a.prog]})
 		}
 	}
 	return nil

@@ -5,17 +5,21 @@
 // As root it builds throwaway namespaces (client -> router with an
 // iptables DNAT -> server), drives short-lived TCP connections through the
 // DNAT and interleaves rounds with nothing attached, the tracer's kernel
-// side, the full live pipeline, conntrack -E and nft monitor trace. Without
-// root only the userspace figures are measured.
+// side (also with the kernel's BPF statistics on, for the programs' own
+// cost), the full live pipeline, conntrack -E and nft monitor trace.
+// Without root only the userspace figures are measured.
 //
 //	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -26,17 +30,16 @@ import (
 )
 
 type config struct {
-	rounds     int
-	round      time.Duration
-	workers    int
-	ramp       []int
-	rampStep   time.Duration
-	attach     int
-	mem        []int
-	benchtime  string
-	out        string
-	gotest     bool
-	diagnostic bool
+	rounds    int
+	round     time.Duration
+	workers   int
+	ramp      []int
+	rampStep  time.Duration
+	attach    int
+	mem       []int
+	benchtime string
+	out       string
+	gotest    bool
 }
 
 func main() {
@@ -51,7 +54,6 @@ func main() {
 	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
 	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
-	flag.BoolVar(&cfg.diagnostic, "diagnostic", true, "also run the tracer attached with its ring buffer unread, and drained in 50 ms batches (splits the programs' cost from the reader's)")
 	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
 	flag.StringVar(&childSpec, "child", "", "internal: measure in a child process")
 	flag.Parse()
@@ -108,6 +110,7 @@ type report struct {
 	skippedKernel      string
 
 	attach []attachTime
+	plan   loader.Plan   // how the first attach attached each hook
 	rounds []roundResult // overhead rounds, in run order
 	ramp   []rampStep
 
@@ -128,6 +131,8 @@ type roundResult struct {
 	// (conntrack, nft) from the start of the traffic until the observer
 	// stopped: the load generator, the server, and the observer.
 	CPU time.Duration
+	// Machine is every CPU of the machine over the same window.
+	Machine machineCPU
 }
 
 type rampStep struct {
@@ -191,16 +196,16 @@ func kernelSide(ctx context.Context, rep *report) error {
 			return fmt.Errorf("attach: %w", err)
 		}
 		t1 := time.Now()
+		if rep.plan == nil {
+			rep.plan = t.Plan
+		}
 		if err := t.Close(); err != nil {
 			return fmt.Errorf("detach: %w", err)
 		}
 		rep.attach = append(rep.attach, attachTime{t1.Sub(t0), time.Since(t1)})
 	}
 
-	variants := []observer{none{}, &kernelOnly{}, &fullLive{}, &conntrackE{}, &nftTrace{}}
-	if cfg.diagnostic {
-		variants = append(variants, &attachedOnly{}, &kernelOnly{batch: 50 * time.Millisecond})
-	}
+	variants := []observer{none{}, &kernelOnly{}, &kernelOnly{stats: true}, &fullLive{}, &conntrackE{}, &nftTrace{}}
 	for r := range cfg.rounds {
 		for k := range variants {
 			v := variants[(k+r)%len(variants)] // rotate so no variant always follows another
@@ -210,19 +215,19 @@ func kernelSide(ctx context.Context, rep *report) error {
 			if err := v.start(b); err != nil {
 				return fmt.Errorf("round %d %s: %w", r+1, v.name(), err)
 			}
-			cpu0 := cpuTime()
+			cpu0, m0 := cpuTime(), readMachineCPU()
 			l, terr := b.traffic(ctx, cfg.workers, cfg.round)
 			o, serr := v.stop()
-			cpu := cpuTime() - cpu0
+			cpu, m := cpuTime()-cpu0, readMachineCPU().since(m0)
 			if terr != nil {
 				return terr
 			}
 			if serr != nil {
 				return fmt.Errorf("round %d %s: %w", r+1, v.name(), serr)
 			}
-			rep.rounds = append(rep.rounds, roundResult{r + 1, v.name(), l, o, cpu})
-			logf("round %d %-30s %8.0f conn/s (%d ok, %d failed) %.0f µs CPU/conn, nat seen %d lost %d %s", r+1, v.name(), l.rate(), l.OK, l.Failed,
-				float64(cpu.Microseconds())/float64(max(l.OK, 1)), o.NAT, o.Lost, o.Extra)
+			rep.rounds = append(rep.rounds, roundResult{r + 1, v.name(), l, o, cpu, m})
+			logf("round %d %-42s %8.0f conn/s (%d ok, %d failed) %.0f µs CPU/conn, machine %.0f%% busy, nat seen %d lost %d %s", r+1, v.name(),
+				l.rate(), l.OK, l.Failed, float64(cpu.Microseconds())/float64(max(l.OK, 1)), 100*m.busyFraction(), o.NAT, o.Lost, o.Extra)
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
@@ -247,7 +252,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 			return terr
 		}
 		if cerr != nil || serr != nil {
-			return fmt.Errorf("ramp %d workers: %v %v", w, cerr, serr)
+			return fmt.Errorf("ramp %d workers: %w", w, errors.Join(cerr, serr))
 		}
 		rep.ramp = append(rep.ramp, rampStep{w, l, to, co})
 		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, l.rate(), l.OK, to.NAT, to.Lost, co.NAT, co.Extra)
@@ -312,16 +317,55 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// machineCPU is the machine's CPU time from /proc/stat, all CPUs, in
+// clock ticks: busy is everything but idle and iowait.
+type machineCPU struct{ Busy, Total uint64 }
+
+func readMachineCPU() machineCPU {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineCPU{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return machineCPU{}
+	}
+	var m machineCPU
+	for i, v := range f[1:9] { // user nice system idle iowait irq softirq steal
+		n, _ := strconv.ParseUint(v, 10, 64)
+		m.Total += n
+		if i != 3 && i != 4 {
+			m.Busy += n
+		}
+	}
+	return m
+}
+
+func (m machineCPU) since(start machineCPU) machineCPU {
+	return machineCPU{m.Busy - start.Busy, m.Total - start.Total}
+}
+
+func (m machineCPU) busyFraction() float64 {
+	if m.Total == 0 {
+		return math.NaN()
+	}
+	return float64(m.Busy) / float64(m.Total)
+}
+
 type machine struct {
-	CPU    string
-	Cores  int
-	Memory string
-	Kernel string
-	Go     string
+	CPU      string
+	Cores    int
+	Memory   string
+	Kernel   string
+	Iptables string
 }
 
 func describeMachine() machine {
-	m := machine{Kernel: unameR(), Cores: 0}
+	m := machine{Kernel: unameR(), Iptables: "not found"}
+	if out, err := exec.Command("iptables", "-V").Output(); err == nil {
+		m.Iptables = strings.TrimSpace(string(out))
+	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(l, "model name"); ok && m.CPU == "" {

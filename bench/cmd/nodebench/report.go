@@ -20,7 +20,10 @@ type variantSummary struct {
 	NAT, Lost   int64
 	Events      int64
 	CPU         time.Duration
-	Extra       []string
+	Machine     machineCPU
+	// RoundCPU is the CPU per connection of each round, in µs.
+	RoundCPU []float64
+	Extra    []string
 }
 
 // CPUPerConn is the CPU time (this process and its children) per
@@ -52,6 +55,9 @@ func (r *report) variants() []variantSummary {
 		v.Lost += x.Obs.Lost
 		v.Events += x.Obs.Events
 		v.CPU += x.CPU
+		v.Machine.Busy += x.Machine.Busy
+		v.Machine.Total += x.Machine.Total
+		v.RoundCPU = append(v.RoundCPU, float64(x.CPU.Microseconds())/float64(max(x.Load.OK, 1)))
 		if x.Obs.Extra != "" {
 			v.Extra = append(v.Extra, x.Obs.Extra)
 		}
@@ -84,6 +90,16 @@ func (r *report) variants() []variantSummary {
 
 func index(xs []string, x string) int { return slices.Index(xs, x) }
 
+// find is the summary of the named observer, nil when it did not run.
+func find(vs []variantSummary, name string) *variantSummary {
+	for i := range vs {
+		if vs[i].Name == name {
+			return &vs[i]
+		}
+	}
+	return nil
+}
+
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
@@ -96,7 +112,14 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func pct(ratio float64) string { return fmt.Sprintf("%+.1f%%", (ratio-1)*100) }
+// pct is the change a ratio means, in percent.
+func pct(ratio float64) string {
+	d := math.Round((ratio-1)*1000) / 10
+	if d == 0 {
+		d = 0 // no "-0.0%"
+	}
+	return fmt.Sprintf("%+.1f%%", d)
+}
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
@@ -106,6 +129,14 @@ func missed(ok uint64, seen int64) int64 {
 		return -1
 	}
 	return max(int64(ok)-seen, 0)
+}
+
+// plural is n and the word, an s added unless n is 1.
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 func counted(n int64) string {
@@ -122,18 +153,10 @@ type target struct {
 func (r *report) targets() []target {
 	var ts []target
 	vs := r.variants()
-	find := func(name string) *variantSummary {
-		for i := range vs {
-			if vs[i].Name == name {
-				return &vs[i]
-			}
-		}
-		return nil
-	}
 	if r.skippedKernel == "" && len(vs) > 0 {
-		nft := find((&nftTrace{}).name())
-		for _, name := range []string{(&kernelOnly{}).name(), (&fullLive{}).name()} {
-			v := find(name)
+		nft := find(vs, (&nftTrace{}).name())
+		for _, name := range []string{kernelName, (&fullLive{}).name()} {
+			v := find(vs, name)
 			if v == nil {
 				continue
 			}
@@ -151,60 +174,7 @@ func (r *report) targets() []target {
 			}
 			ts = append(ts, t)
 		}
-		t := target{What: "loss", Goal: "0 lost where conntrack -E loses some"}
-		var where *rampStep
-		for i := range r.ramp {
-			s := &r.ramp[i]
-			if missed(s.Load.OK, s.CT.NAT) > 0 && where == nil {
-				where = s
-			}
-		}
-		top := r.ramp[len(r.ramp)-1]
-		for _, s := range r.ramp {
-			if s.Load.rate() > top.Load.rate() {
-				top = s
-			}
-		}
-		tracerLost := int64(0)
-		for _, s := range r.ramp {
-			tracerLost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
-		}
-		// The rounds too: conntrack -E and the tracer each alone at their
-		// own rates.
-		ctRound, trTop, trLost := (*roundResult)(nil), 0.0, int64(0)
-		for i := range r.rounds {
-			x := &r.rounds[i]
-			switch x.Variant {
-			case (&conntrackE{}).name():
-				if missed(x.Load.OK, x.Obs.NAT) > 0 && (ctRound == nil || x.Load.rate() < ctRound.Load.rate()) {
-					ctRound = x
-				}
-			case (&kernelOnly{}).name(), (&fullLive{}).name():
-				trTop = max(trTop, x.Load.rate())
-				trLost += max(x.Obs.Lost, 0) + missed(x.Load.OK, x.Obs.NAT)
-			}
-		}
-		switch {
-		case where != nil && where.Tracer.Lost == 0 && missed(where.Load.OK, where.Tracer.NAT) == 0:
-			t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s: conntrack -E missed %d, tracer 0", where.Load.rate(), missed(where.Load.OK, where.CT.NAT))
-			t.Verdict = "met"
-		case where != nil:
-			t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s: conntrack -E missed %d, tracer lost %d, missed %d", where.Load.rate(),
-				missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
-			t.Verdict = "missed"
-		case ctRound != nil && trLost == 0 && tracerLost == 0:
-			t.Got = fmt.Sprintf("ramp: neither lost (up to %.0f conn/s); rounds: conntrack -E missed %d at %.0f conn/s (round %d), the tracer lost 0 in every round, up to %.0f conn/s",
-				top.Load.rate(), missed(ctRound.Load.OK, ctRound.Obs.NAT), ctRound.Load.rate(), ctRound.Round, trTop)
-			if trTop >= ctRound.Load.rate() {
-				t.Verdict = "met (in separate rounds)"
-			} else {
-				t.Verdict = "not shown at the same rate: the tracer's rounds ran slower"
-			}
-		case where == nil:
-			t.Got = fmt.Sprintf("conntrack -E lost none up to %.0f conn/s; tracer lost %d", top.Load.rate(), tracerLost+trLost)
-			t.Verdict = "not shown: conntrack -E never lost on this machine"
-		}
-		ts = append(ts, t)
+		ts = append(ts, r.lossTarget())
 		if len(r.attach) > 0 {
 			worst := time.Duration(0)
 			for _, a := range r.attach {
@@ -248,86 +218,6 @@ func (r *report) targets() []target {
 	return ts
 }
 
-// limits explains, from the figures themselves, what holds a missed
-// target back.
-func (r *report) limits() []string {
-	var out []string
-	vs := r.variants()
-	get := func(name string) *variantSummary {
-		for i := range vs {
-			if vs[i].Name == name {
-				return &vs[i]
-			}
-		}
-		return nil
-	}
-	base := get((none{}).name())
-	kern := get((&kernelOnly{}).name())
-	if base != nil && kern != nil && kern.Ratio < 0.97 {
-		line := fmt.Sprintf("Kernel-side overhead: with the tracer attached and drained the node spends %+.0f µs more CPU per connection "+
-			"(%.0f instead of %.0f µs, 1 event per connection)", kern.CPUPerConn()-base.CPUPerConn(), kern.CPUPerConn(), base.CPUPerConn())
-		if a := get((&attachedOnly{}).name()); a != nil {
-			line += fmt.Sprintf("; attached but not read, %+.0f µs", a.CPUPerConn()-base.CPUPerConn())
-		}
-		added := kern.CPUPerConn() - base.CPUPerConn()
-		if d := get((&kernelOnly{batch: 50 * time.Millisecond}).name()); d != nil {
-			line += fmt.Sprintf("; drained in 50 ms batches, %+.0f µs (%.1f%% fewer conn/s)", d.CPUPerConn()-base.CPUPerConn(), (1-d.Ratio)*100)
-			if added > 0 {
-				line += fmt.Sprintf(". Waking the reader per batch instead of per event (bpf_ringbuf_submit(e, 0) wakes it for every "+
-					"record the reader is waiting for: an epoll wake-up and a goroutine hand-off each) removes %.0f%% of the added CPU",
-					100*(kern.CPUPerConn()-d.CPUPerConn())/added)
-			}
-		}
-		line += ". On this 2-core machine the benchmark saturates both cores, so every µs of CPU an observer takes is taken from the connections; " +
-			"the figures point at the ring buffer wake-ups (bpf/tracer.c, internal/loader), not at the programs, as what to change."
-		out = append(out, line)
-	}
-	if l := get((&fullLive{}).name()); base != nil && l != nil && l.Ratio < 0.97 {
-		out = append(out, fmt.Sprintf("Full live pipeline: %+.0f µs CPU per connection over nothing attached: the reader's wake-ups as above, "+
-			"plus the conntrack tracker (it follows every conntrack event of the namespace over netlink, several per connection; "+
-			"conntrack -E -e NEW alone costs %s µs), plus decode, join, rule attribution and diagnosis per flow (see the userspace figures: "+
-			"Enrich is the largest stage).", l.CPUPerConn()-base.CPUPerConn(), extraCPU(*orZero(get((&conntrackE{}).name())), *base)))
-	}
-	if r.throughput.Rate > 0 && r.throughput.Rate < 1e6 && len(r.stages) > 0 {
-		var parts []string
-		perEvent := map[string]float64{}
-		flowsPerEvent := float64(10) / float64(13) // mix: 10 flows per 13 events
-		for _, s := range r.stages {
-			ns := s.NsOp
-			switch s.Name {
-			case "BenchmarkEnrich", "BenchmarkEncode", "BenchmarkStoreAppend":
-				ns *= flowsPerEvent
-			}
-			perEvent[s.Name] = ns
-		}
-		stages := []string{"BenchmarkDecode", "BenchmarkRecord", "BenchmarkJoin", "BenchmarkEnrich", "BenchmarkEncode"}
-		sum := 0.0
-		for _, s := range stages {
-			sum += perEvent[s]
-		}
-		worst := ""
-		for _, s := range stages {
-			parts = append(parts, fmt.Sprintf("%s %.0f ns", strings.TrimPrefix(s, "Benchmark"), perEvent[s]))
-			if worst == "" || perEvent[s] > perEvent[worst] {
-				worst = s
-			}
-		}
-		out = append(out, fmt.Sprintf("Userspace throughput: per event of the mix, each stage measured on its own, %s (sum %.0f ns, i.e. at most %.0f events/s; "+
-			"the target needs 1000 ns in all). The largest part is %s; 1,000,000 events/s would need every stage together "+
-			"%.0fx faster. Decode alone is well within budget.", strings.Join(parts, ", "), sum, 1e9/sum,
-			strings.TrimPrefix(worst, "Benchmark"), sum/1000))
-	}
-	for _, m := range r.memory {
-		if m.N == 1_000_000 && mib(m.RSS) >= 200 {
-			out = append(out, fmt.Sprintf("Memory (%s, 1,000,000 flows): %.0f MiB resident, %.0f MiB heap in use, "+
-				"about %.0f bytes of heap per flow.", m.Kind, mib(m.RSS), mib(m.HeapInuse),
-				float64(m.HeapInuse-m.BaseHeap)/float64(m.N))+
-				fmt.Sprintf(" Where it goes: `NODEBENCH_HEAPPROFILE=heap.prof go run ./bench/cmd/nodebench -child mem:%s:100000` then `go tool pprof -top heap.prof`.", m.Kind))
-		}
-	}
-	return out
-}
-
 // table is the plain-text summary printed at the end of a run.
 func (r *report) table() string {
 	var b strings.Builder
@@ -337,14 +227,21 @@ func (r *report) table() string {
 		fmt.Fprintf(&b, "kernel side skipped: %s\n\n", r.skippedKernel)
 	} else {
 		vs := r.variants()
-		fmt.Fprintf(&b, "%-30s %8s %7s %7s %9s %9s %9s %6s %9s %9s\n", "observer", "conn/s", "ratio", "median", "NAT seen", "missed", "lost", "ev/conn", "CPU µs/c", "+µs/conn")
+		fmt.Fprintf(&b, "%-42s %8s %7s %7s %9s %9s %9s %6s %9s %9s\n", "observer", "conn/s", "ratio", "median", "NAT seen", "missed", "lost", "ev/conn", "CPU µs/c", "+µs/conn")
 		for _, v := range vs {
-			fmt.Fprintf(&b, "%-30s %8.0f %7.3f %7.3f %9s %9s %9s %6s %9.0f %9s\n", v.Name, v.Rate, v.Ratio, v.MedianRatio,
+			fmt.Fprintf(&b, "%-42s %8.0f %7.3f %7.3f %9s %9s %9s %6s %9.0f %9s\n", v.Name, v.Rate, v.Ratio, v.MedianRatio,
 				counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]))
 		}
 		fmt.Fprintf(&b, "\n%-8s %10s %12s %12s %12s %14s\n", "workers", "conn/s", "tracer seen", "tracer lost", "ct -E seen", "ct -E missed")
 		for _, s := range r.ramp {
 			fmt.Fprintf(&b, "%-8d %10.0f %12d %12d %12d %14d\n", s.Workers, s.Load.rate(), s.Tracer.NAT, s.Tracer.Lost, s.CT.NAT, missed(s.Load.OK, s.CT.NAT))
+		}
+		if c := r.programCost(); len(c.Programs) > 0 {
+			fmt.Fprintf(&b, "\nBPF statistics, %d rounds, %d connections:\n", c.Rounds, c.Conns)
+			for _, pr := range append(c.Programs, c.total()) {
+				fmt.Fprintf(&b, "  %-14s %-10s %10d runs %7.2f runs/conn %6.0f ns/run %7.3f µs/conn\n", pr.Program, pr.Via, pr.Runs,
+					c.runsPerConn(pr), nsPerRun(pr), c.usPerConn(pr))
+			}
 		}
 		if len(r.attach) > 0 {
 			var at, de []float64
@@ -383,7 +280,11 @@ func extraCPU(v, base variantSummary) string {
 	if v.Name == base.Name {
 		return "-"
 	}
-	return fmt.Sprintf("%+.0f", v.CPUPerConn()-base.CPUPerConn())
+	d := math.Round(v.CPUPerConn() - base.CPUPerConn())
+	if d == 0 {
+		d = 0 // no "-0"
+	}
+	return fmt.Sprintf("%+.0f", d)
 }
 
 func orZero(v *variantSummary) *variantSummary {
@@ -391,4 +292,59 @@ func orZero(v *variantSummary) *variantSummary {
 		return &variantSummary{Name: "?"}
 	}
 	return v
+}
+
+// lossTarget compares the tracer's losses with conntrack -E's: in the ramp,
+// where both were attached at once, and in the rounds, each alone.
+func (r *report) lossTarget() target {
+	t := target{What: "loss", Goal: "0 lost where conntrack -E loses some"}
+	var where *rampStep // the first ramp step where conntrack -E missed some
+	top, rampLost := 0.0, int64(0)
+	for i := range r.ramp {
+		s := &r.ramp[i]
+		if missed(s.Load.OK, s.CT.NAT) > 0 && where == nil {
+			where = s
+		}
+		top = max(top, s.Load.rate())
+		rampLost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
+	}
+	var ctRound *roundResult // the slowest round in which conntrack -E missed some
+	trTop, roundLost := 0.0, int64(0)
+	for i := range r.rounds {
+		x := &r.rounds[i]
+		switch x.Variant {
+		case (&conntrackE{}).name():
+			if missed(x.Load.OK, x.Obs.NAT) > 0 && (ctRound == nil || x.Load.rate() < ctRound.Load.rate()) {
+				ctRound = x
+			}
+		case kernelName, statsName, (&fullLive{}).name():
+			trTop = max(trTop, x.Load.rate())
+			roundLost += max(x.Obs.Lost, 0) + missed(x.Load.OK, x.Obs.NAT)
+		}
+	}
+	switch {
+	case where != nil:
+		trLost := where.Tracer.Lost + missed(where.Load.OK, where.Tracer.NAT)
+		t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s (%s): conntrack -E missed %d, tracer lost %d and missed %d",
+			where.Load.rate(), plural(where.Workers, "worker"), missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
+		t.Verdict = "met"
+		if trLost > 0 {
+			t.Verdict = "missed"
+		}
+	case ctRound != nil:
+		t.Got = fmt.Sprintf("ramp: conntrack -E missed none up to %.0f conn/s, the tracer lost or missed %d; rounds: conntrack -E missed %d at %.0f conn/s (round %d), the tracer lost or missed %d over its rounds, up to %.0f conn/s",
+			top, rampLost, missed(ctRound.Load.OK, ctRound.Obs.NAT), ctRound.Load.rate(), ctRound.Round, roundLost, trTop)
+		switch {
+		case roundLost > 0 || rampLost > 0:
+			t.Verdict = "missed"
+		case trTop >= ctRound.Load.rate():
+			t.Verdict = "met (in separate rounds)"
+		default:
+			t.Verdict = "not shown at the same rate: the tracer's rounds ran slower"
+		}
+	default:
+		t.Got = fmt.Sprintf("conntrack -E missed none, in the ramp (up to %.0f conn/s) or the rounds; the tracer lost or missed %d", top, rampLost+roundLost)
+		t.Verdict = "not shown: conntrack -E never lost in this run"
+	}
+	return t
 }

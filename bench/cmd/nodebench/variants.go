@@ -41,7 +41,17 @@ type observed struct {
 	Lost int64
 	// Events is every event the tracer delivered (-1: not a tracer).
 	Events int64
-	Extra  string
+	// Programs is what the kernel's BPF statistics counted for each of
+	// the tracer's programs over the window (only with stats on).
+	Programs []programRun
+	Extra    string
+}
+
+// programRun is one program's runs and run time over a window.
+type programRun struct {
+	Program, Via, Hooks string
+	Runs                uint64
+	RunTime             time.Duration
 }
 
 type none struct{}
@@ -60,22 +70,28 @@ func isLabDNAT(ev event.Event) bool {
 // kernelOnly is loader.Open observing R, with the ring buffer drained by
 // a goroutine that decodes every record, as the live reader does.
 type kernelOnly struct {
-	// batch, when set, is a diagnostic: after each wait for the ring
-	// buffer the reader sleeps this long, so it wakes for batches instead
-	// of every event (the events wait in the ring buffer meanwhile).
-	batch time.Duration
-	t     *loader.Tracer
-	nat   atomic.Int64
-	all   atomic.Int64
-	errs  atomic.Int64
-	done  chan struct{}
+	// stats, when set, also has the kernel count each program's runs and
+	// run time over the window (loader.EnableRunStats).
+	stats    bool
+	statsOff io.Closer
+	base     []loader.ProgramStat
+	t        *loader.Tracer
+	nat      atomic.Int64
+	all      atomic.Int64
+	errs     atomic.Int64
+	done     chan struct{}
 }
 
+const (
+	kernelName = "tracer (kernel side + drain)"
+	statsName  = "tracer (kernel side + drain), BPF stats on"
+)
+
 func (k *kernelOnly) name() string {
-	if k.batch > 0 {
-		return fmt.Sprintf("diagnostic: drained every %s", k.batch)
+	if k.stats {
+		return statsName
 	}
-	return "tracer (kernel side + drain)"
+	return kernelName
 }
 
 func (k *kernelOnly) start(b *lab) error {
@@ -84,17 +100,19 @@ func (k *kernelOnly) start(b *lab) error {
 		return fmt.Errorf("attach tracer: %w", err)
 	}
 	k.t, k.done = t, make(chan struct{})
+	if k.stats {
+		if err := k.startStats(); err != nil {
+			t.Close()
+			return err
+		}
+	}
 	k.nat.Store(0)
 	k.all.Store(0)
 	k.errs.Store(0)
 	go func() {
 		defer close(k.done)
 		for {
-			t0 := time.Now()
 			ev, err := t.Next()
-			if k.batch > 0 && time.Since(t0) > 200*time.Microsecond {
-				time.Sleep(k.batch) // Next waited: the buffer was empty
-			}
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}
@@ -121,41 +139,59 @@ func (k *kernelOnly) stop() (observed, error) {
 	for _, n := range byHook {
 		lost += n
 	}
+	var serr error
+	var runs []programRun
+	if k.stats {
+		runs, serr = k.stopStats()
+	}
 	cerr := k.t.Close()
 	<-k.done
-	o := observed{NAT: k.nat.Load(), Lost: int64(lost), Events: k.all.Load()}
+	o := observed{NAT: k.nat.Load(), Lost: int64(lost), Events: k.all.Load(), Programs: runs}
 	if n := k.errs.Load(); n > 0 {
 		o.Extra = fmt.Sprintf("%d decode errors", n)
 	}
-	return o, cerr
+	return o, errors.Join(serr, cerr)
 }
 
-// attachedOnly is a diagnostic: the kernel side attached and its ring
-// buffer left unread (it does not fill in one round at these rates), so
-// its cost is the programs' alone, without the reader's wakeups.
-type attachedOnly struct{ t *loader.Tracer }
-
-func (*attachedOnly) name() string { return "diagnostic: attached, not read" }
-
-func (a *attachedOnly) start(b *lab) error {
-	t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+// startStats enables the kernel's run statistics and notes where each
+// program's counters start (they are cumulative since its load).
+func (k *kernelOnly) startStats() error {
+	off, err := loader.EnableRunStats()
 	if err != nil {
-		return fmt.Errorf("attach tracer: %w", err)
+		return err
 	}
-	a.t = t
+	if k.base, err = k.t.ProgramStats(); err != nil {
+		off.Close()
+		return fmt.Errorf("read program statistics: %w", err)
+	}
+	k.statsOff = off
 	return nil
 }
 
-func (a *attachedOnly) stop() (observed, error) {
-	var lost uint64
-	byHook, err := a.t.Lost()
+// stopStats reads each program's counters, disables the statistics and
+// returns what the window added.
+func (k *kernelOnly) stopStats() ([]programRun, error) {
+	now, err := k.t.ProgramStats()
+	if cerr := k.statsOff.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("disable bpf run statistics: %w", cerr)
+	}
 	if err != nil {
-		return observed{}, fmt.Errorf("read lost counters: %w", err)
+		return nil, fmt.Errorf("read program statistics: %w", err)
 	}
-	for _, n := range byHook {
-		lost += n
+	var out []programRun
+	for i, s := range now {
+		var hooks []string
+		for _, h := range s.Hooks {
+			hooks = append(hooks, h.String())
+		}
+		r := programRun{Program: s.Program, Via: s.Via.String(), Hooks: strings.Join(hooks, ", "), Runs: s.Runs, RunTime: s.RunTime}
+		if i < len(k.base) && k.base[i].Program == s.Program {
+			r.Runs -= k.base[i].Runs
+			r.RunTime -= k.base[i].RunTime
+		}
+		out = append(out, r)
 	}
-	return observed{NAT: -1, Lost: int64(lost), Events: -1}, a.t.Close()
+	return out, nil
 }
 
 // fullLive is live.Start + Run on R: kernel side, conntrack, node watcher,

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeReport is a run's figures made up for the test: every observer for
+// two rounds, BPF statistics, a ramp, stages and memory.
+func fakeReport(wholeRate float64) *report {
+	r := &report{cfg: config{rounds: 2, round: 5 * time.Second, workers: 8, rampStep: 5 * time.Second},
+		started: time.Unix(0, 0), ended: time.Unix(300, 0), loadStart: "1.00 1.00 1.00", loadEnd: "2.00 2.00 2.00"}
+	perConnCPU := map[string]time.Duration{"none": 100, kernelName: 120, statsName: 125, "tracer (full live pipeline)": 220,
+		"conntrack -E -e NEW": 110, "nft monitor trace": 180}
+	rate := map[string]uint64{"none": 40000, kernelName: 35000, statsName: 34000, "tracer (full live pipeline)": 20000,
+		"conntrack -E -e NEW": 38000, "nft monitor trace": 32000}
+	for round := 1; round <= 2; round++ {
+		for _, name := range []string{"none", kernelName, statsName, "tracer (full live pipeline)", "conntrack -E -e NEW", "nft monitor trace"} {
+			ok := rate[name] + uint64(round)*100
+			x := roundResult{Round: round, Variant: name, Load: load{OK: ok, Elapsed: 5 * time.Second},
+				Obs: observed{NAT: int64(ok), Lost: 0, Events: int64(ok)}, CPU: time.Duration(ok) * perConnCPU[name] * time.Microsecond,
+				Machine: machineCPU{Busy: 990, Total: 1000}}
+			if name == "none" || strings.HasPrefix(name, "conntrack") || strings.HasPrefix(name, "nft") {
+				x.Obs = observed{NAT: -1, Lost: -1, Events: -1}
+			}
+			if name == statsName {
+				x.Obs.Programs = []programRun{
+					{Program: "tr_nf_dnat", Via: "netfilter", Hooks: "nf_nat_setup_info", Runs: 8 * ok, RunTime: time.Duration(8*ok) * 380},
+					{Program: "tr_drop_tp3", Via: "tracepoint", Hooks: "kfree_skb", Runs: ok, RunTime: time.Duration(ok) * 600},
+				}
+			}
+			r.rounds = append(r.rounds, x)
+		}
+	}
+	r.ramp = []rampStep{{Workers: 1, Load: load{OK: 20000, Elapsed: 5 * time.Second}, Tracer: observed{NAT: 20000}, CT: observed{NAT: 19900}}}
+	r.attach = []attachTime{{90 * time.Millisecond, time.Millisecond}}
+	r.throughput = childResult{Kind: "throughput", Events: int(wholeRate * 5), Flows: int(wholeRate * 5 * 0.7), Seconds: 5, Rate: wholeRate}
+	r.stages = []goBench{{Name: "BenchmarkDecode", NsOp: 100}, {Name: "BenchmarkRecord", NsOp: 500}, {Name: "BenchmarkJoin", NsOp: 3000},
+		{Name: "BenchmarkEnrich", NsOp: 10000}, {Name: "BenchmarkEncode", NsOp: 3000},
+		{Name: "BenchmarkPipeline", NsOp: 14000, Extra: map[string]float64{"flows/event": 0.7}}}
+	r.memory = []childResult{{Kind: "joiner", N: 100000, RSS: 200 << 20, HeapInuse: 190 << 20}, {Kind: "joiner", N: 1000000, RSS: 2000 << 20, HeapInuse: 1980 << 20}}
+	return r
+}
+
+// The report is made from the figures alone: no formatting error, no NaN,
+// and the wording follows the comparison of the figures.
+func TestMarkdownFromFigures(t *testing.T) {
+	for _, c := range []struct {
+		rate float64
+		want string
+	}{
+		{100000, "less than that sum, so the sum is not a bound on it"}, // 10000 ns per event, below the 13600 ns sum
+		{50000, "more than that sum"},                                   // 20000 ns per event
+	} {
+		md := fakeReport(c.rate).markdown()
+		for _, bad := range []string{"%!", "NaN", "attached, not read", "recorded mix"} {
+			if strings.Contains(md, bad) {
+				t.Errorf("rate %.0f: report contains %q", c.rate, bad)
+			}
+		}
+		for _, want := range []string{c.want, "the tracer's programs ran 3.64 µs per connection", "conntrack -E first missed connections at 4000 conn/s (1 worker)"} {
+			if !strings.Contains(md, want) {
+				t.Errorf("rate %.0f: report lacks %q", c.rate, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package loader
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// EnableRunStats makes the kernel count the runs and run time of every BPF
+// program until the returned Closer is closed. It uses the BPF_ENABLE_STATS
+// command rather than the kernel.bpf_stats_enabled sysctl, so the setting
+// belongs to this process and ends with it: the tracer never changes the
+// system it observes.
+func EnableRunStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable bpf run statistics: %w", err)
+	}
+	return c, nil
+}
+
+// ProgramStat is what the kernel counted for one attached program. The
+// counters are cumulative since the program was loaded and advance only
+// while run statistics are enabled (by anyone), so callers take differences.
+type ProgramStat struct {
+	// Program is its name in bpf/tracer.c.
+	Program string
+	Via     event.Via
+	// Hooks are the hooks whose events it reports (a netfilter-tier
+	// program serves several).
+	Hooks   []event.Hook
+	Runs    uint64
+	RunTime time.Duration
+}
+
+// attachedProgram is a program of the object that some hook attached.
+type attachedProgram struct {
+	name string
+	via  event.Via
+	prog *ebpf.Program
+}
+
+// ProgramStats returns the kernel's run count and run time of every
+// attached program, in attach order.
+func (t *Tracer) ProgramStats() ([]ProgramStat, error) {
+	out := make([]ProgramStat, 0, len(t.progs))
+	for _, a := range t.progs {
+		s, err := a.prog.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("read run statistics of %s: %w", a.name, err)
+		}
+		out = append(out, ProgramStat{Program: a.name, Via: a.via, Hooks: programHooks(t.Plan, a.name, a.via),
+			Runs: s.RunCount, RunTime: s.Runtime})
+	}
+	return out, nil
+}
+
+// programHooks lists the hooks of the plan that program serves.
+func programHooks(plan Plan, program string, via event.Via) []event.Hook {
+	var hooks []event.Hook
+	for _, hp := range plan {
+		switch {
+		case via != event.ViaNetfilter && hp.Program == program,
+			via == event.ViaNetfilter && hp.Via == event.ViaNetfilter && nfServes(program, nfRoleOf(hp.Hook)):
+			hooks = append(hooks, hp.Hook)
+		}
+	}
+	return hooks
+}
+
+// nfServes mirrors bpf/tracer.c: tr_nf_dnat reports DNAT and, at
+// LOCAL_OUT, the resets and ICMP errors the kernel sends; tr_nf_snat
+// reports SNAT only.
+func nfServes(program string, role uint32) bool {
+	switch program {
+	case "tr_nf_dnat":
+		return role != 0
+	case "tr_nf_snat":
+		return role&nfRoleNAT != 0
+	}
+	return false
+}
+
+// nfRoleOf is the netfilter role of a hook's netfilter rung (0: none).
+func nfRoleOf(h event.Hook) uint32 {
+	i := slices.IndexFunc(ladders[h], func(r rung) bool { return r.attach == nil })
+	if i < 0 {
+		return 0
+	}
+	return ladders[h][i].nfRole
+}
