@@ -38,24 +38,15 @@ func buildTracer(t *testing.T) string {
 	return bin
 }
 
-// TestTraceStreamsAndCompletesOnSIGINT runs `tracer trace -o json` on a
-// namespace with a DNAT rule, makes a connection, interrupts it, and checks
-// the NDJSON: a header with the plan, the dnat event, and the summary that
-// SIGINT must still write.
-func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
-	if testing.Short() {
-		t.Skip("privileged tier: skipped in -short mode")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("privileged tier: needs root")
-	}
-	skipInVM(t)
-	bin := buildTracer(t)
-	lab, err := netlab.New("trcmd")
+// dnatNamespace is a throwaway namespace (named prefix-a) where
+// 10.96.78.1:80 is DNAT'd in OUTPUT to a listener on 10.78.0.1:8080.
+func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
+	t.Helper()
+	lab, err := netlab.New(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lab.Close()
+	t.Cleanup(func() { lab.Close() })
 	ns, err := lab.Namespace("a")
 	if err != nil {
 		t.Fatal(err)
@@ -73,30 +64,40 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", "10.78.0.1:8080"); return err }); err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
 			c.Close()
 		}
 	}()
+	return ns
+}
 
+// startTrace starts `tracer trace ARGS --netns NS --ready-file F` and
+// waits until its hooks are attached.
+func startTrace(t *testing.T, bin string, ns netlab.Namespace, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready")
-	cmd := exec.Command(bin, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--filter", "port:80", "--linger", "500ms")
+	cmd := exec.Command(bin, append([]string{"trace", "--netns", ns.Path(), "--ready-file", ready}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(ready); err == nil {
-			break
+			return cmd, &stdout, &stderr
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no ready file after 10s; stderr: %s", stderr.String())
 		}
 	}
-	err = ns.Do(func() error {
+}
+
+func dialVIP(t *testing.T, ns netlab.Namespace) {
+	t.Helper()
+	err := ns.Do(func() error {
 		c, err := net.DialTimeout("tcp", "10.96.78.1:80", 2*time.Second)
 		if err == nil {
 			c.Close()
@@ -106,6 +107,65 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func requireRootHost(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root")
+	}
+	skipInVM(t)
+}
+
+// TestTraceStreamsAndCompletesOnSIGINT runs `tracer trace -o json` on a
+// namespace with a DNAT rule, makes a connection, interrupts it, and checks
+// the NDJSON: a header with the plan, the dnat event, and the summary that
+
+// TestRecordSurvivesSIGKILL: what `--record FILE` wrote before a kill -9
+// is in FILE, and replay reads it back with a warning that the trace was
+// cut off.
+func TestRecordSurvivesSIGKILL(t *testing.T) {
+	requireRootHost(t)
+	bin := buildTracer(t)
+	ns := dnatNamespace(t, "trkill")
+	rec := filepath.Join(t.TempDir(), "incident.ndjson")
+	cmd, _, stderr := startTrace(t, bin, ns, "-o", "json", "--record", rec, "--filter", "port:80", "--linger", "300ms")
+	dialVIP(t, ns)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(rec)
+		if bytes.Contains(b, []byte(`"type":"flow"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no flow recorded in %s after 10s: %q; stderr: %s", rec, b, stderr.String())
+		}
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	replay := exec.Command(bin, "replay", "-o", "json", rec)
+	var out, errb bytes.Buffer
+	replay.Stdout, replay.Stderr = &out, &errb
+	if err := replay.Run(); err != nil {
+		t.Fatalf("replay of the killed recording: %v; stderr: %s", err, errb.String())
+	}
+	if !strings.Contains(errb.String(), "no summary line") {
+		t.Errorf("replay gives no cut-off warning; stderr: %q", errb.String())
+	}
+	if !strings.Contains(out.String(), `"dst":"10.96.78.1:80"`) {
+		t.Errorf("the recorded flow is not replayed:\n%s", out.String())
+	}
+}
+
+// SIGINT must still write.
+func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
+	requireRootHost(t)
+	bin := buildTracer(t)
+	ns := dnatNamespace(t, "trcmd")
+	cmd, out, stderr := startTrace(t, bin, ns, "-o", "json", "--filter", "port:80", "--linger", "500ms")
+	dialVIP(t, ns)
 	time.Sleep(300 * time.Millisecond)
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
@@ -115,7 +175,7 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	var types []string
 	var flow *trace.Flow
 	var sum trace.Summary
-	sc := bufio.NewScanner(&stdout)
+	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		var rec struct{ Type string }
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {

@@ -51,8 +51,14 @@ func TestWriterRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("trace visible at its path before Close: %v", err)
+	// Before Close the file already holds every flow (what a SIGKILL
+	// leaves), and the reader says the summary is missing.
+	cut, err := ReadFile(path)
+	if err != nil {
+		t.Fatalf("the unclosed trace does not read: %v", err)
+	}
+	if len(cut.Flows) != len(in.Flows) || cut.Summary != nil || len(cut.Warnings) != 1 || !strings.Contains(cut.Warnings[0], "no summary line") {
+		t.Fatalf("unclosed trace: %d of %d flows, summary %v, warnings %q", len(cut.Flows), len(in.Flows), cut.Summary, cut.Warnings)
 	}
 	w.SetLost(3, map[string]uint64{"kfree_skb": 3})
 	if err := w.Close(); err != nil {
@@ -68,9 +74,33 @@ func TestWriterRoundTrip(t *testing.T) {
 	if out.Summary.LostEvents != 3 || out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 {
 		t.Errorf("summary %+v", out.Summary)
 	}
-	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".*.tmp"))
-	if len(left) != 0 {
-		t.Errorf("temporary files left: %v", left)
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Errorf("files beside the trace: %v", ents)
+	}
+}
+
+// A write that fails (here: the file closed under the writer, as a full
+// disk fails it) keeps what was written readable.
+func TestWriterFailureKeepsWhatWasWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.ndjson")
+	w, err := Create(path, Header{Node: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Flow{Time: time.Unix(1, 0).UTC(), Proto: "tcp", Orig: Tuple{"10.0.0.1:1", "10.0.0.2:2"}, Verdict: VerdictOK}
+	if err := w.WriteFlow(f); err != nil {
+		t.Fatal(err)
+	}
+	w.file.Close()
+	if err := w.WriteFlow(f); err == nil {
+		t.Fatal("a write to a closed file succeeded")
+	}
+	if err := w.Close(); err == nil {
+		t.Fatal("Close after a failed write reports no error")
+	}
+	tr, err := ReadFile(path)
+	if err != nil || len(tr.Flows) != 1 {
+		t.Fatalf("what was written is gone: %v, %d flows", err, len(tr.Flows))
 	}
 }
 

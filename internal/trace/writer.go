@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 )
@@ -18,7 +17,6 @@ type Writer struct {
 	mu      sync.Mutex
 	out     io.Writer
 	file    *os.File // set when writing to a file via Create
-	tmpPath string   // the temporary file renamed to path on Close
 	path    string
 	summary Summary
 	closed  bool
@@ -41,22 +39,23 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	return tw, nil
 }
 
-// Create writes a trace to path. It writes to a temporary file in the same
-// directory and renames it to path on Close, so path never holds a
-// half-written trace: it appears complete, with its summary, or not at all.
-// Abort removes the temporary file instead.
+// Create writes a trace to path, replacing what was there. Every line goes
+// to the file as it is produced, with no buffer in between, so whatever
+// was recorded survives the tracer's SIGKILL: the file then reads back up
+// to its last complete line, and the reader warns that its summary is
+// missing. Abort removes the file instead.
 func Create(path string, h Header) (*Writer, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create trace %s: %w", path, err)
 	}
 	w, err := NewWriter(f, h)
 	if err != nil {
 		f.Close()
-		os.Remove(f.Name())
+		os.Remove(path)
 		return nil, fmt.Errorf("create trace %s: %w", path, err)
 	}
-	w.file, w.tmpPath, w.path = f, f.Name(), path
+	w.file, w.path = f, path
 	return w, nil
 }
 
@@ -108,9 +107,10 @@ func (w *Writer) SetLost(total uint64, byHook map[string]uint64) {
 	w.summary.LostByHook = byHook
 }
 
-// Close writes the summary and, for a file from Create, syncs it and
-// renames it into place. A trace cut short by SIGINT or SIGTERM is
-// complete as long as the caller reaches Close.
+// Close writes the summary and, for a file from Create, syncs and closes
+// it. A trace cut short by SIGINT or SIGTERM is complete as long as the
+// caller reaches Close. When a write fails (a full disk), the file keeps
+// what was written before, readable as a cut-off trace.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -122,40 +122,32 @@ func (w *Writer) Close() error {
 	if len(w.summary.Verdicts) == 0 {
 		w.summary.Verdicts = nil
 	}
-	if err := w.writeLine(&w.summary); err != nil {
-		w.discard()
-		return fmt.Errorf("write trace summary: %w", err)
+	err := w.writeLine(&w.summary)
+	if err != nil {
+		err = fmt.Errorf("write trace summary: %w", err)
 	}
 	if w.file == nil {
-		return nil
+		return err
 	}
-	if err := w.file.Sync(); err != nil {
-		w.discard()
-		return fmt.Errorf("sync trace %s: %w", w.path, err)
+	if serr := w.file.Sync(); serr != nil && err == nil {
+		err = fmt.Errorf("sync trace %s: %w", w.path, serr)
 	}
-	if err := w.file.Close(); err != nil {
-		os.Remove(w.tmpPath)
-		return fmt.Errorf("close trace %s: %w", w.path, err)
+	if cerr := w.file.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close trace %s: %w", w.path, cerr)
 	}
-	if err := os.Rename(w.tmpPath, w.path); err != nil {
-		os.Remove(w.tmpPath)
-		return fmt.Errorf("rename trace into %s: %w", w.path, err)
-	}
-	return nil
+	return err
 }
 
-// Abort drops a trace from Create without writing it to its path.
+// Abort drops a trace from Create: its file is removed. It is for traces
+// that never started (a probe, a failed setup), not for recordings cut
+// short, whose flows are worth keeping.
 func (w *Writer) Abort() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closed = true
-	w.discard()
-}
-
-func (w *Writer) discard() {
 	if w.file != nil {
 		w.file.Close()
-		os.Remove(w.tmpPath)
+		os.Remove(w.path)
 	}
 }
 
