@@ -53,6 +53,7 @@ func Diagnose(f *trace.Flow, env Env) Result {
 	d := &diagnosis{f: f, env: env}
 	for _, rule := range []func() (Result, bool){
 		d.ipvsNoEndpoint,
+		d.serviceNoEndpoint,
 		d.ipvsFilterReject,
 		d.hostportHijack,
 		d.returnPathMismatch,

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -135,10 +136,10 @@ func protoNumber(p string) uint8 {
 }
 
 // hookOf is the netfilter hook of the decision: reported by the netfilter
-// tier and nf_send_reset, otherwise inferred from whether the packet's
-// addresses are the node's own.
+// tier's NAT events and by nf_send_reset, otherwise inferred from whether
+// the packet's addresses are the node's own.
 func hookOf(ev *trace.Event, kind rules.ActionKind, pkt rules.Packet, env Env) string {
-	if ev.NFHook != "" {
+	if ev.NFHook != "" && !answerSeenLeaving(ev, kind) {
 		return ev.NFHook
 	}
 	srcLocal, _ := env.IsLocal(pkt.Src.Addr())
@@ -159,6 +160,14 @@ func hookOf(ev *trace.Event, kind rules.ActionKind, pkt rules.Packet, env Env) s
 		return "INPUT"
 	}
 	return "FORWARD"
+}
+
+// answerSeenLeaving: the netfilter tier sees a REJECT's ICMP error or
+// reset where the answer leaves the node (OUTPUT), which says nothing of
+// the hook where the rejected packet met the rule (FORWARD for a pod's
+// connection to a ClusterIP, INPUT for one to a NodePort).
+func answerSeenLeaving(ev *trace.Event, kind rules.ActionKind) bool {
+	return ev.Via == event.ViaNetfilter.String() && (kind == rules.ActionReject || kind == rules.ActionReset)
 }
 
 // ruleRecord turns an attribution into the trace's rule object. A policy

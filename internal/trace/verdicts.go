@@ -7,6 +7,7 @@ const (
 	VerdictHostportHijack     = "hostport-hijack"
 	VerdictIPVSFilterReject   = "ipvs-filter-reject"
 	VerdictIPVSNoEndpoint     = "ipvs-no-endpoint"
+	VerdictServiceNoEndpoint  = "service-no-endpoint"
 	VerdictReturnPathMismatch = "return-path-mismatch"
 	VerdictRejected           = "rejected"
 	VerdictReset              = "reset"
@@ -19,6 +20,7 @@ var Verdicts = []string{
 	VerdictHostportHijack,
 	VerdictIPVSFilterReject,
 	VerdictIPVSNoEndpoint,
+	VerdictServiceNoEndpoint,
 	VerdictReturnPathMismatch,
 	VerdictRejected,
 	VerdictReset,

@@ -147,9 +147,9 @@ func TestVerdictQuickKeys(t *testing.T) {
 	if m.input != "verdict:hostport-hijack" || m.flows.count() != 2 {
 		t.Fatalf("1: filter %q, %d rows", m.input, m.flows.count())
 	}
-	press(m, "/proto:tcp\n7")
+	press(m, "/proto:tcp\n8")
 	if m.input != "proto:tcp verdict:dropped" || m.flows.count() != 1 {
-		t.Fatalf("7: filter %q, %d rows", m.input, m.flows.count())
+		t.Fatalf("8: filter %q, %d rows", m.input, m.flows.count())
 	}
 	press(m, "x")
 	if m.input != "proto:tcp !verdict:ok" || m.flows.count() != 6 {
@@ -270,5 +270,56 @@ func TestStatusInTitle(t *testing.T) {
 	first := strings.SplitN(screenText(m), "\n", 2)[0]
 	if !strings.Contains(first, "lab 3/8: 2 passed, 1 FAILED (ping-clusterip)") {
 		t.Errorf("title %q lacks the lab's status", first)
+	}
+}
+
+// Every verdict needs a look of its own and a number key: the keys are
+// single digits, so a tenth verdict would have none.
+func TestEveryVerdictHasALookAndAKey(t *testing.T) {
+	if len(trace.Verdicts) > 9 {
+		t.Fatalf("%d verdicts, but only the keys 1-9 select one", len(trace.Verdicts))
+	}
+	symbols := map[string]string{}
+	for i, v := range trace.Verdicts {
+		l, ok := verdictLooks[v]
+		if !ok {
+			t.Errorf("verdict %s has no symbol and short name", v)
+			continue
+		}
+		if other, dup := symbols[l.symbol]; dup {
+			t.Errorf("verdicts %s and %s share the symbol %s", other, v, l.symbol)
+		}
+		symbols[l.symbol] = v
+		if w := ansi.StringWidth(l.symbol + " " + l.short); w > layoutFor(80).verdict {
+			t.Errorf("%s: %q is %d cells, wider than the narrow verdict column", v, l.short, w)
+		}
+		m := New(incidentSource(t), Options{Now: fixedNow})
+		press(m, fmt.Sprint(i+1))
+		if m.input != "verdict:"+v {
+			t.Errorf("key %d: filter %q, want verdict:%s", i+1, m.input, v)
+		}
+	}
+}
+
+// A service-no-endpoint row shows its symbol with the short name in a
+// narrow terminal and the full verdict in a wide one.
+func TestServiceNoEndpointRow(t *testing.T) {
+	src := incidentSource(t)
+	src.Store.Append(&trace.Flow{Type: "flow", Time: fixedNow(), Proto: "tcp",
+		Orig:    trace.Tuple{Src: "10.244.1.9:40000", Dst: "172.30.0.46:80"},
+		Service: &trace.ServiceRef{Namespace: "ns6", Name: "svc6", Port: "p80"},
+		Verdict: trace.VerdictServiceNoEndpoint})
+	for _, c := range []struct {
+		width int
+		want  string
+	}{{80, "∄ svc-no-endpt"}, {160, "∄ service-no-endpoint"}} {
+		m := New(src, Options{Now: fixedNow})
+		m.Update(tea.WindowSizeMsg{Width: c.width, Height: 24})
+		press(m, "4")
+		screen := ansi.Strip(m.Render())
+		if m.flows.count() != 1 || !strings.Contains(screen, c.want) {
+			t.Errorf("width %d: %d rows, want one showing %q:\n%s", c.width, m.flows.count(), c.want, screen)
+		}
+		checkFits(t, screen, c.width, 24)
 	}
 }

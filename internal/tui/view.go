@@ -173,7 +173,8 @@ func (m *Model) footer() string {
 	if m.follow {
 		mode += ", following"
 	}
-	return styleFaint.Render("? help · / filter · enter details · 1-8 verdict · space pause · e export · q quit · " + mode)
+	keys := fmt.Sprintf("1-%d verdict", len(trace.Verdicts))
+	return styleFaint.Render("? help · / filter · enter details · " + keys + " · space pause · e export · q quit · " + mode)
 }
 
 func orDash(s string) string {

@@ -1,0 +1,398 @@
+package enrich_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/loader"
+	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// The node of this test: kube-proxy's own filter rules (the rules
+// package's fixture, from kubernetes v1.37.2's proxier_test.go) in a
+// throwaway namespace "n" routing between a pod-like client "c" and an
+// uplink "u".
+//
+//	c 10.0.0.2 --- 10.0.0.1 n 192.168.0.2 --- 192.168.0.1 u (default route)
+const (
+	clientAddr = "10.0.0.2"
+	nodeAddr   = "192.168.0.2"
+	clusterIP  = "172.30.0.46:80" // ns6/svc6:p80, no endpoints: REJECT
+	nodePort   = "192.168.0.2:3001"
+	noEPs      = "ns6/svc6:p80 has no endpoints"
+	noLocalEPs = "ns2/svc2:p80 has no local endpoints"
+)
+
+func requirePrivileged(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged test: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged test: needs root (network namespaces, iptables, CAP_BPF)")
+	}
+	for _, tool := range []string{"ip", "iptables-restore", "iptables-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("privileged test needs %s installed: %v", tool, err)
+		}
+	}
+}
+
+type kubeProxyNode struct {
+	c, n, u netlab.Namespace
+}
+
+func newKubeProxyNode(t *testing.T) *kubeProxyNode {
+	t.Helper()
+	lab, err := netlab.New(fmt.Sprintf("trnoep%d", os.Getpid()%10000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Errorf("remove namespaces: %v", err)
+		}
+	})
+	k := &kubeProxyNode{}
+	for name, ns := range map[string]*netlab.Namespace{"c": &k.c, "n": &k.n, "u": &k.u} {
+		if *ns, err = lab.Namespace(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, lab.Link(k.c, "eth0", clientAddr+"/24", k.n, "cni0", "10.0.0.1/24"))
+	must(t, lab.Link(k.n, "eth0", nodeAddr+"/24", k.u, "eth0", "192.168.0.1/24"))
+	run(t, k.c, "ip", "route", "add", "default", "via", "10.0.0.1")
+	run(t, k.n, "ip", "route", "add", "default", "via", "192.168.0.1")
+	must(t, k.n.Sysctl("net.ipv4.ip_forward", "1"))
+	fixture, err := filepath.Abs("../rules/testdata/kube-proxy-iptables-filter.save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, k.n, "iptables-restore", fixture)
+	return k
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func run(t *testing.T, ns netlab.Namespace, args ...string) string {
+	t.Helper()
+	out, err := ns.Run(args[0], args[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// savedRule is the one rule of ns's filter table with that comment and
+// match, as iptables-save prints it, and its packet counter.
+func savedRule(t *testing.T, ns netlab.Namespace, comment, match string) (string, uint64) {
+	t.Helper()
+	var found []string
+	for _, l := range strings.Split(run(t, ns, "iptables-save", "-c", "-t", "filter"), "\n") {
+		if strings.Contains(l, `--comment "`+comment+`"`) && strings.Contains(l, match) {
+			found = append(found, l)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("iptables-save shows %d rules commented %q with %q: %q", len(found), comment, match, found)
+	}
+	counters, text, _ := strings.Cut(found[0], " ")
+	pkts, _, _ := strings.Cut(strings.Trim(counters, "[]"), ":")
+	n, err := strconv.ParseUint(pkts, 10, 64)
+	if err != nil {
+		t.Fatalf("counters of %q: %v", found[0], err)
+	}
+	return text, n
+}
+
+// icmpDestUnreachs is the namespace's count of ICMP destination
+// unreachable errors received (/proc/net/snmp, Icmp InDestUnreachs).
+func icmpDestUnreachs(t *testing.T, ns netlab.Namespace) uint64 {
+	t.Helper()
+	var names, values []string
+	for _, l := range strings.Split(run(t, ns, "cat", "/proc/net/snmp"), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "Icmp:" {
+			if names == nil {
+				names = f
+			} else {
+				values = f
+			}
+		}
+	}
+	i := slices.Index(names, "InDestUnreachs")
+	if i < 0 || i >= len(values) {
+		t.Fatalf("no Icmp InDestUnreachs in /proc/net/snmp: %q %q", names, values)
+	}
+	n, err := strconv.ParseUint(values[i], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// dial connects from ns to addr from a fixed local port, so a refused
+// connection still names its five-tuple; it returns the local endpoint.
+func dial(ns netlab.Namespace, from, addr string, timeout time.Duration) (string, error) {
+	local := &net.TCPAddr{IP: net.ParseIP(from), Port: 20000 + rand.IntN(20000)}
+	err := ns.Do(func() error {
+		d := net.Dialer{Timeout: timeout, LocalAddr: local}
+		c, err := d.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	return local.String(), err
+}
+
+// tracing is the live pipeline observing the node namespace.
+type tracing struct {
+	p      *live.Pipeline
+	cancel context.CancelFunc
+	done   chan error
+	mu     sync.Mutex
+	flows  []*trace.Flow
+}
+
+// linger is the live default: a dropped SYN's retransmission a second
+// later still joins its flow.
+const linger = enrich.DefaultLinger
+
+func startTracing(t *testing.T, node netlab.Namespace, only []event.Via) *tracing {
+	t.Helper()
+	ino, err := node.Inode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs := []trace.Service{
+		{Namespace: "ns6", Name: "svc6", Type: "ClusterIP", ClusterIPs: []string{"172.30.0.46"},
+			Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80}}},
+		{Namespace: "ns2", Name: "svc2", Type: "LoadBalancer", ClusterIPs: []string{"172.30.0.42"}, LBIPs: []string{"1.2.3.4"},
+			ETP: "Local", Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80, NodePort: 3001}}},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := live.Start(ctx, live.Config{
+		Loader:    loader.Config{Netns: []uint32{ino}, NetnsPaths: []string{node.Path()}, Only: only},
+		NetnsPath: node.Path(), NodeName: "node-1", Linger: linger,
+		Metadata: enrich.NewSnapshotMetadata([]trace.Pod{{Namespace: "ns1", Name: "client", IPs: []string{clientAddr}}}, svcs),
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("start the live pipeline: %v", err)
+	}
+	tr := &tracing{p: p, cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		_, err := p.Run(ctx, func(f *trace.Flow) {
+			tr.mu.Lock()
+			tr.flows = append(tr.flows, f)
+			tr.mu.Unlock()
+		}, nil)
+		tr.done <- err
+	}()
+	t.Cleanup(func() { tr.stop(t) })
+	return tr
+}
+
+func (tr *tracing) via(h event.Hook) event.Via {
+	for _, hp := range tr.p.Plan() {
+		if hp.Hook == h {
+			return hp.Via
+		}
+	}
+	return event.ViaNone
+}
+
+// stop waits out the flows' linger, then detaches; safe to call twice.
+func (tr *tracing) stop(t *testing.T) {
+	if tr.cancel == nil {
+		return
+	}
+	time.Sleep(linger + time.Second)
+	tr.cancel()
+	tr.cancel = nil
+	if err := <-tr.done; err != nil {
+		t.Errorf("live pipeline: %v", err)
+	}
+	if err := tr.p.Close(); err != nil {
+		t.Errorf("close the live pipeline: %v", err)
+	}
+}
+
+// flowOf is the one flow the tracer reported for the connection, or nil
+// (an error) when it did not report exactly one.
+func (tr *tracing) flowOf(t *testing.T, src, dst string) *trace.Flow {
+	t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var got []*trace.Flow
+	for _, f := range tr.flows {
+		if f.Orig.Src == src && f.Orig.Dst == dst {
+			got = append(got, f)
+		}
+	}
+	if len(got) != 1 {
+		t.Errorf("%d flows for %s → %s, want one; all flows: %s", len(got), src, dst, flowList(tr.flows))
+		return nil
+	}
+	return got[0]
+}
+
+func eventList(evs []trace.Event) string {
+	var s []string
+	for _, e := range evs {
+		s = append(s, fmt.Sprintf("%s via %s at %q reason %q", e.Kind, e.Via, e.NFHook, e.Reason))
+	}
+	return strings.Join(s, ", ")
+}
+
+func flowList(fs []*trace.Flow) string {
+	var s []string
+	for _, f := range fs {
+		s = append(s, fmt.Sprintf("%s %s→%s %s", f.Proto, f.Orig.Src, f.Orig.Dst, f.Verdict))
+	}
+	return strings.Join(s, "; ")
+}
+
+// attempt is one connection and what the node and the client showed of
+// it, read with their own tools.
+type attempt struct {
+	name       string
+	from       func(k *kubeProxyNode) netlab.Namespace
+	fromAddr   string
+	dst        string
+	comment    string   // the kube-proxy rule that must decide: its comment
+	match      string   // and a match of it
+	path       []string // the chain path the kernel took to it
+	refused    bool     // REJECT: connection refused; otherwise DROP: timeout
+	service    string
+	needsDrops bool // the flow rests on the drop event's reason alone
+}
+
+var attempts = []attempt{
+	{"pod to ClusterIP (FORWARD)", func(k *kubeProxyNode) netlab.Namespace { return k.c }, clientAddr, clusterIP,
+		noEPs, "-d 172.30.0.46/32", []string{"FORWARD", "KUBE-SERVICES"}, true, "ns6/svc6", false},
+	{"node to ClusterIP (OUTPUT)", func(k *kubeProxyNode) netlab.Namespace { return k.n }, nodeAddr, clusterIP,
+		noEPs, "-d 172.30.0.46/32", []string{"OUTPUT", "KUBE-SERVICES"}, true, "ns6/svc6", false},
+	{"pod to NodePort of an ETP=Local Service (INPUT)", func(k *kubeProxyNode) netlab.Namespace { return k.c }, clientAddr, nodePort,
+		noLocalEPs, "--dport 3001", []string{"INPUT", "KUBE-EXTERNAL-SERVICES"}, false, "ns2/svc2", true},
+}
+
+// TestPrivServiceNoEndpoint makes real TCP connections to the Services
+// kube-proxy's rules say have no (local) endpoint, checks with the node's
+// own tools that the rule refused them (the client's ECONNREFUSED, which
+// Linux gives TCP only for an ICMP port unreachable, and the ICMP
+// destination unreachable its /proc/net/snmp counted; or its timeout; the
+// rule's packet counter in iptables-save -c), and that the live tracer's flow names that
+// rule as iptables-save prints it, the chain path, the Service, and the
+// verdict service-no-endpoint. The netfilter tier, which sees ICMP errors
+// as they leave the node, is run too where the kernel has it.
+func TestPrivServiceNoEndpoint(t *testing.T) {
+	requirePrivileged(t)
+	for _, tier := range []struct {
+		name string
+		only []event.Via
+	}{{"best", nil}, {"netfilter", []event.Via{event.ViaNetfilter}}} {
+		t.Run(tier.name, func(t *testing.T) {
+			k := newKubeProxyNode(t)
+			tr := startTracing(t, k.n, tier.only)
+			if v := tr.via(event.HookICMPSend); tier.only != nil && v != event.ViaNetfilter {
+				t.Skipf("icmp_send cannot attach via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
+			}
+			srcs := map[string]string{} // attempt name -> the client's endpoint
+			for _, a := range attempts {
+				if a.needsDrops && (tr.via(event.HookKfreeSkb) == event.ViaNone || !tr.p.Plan().DropReasons()) {
+					t.Logf("%s: not tried, kfree_skb gives no drop reason here (tier %s)", a.name, tier.name)
+					continue
+				}
+				srcs[a.name] = connect(t, k, a)
+			}
+			tr.stop(t)
+			for _, a := range attempts {
+				if src, ok := srcs[a.name]; ok {
+					checkFlow(t, k, tr, a, src)
+				}
+			}
+		})
+	}
+}
+
+// connect makes the attempt, checks the node refused it the way the rule
+// says, and returns the client's endpoint.
+func connect(t *testing.T, k *kubeProxyNode, a attempt) string {
+	t.Helper()
+	_, before := savedRule(t, k.n, a.comment, a.match)
+	from := a.from(k)
+	unreachBefore := icmpDestUnreachs(t, from)
+	local, err := dial(from, a.fromAddr, a.dst, 1500*time.Millisecond)
+	switch {
+	case a.refused && !errors.Is(err, syscall.ECONNREFUSED):
+		t.Errorf("%s: dial %s: %v, want connection refused", a.name, a.dst, err)
+	case !a.refused && !isTimeout(err):
+		t.Errorf("%s: dial %s: %v, want a timeout (the SYN dropped)", a.name, a.dst, err)
+	}
+	if _, after := savedRule(t, k.n, a.comment, a.match); after <= before {
+		t.Errorf("%s: the rule commented %q counted %d packets before and %d after", a.name, a.comment, before, after)
+	}
+	if unreach := icmpDestUnreachs(t, from) - unreachBefore; a.refused != (unreach > 0) {
+		t.Errorf("%s: the client received %d ICMP destination unreachable errors, refused %v", a.name, unreach, a.refused)
+	}
+	return local
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func checkFlow(t *testing.T, k *kubeProxyNode, tr *tracing, a attempt, src string) {
+	t.Helper()
+	f := tr.flowOf(t, src, a.dst)
+	if f == nil {
+		return
+	}
+	t.Logf("%s: events %s; %s", a.name, eventList(f.Events), f.Explanation)
+	text, _ := savedRule(t, k.n, a.comment, a.match)
+	if f.Verdict != trace.VerdictServiceNoEndpoint {
+		t.Errorf("%s: verdict %s, want %s: %s", a.name, f.Verdict, trace.VerdictServiceNoEndpoint, f.Explanation)
+	}
+	if r := f.Rule; r == nil || r.Table != "filter" || r.Text != text || !slices.Equal(r.Path, a.path) || r.Uncertain != "" {
+		t.Errorf("%s: rule %+v, want %q via %v", a.name, f.Rule, text, a.path)
+	}
+	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != a.service {
+		t.Errorf("%s: service %+v, want %s", a.name, f.Service, a.service)
+	}
+	for _, fact := range []string{"Service " + a.service, a.comment} {
+		if !strings.Contains(f.Explanation, fact) {
+			t.Errorf("%s: explanation lacks %q: %s", a.name, fact, f.Explanation)
+		}
+	}
+	kind := trace.KindDrop
+	if a.refused {
+		kind = trace.KindReject
+	}
+	if !slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == kind }) {
+		t.Errorf("%s: no %s event in %+v", a.name, kind, f.Events)
+	}
+}
