@@ -69,7 +69,9 @@ type CTEntry struct {
 }
 
 // counters is what the lab reads of the observed node (and the client's
-// namespace) just before and just after an attempt.
+// namespace) just before and just after an attempt. It parses the tools'
+// output itself rather than with internal/rules, so the truth the tracer
+// is checked against does not pass through the tracer's own parser.
 type counters struct {
 	rules map[ruleKey]uint64
 	// ipvs lists the virtual servers ("tcp VIP:PORT") and their real
@@ -86,6 +88,8 @@ type ruleKey struct{ table, text string }
 
 var proofTables = []string{"nat", "filter"}
 
+// readCounters reads the rule and SNMP counters, and with ipvs IPVS's
+// virtual servers and connection table.
 func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
 	c := counters{rules: map[ruleKey]uint64{}}
 	for _, table := range proofTables {

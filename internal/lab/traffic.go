@@ -58,7 +58,9 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		before, err := readCounters(n.ns, a.from, ipvs)
+		// IPVS's tables are only read after: the attempt's own connection
+		// is found by its source port, not by a difference.
+		before, err := readCounters(n.ns, a.from, false)
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
