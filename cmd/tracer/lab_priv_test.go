@@ -58,7 +58,7 @@ func TestLabScenarios(t *testing.T) {
 			}
 			baseline := false
 			for _, c := range res.Results {
-				baseline = baseline || c.Baseline
+				baseline = baseline || c.Baseline()
 			}
 			if !baseline {
 				t.Error("the scenario has no baseline traffic to show healthy flows stay ok")

@@ -148,7 +148,7 @@ func hijack() (Expectation, *trace.Flow) {
 }
 
 func untranslated() Expectation {
-	return Expectation{Proto: "tcp", Src: "10.244.2.3:5000", Dst: "10.244.1.2:3306", Verdict: trace.VerdictOK, Baseline: true,
+	return Expectation{Proto: "tcp", Src: "10.244.2.3:5000", Dst: "10.244.1.2:3306", Verdict: trace.VerdictOK,
 		Outcome: Connected("mysql-a"), Saw: Connected("mysql-a"), Mechanism: NoDecision, Proof: Proof{AnsweredBy: "db-a/mysql-a", DstPod: "db-a/mysql-a"}}
 }
 

@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Prefix starts the name of every namespace the lab creates, so Cleanup
@@ -87,14 +88,13 @@ type Built struct {
 // see, how the node must have handled it (Mechanism), what the lab read from
 // the node to prove it (Proof), and the verdict the tracer must give it.
 type Expectation struct {
-	Proto    string `json:"proto"` // tcp, udp, icmp
-	Src      string `json:"src"`   // as the client sent it: "IP:PORT" (ICMP: "IP")
-	Dst      string `json:"dst"`
-	Verdict  string `json:"verdict"`
-	Baseline bool   `json:"baseline,omitempty"` // healthy traffic of the same scenario (Verdict ok)
-	Outcome  string `json:"outcome"`            // what the client should see if the incident is reproduced
-	Saw      string `json:"saw"`                // what the client really saw
-	Note     string `json:"note,omitempty"`     // one line: why this outcome
+	Proto   string `json:"proto"` // tcp, udp, icmp
+	Src     string `json:"src"`   // as the client sent it: "IP:PORT" (ICMP: "IP")
+	Dst     string `json:"dst"`
+	Verdict string `json:"verdict"`
+	Outcome string `json:"outcome"`        // what the client should see if the incident is reproduced
+	Saw     string `json:"saw"`            // what the client really saw
+	Note    string `json:"note,omitempty"` // one line: why this outcome
 	// Mechanism is how the node must have handled the attempt.
 	Mechanism Mechanism `json:"mechanism"`
 	Proof     Proof     `json:"proof"`
@@ -106,6 +106,10 @@ type Expectation struct {
 // happened: the client saw what the scenario intends, and the node's own
 // counters and tables show the mechanism.
 func (e Expectation) Reproduced() bool { return e.Saw == e.Outcome && len(e.Unproven) == 0 }
+
+// Baseline says the attempt is the scenario's healthy traffic: the tracer
+// must call it ok.
+func (e Expectation) Baseline() bool { return e.Verdict == trace.VerdictOK }
 
 // NoFlow says the kernel makes no decision the tracer reports for this
 // attempt, so no flow is required (one that is reported must be ok).

@@ -185,8 +185,8 @@ func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			tcp(client, "10.96.0.10:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected("mysql-b"),
 				Note:    "mysql-a's ClusterIP is local on kube-ipvs0; portmap's DNAT for hostPort 3306 runs first"}),
-			tcp(client, "10.96.0.20:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("web")}),
-			tcp(client, mysqlA.ip+":3306", NoDecision, Expectation{Baseline: true, Outcome: Connected("mysql-a"),
+			tcp(client, "10.96.0.20:80", ServiceDNAT, Expectation{Outcome: Connected("web")}),
+			tcp(client, mysqlA.ip+":3306", NoDecision, Expectation{Outcome: Connected("mysql-a"),
 				Note: "mysql-a itself is healthy"}),
 		})
 	})
@@ -236,7 +236,7 @@ func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
 				Outcome: Connected(hpA.name), Note: "Service created first; the hostPort pod still answers"}),
 			tcp(outside, node2IP+":30081", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected(hpB.name), Note: "hostPort pod created first; it answers too"}),
-			tcp(outside, node2IP+":30082", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("nginx-c")}),
+			tcp(outside, node2IP+":30082", ServiceDNAT, Expectation{Outcome: Connected("nginx-c")}),
 		})
 	})
 }
@@ -267,7 +267,7 @@ func buildHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
 				Note: "the hostNetwork listener on :80 is bypassed"}),
 			tcp(client, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 				Note: "from a pod too"}),
-			tcp(outside, node1IP+":9100", NoDecision, Expectation{Baseline: true, Outcome: Connected("ingress-agent")}),
+			tcp(outside, node1IP+":9100", NoDecision, Expectation{Outcome: Connected("ingress-agent")}),
 		})
 	})
 }
@@ -295,8 +295,8 @@ func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 				Note: "ICMP is never a service ip,port"}),
 			tcp(client, "10.96.0.30:22", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "22 is not a port of the Service"}),
-			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("ldap")}),
-			icmp(client, ldap.ip, NoDecision, Expectation{Baseline: true, Outcome: OutcomeEchoReply}),
+			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
+			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }
@@ -322,7 +322,7 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 		return c.built(n1, []attempt{
 			tcp(client, "192.168.1.200:443", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "443 is served by the cloud LB, not by a virtual server; the LB IP is local on kube-ipvs0"}),
-			tcp(client, "192.168.1.200:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("gateway")}),
+			tcp(client, "192.168.1.200:80", ServiceDNAT, Expectation{Outcome: Connected("gateway")}),
 		})
 	})
 }
@@ -372,7 +372,7 @@ func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 		return c.built(n1, []attempt{
 			tcp(outside, "192.168.1.201:80", NoRealServer, Expectation{Verdict: trace.VerdictIPVSNoEndpoint, Outcome: OutcomeRefused,
 				Note: "the virtual server on node-1 has no real server"}),
-			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("shop")}),
+			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Outcome: Connected("shop")}),
 		})
 	})
 }
@@ -390,7 +390,7 @@ func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
 		return c.built(n1, []attempt{
 			tcp(outside, "192.168.1.200:80", ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
 				Note: "the pod's SYN-ACK goes straight to the client, which resets it"}),
-			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected(shop.name)}),
+			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
 		}, outside.ns)
 	})
 }
@@ -431,8 +431,8 @@ func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
 			tcp(client, node1IP+":2222", StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
 				Note: "nothing listens on node-1's :2222: the TCP stack resets"}),
 			tcp(client, api.ip+":9001", PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
-			tcp(client, "10.96.0.40:443", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected("api")}),
-			udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Baseline: true, Outcome: Connected(dns.name)}),
+			tcp(client, "10.96.0.40:443", ServiceDNAT, Expectation{Outcome: Connected("api")}),
+			udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
 		})
 	})
 }
