@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -309,9 +308,10 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 	}
 	st := &labStatus{total: len(scs)}
 	done := make(chan struct{})
+	var labErr error // read once done is closed
 	go func() {
 		defer close(done)
-		st.set(runLabScenarios(ctx, env, scs, o, store, st))
+		labErr = runLabScenarios(ctx, env, scs, o, store, st)
 	}()
 	uiErr := tui.Run(ctx, tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true, Status: st.line}, tui.Options{})
 	cancel()
@@ -319,7 +319,7 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 	if errors.Is(uiErr, tui.ErrNotTerminal) {
 		uiErr = usageError{uiErr}
 	}
-	return errors.Join(uiErr, st.err())
+	return errors.Join(uiErr, labErr)
 }
 
 // runLabScenarios runs scs into store, counting their checks in st and
@@ -328,18 +328,25 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, store *trace.Store, st *labStatus) error {
 	rec := &labRecorder{path: o.record}
 	var errs []error
+	var failed []string
 	for _, sc := range scs {
 		st.start(sc.Name)
 		run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) })
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			break
 		}
+		outcome := labFailed
+		if err == nil {
+			outcome = outcomeOf(run.result)
+		}
+		st.finish(sc.Name, outcome)
+		if outcome == labFailed {
+			failed = append(failed, sc.Name)
+		}
 		if err != nil {
 			errs = append(errs, err)
-			st.finish(sc.Name, labFailed)
 			continue
 		}
-		st.finish(sc.Name, outcomeOf(run.result))
 		if err := rec.add(run); err != nil {
 			st.recordFailed(err)
 			errs = append(errs, err)
@@ -349,8 +356,8 @@ func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o la
 		st.recordFailed(err)
 		errs = append(errs, err)
 	}
-	if n := st.failedCount(); n > 0 {
-		errs = append(errs, fmt.Errorf("lab: %d scenario(s) did not show what they should: %s", n, strings.Join(st.failedNames(), ", ")))
+	if len(failed) > 0 {
+		errs = append(errs, fmt.Errorf("lab: %d scenario(s) did not show what they should: %s", len(failed), strings.Join(failed, ", ")))
 	}
 	return errors.Join(errs...)
 }
@@ -433,7 +440,6 @@ type labStatus struct {
 	total, passed, skipped int
 	failed                 []string
 	running, recordErr     string
-	runErr                 error
 }
 
 func (s *labStatus) start(name string) {
@@ -460,30 +466,6 @@ func (s *labStatus) recordFailed(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.recordErr = err.Error()
-}
-
-func (s *labStatus) set(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.runErr = err
-}
-
-func (s *labStatus) err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.runErr
-}
-
-func (s *labStatus) failedCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.failed)
-}
-
-func (s *labStatus) failedNames() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.failed)
 }
 
 // line is the title's status: "lab 5/8: 4 passed, 1 failed (x) · running y".
