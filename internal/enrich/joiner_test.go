@@ -53,8 +53,14 @@ func tuple(proto uint8, src, dst string) event.Tuple {
 
 func join(t *testing.T, evs ...event.Event) []*trace.Flow {
 	t.Helper()
-	snap := node2(t)
-	env, err := NewNodeEnv("node-2", snap, NewSnapshotMetadata(snap.Pods, snap.Services))
+	return joinOnNode(t, "node-2", node2(t), nil, evs...)
+}
+
+// joinOnNode joins evs on the named node of snap, with names for their
+// reasons, and checks the flows wait out their linger and then all close.
+func joinOnNode(t *testing.T, node string, snap *trace.Snapshot, names event.ReasonNamer, evs ...event.Event) []*trace.Flow {
+	t.Helper()
+	env, err := NewNodeEnv(node, snap, NewSnapshotMetadata(snap.Pods, snap.Services))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +69,7 @@ func join(t *testing.T, evs ...event.Event) []*trace.Flow {
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now
-		j.Add(e, e.Record(nil), now)
+		j.Add(e, e.Record(names), now)
 	}
 	j.Expire(now.Add(time.Second))
 	if len(out) != 0 {

@@ -4,7 +4,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -43,18 +42,7 @@ func (netfilterDrop) ResetReason(uint32) string { return "" }
 
 func joinOn(t *testing.T, snap *trace.Snapshot, evs ...event.Event) *trace.Flow {
 	t.Helper()
-	env, err := NewNodeEnv("node-1", snap, NewSnapshotMetadata(snap.Pods, snap.Services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*trace.Flow
-	j := &Joiner{Env: func() Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
-	now := time.Unix(1700000000, 0)
-	for _, e := range evs {
-		e.Time = now
-		j.Add(e, e.Record(netfilterDrop{}), now)
-	}
-	j.Expire(now.Add(time.Minute))
+	out := joinOnNode(t, "node-1", snap, netfilterDrop{}, evs...)
 	if len(out) != 1 {
 		t.Fatalf("%d flows, want one", len(out))
 	}
