@@ -104,17 +104,10 @@ func (d *diagnosis) target() string {
 	return s
 }
 
-func podName(p *trace.PodRef) string {
-	if p == nil {
-		return ""
-	}
-	return p.Namespace + "/" + p.Name
-}
-
 // where names an endpoint with its pod when known.
 func (d *diagnosis) where(ap string, pod *trace.PodRef) string {
 	if pod != nil {
-		return fmt.Sprintf("%s (pod %s)", ap, podName(pod))
+		return fmt.Sprintf("%s (pod %s)", ap, pod.Key())
 	}
 	return ap
 }

@@ -128,7 +128,7 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	if listener {
 		who := l.Address
 		if pod, ok := d.env.HostNetworkPod(d.f.Proto, dst.Port()); ok {
-			who += " (hostNetwork pod " + podName(&pod) + ")"
+			who += " (hostNetwork pod " + pod.Key() + ")"
 		} else if l.Process != "" {
 			who += " (" + l.Process + ")"
 		}
@@ -139,7 +139,7 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	}
 	owner := "a hostPort pod"
 	if r := d.f.Rule; r.Owner != nil && r.Owner.Pod != nil {
-		owner = "pod " + podName(r.Owner.Pod)
+		owner = "pod " + r.Owner.Pod.Key()
 	}
 	why := "portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches every address local to the node"
 	if onIPVS {

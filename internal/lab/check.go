@@ -132,14 +132,14 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 	if p.Owner != "" {
 		owner := ""
 		if f.Rule != nil && f.Rule.Owner != nil {
-			owner = podName(f.Rule.Owner.Pod)
+			owner = f.Rule.Owner.Pod.Key()
 		}
 		differ("rule owner", owner, p.Owner)
 		mention("the rule's owner", p.Owner)
 	}
-	differ("destination pod", podName(f.DstPod), p.DstPod)
+	differ("destination pod", f.DstPod.Key(), p.DstPod)
 	mention("the destination pod", p.DstPod)
-	differ("service", serviceName(f.Service), p.Service)
+	differ("service", f.Service.Key(), p.Service)
 	mention("the service", p.Service)
 	if ct := p.Conntrack; ct != nil {
 		reply := ""
@@ -197,18 +197,4 @@ func hasEvent(f *trace.Flow, kind, by string) bool {
 		}
 	}
 	return false
-}
-
-func podName(p *trace.PodRef) string {
-	if p == nil {
-		return ""
-	}
-	return p.Namespace + "/" + p.Name
-}
-
-func serviceName(s *trace.ServiceRef) string {
-	if s == nil {
-		return ""
-	}
-	return s.Namespace + "/" + s.Name
 }

@@ -228,6 +228,14 @@ type PodRef struct {
 	Name      string `json:"name"`
 }
 
+// Key is "namespace/name", or "" for no pod.
+func (p *PodRef) Key() string {
+	if p == nil {
+		return ""
+	}
+	return p.Namespace + "/" + p.Name
+}
+
 // ServiceRef names the Service a client addressed.
 type ServiceRef struct {
 	Namespace string `json:"namespace"`
@@ -245,4 +253,12 @@ type Summary struct {
 	DecodeErrors int               `json:"decode_errors,omitempty"`
 	Verdicts     map[string]int    `json:"verdicts,omitempty"`
 	LostByHook   map[string]uint64 `json:"lost_by_hook,omitempty"`
+}
+
+// Key is "namespace/name" (without the port), or "" for no Service.
+func (s *ServiceRef) Key() string {
+	if s == nil {
+		return ""
+	}
+	return s.Namespace + "/" + s.Name
 }

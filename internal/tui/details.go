@@ -113,7 +113,7 @@ func ruleLines(f *trace.Flow, width int) []string {
 	if r.Owner != nil {
 		owner := "  owner:"
 		if r.Owner.Pod != nil {
-			owner += " pod " + r.Owner.Pod.Namespace + "/" + r.Owner.Pod.Name
+			owner += " pod " + r.Owner.Pod.Key()
 		}
 		if r.Owner.ContainerID != "" {
 			owner += " (container " + shortID(r.Owner.ContainerID) + ")"
@@ -161,12 +161,12 @@ func podLines(f *trace.Flow) []string {
 		if p == nil {
 			return "-"
 		}
-		return p.Namespace + "/" + p.Name
+		return p.Key()
 	}
 	out = append(out, "  source pod       "+ref(f.SrcPod), "  destination pod  "+ref(f.DstPod))
 	svc := "-"
 	if s := f.Service; s != nil {
-		svc = s.Namespace + "/" + s.Name
+		svc = s.Key()
 		if s.Port != "" {
 			svc += " port " + s.Port
 		}

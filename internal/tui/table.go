@@ -98,11 +98,11 @@ func flowText(f *trace.Flow, wide bool) string {
 func podsText(f *trace.Flow, wide bool) string {
 	var parts []string
 	if f.Service != nil {
-		parts = append(parts, "svc "+f.Service.Namespace+"/"+f.Service.Name)
+		parts = append(parts, "svc "+f.Service.Key())
 	}
 	podName := func(p *trace.PodRef) string {
 		if wide {
-			return p.Namespace + "/" + p.Name
+			return p.Key()
 		}
 		return p.Name
 	}
