@@ -133,7 +133,7 @@ func hijack() (Expectation, *trace.Flow) {
 		Proof: Proof{
 			Rule:  &RuleHit{Table: "nat", Chain: "CNI-DN-abc", Text: "-A CNI-DN-abc -p tcp -m tcp --dport 3306 -j DNAT --to-destination 10.244.2.2:3306", Packets: 1},
 			Owner: "db-b/mysql-b", AnsweredBy: "db-b/mysql-b", DstPod: "db-b/mysql-b", Service: "db-a/mysql-a",
-			Conntrack: &CTEntry{State: "TIME_WAIT", ReplySrc: "10.244.2.2:3306", ReplyDst: "10.244.2.1:43315"}, Translated: true,
+			Conntrack: &CTEntry{State: "TIME_WAIT", ReplySrc: "10.244.2.2:3306", ReplyDst: "10.244.2.1:43315"},
 		}}
 	f := &trace.Flow{Type: trace.TypeFlow, Proto: "tcp", Orig: trace.Tuple{Src: e.Src, Dst: e.Dst},
 		Reply:     &trace.Tuple{Src: "10.244.2.2:3306", Dst: "10.244.2.1:43315"},

@@ -39,10 +39,6 @@ type Proof struct {
 	NodeResets   int64 `json:"node_resets,omitempty"`
 	NodeUnreach  int64 `json:"node_icmp_unreachable,omitempty"`
 	ClientResets int64 `json:"client_resets,omitempty"`
-	// Translated says some DNAT rule or IPVS virtual server took the
-	// attempt; Refused that some REJECT or DROP rule counted it.
-	Translated bool `json:"translated"`
-	Refused    bool `json:"refused"`
 }
 
 // RuleHit is a rule of the node as iptables-save prints it.
