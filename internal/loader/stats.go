@@ -74,17 +74,10 @@ func programHooks(plan Plan, program string, via event.Via) []event.Hook {
 	return hooks
 }
 
-// nfServes mirrors bpf/tracer.c: tr_nf_dnat reports DNAT and, at
-// LOCAL_OUT, the resets and ICMP errors the kernel sends; tr_nf_snat
-// reports SNAT only.
+// nfServes says the netfilter tier attaches program for a hook of role
+// (nfAttachments is where that is decided).
 func nfServes(program string, role uint32) bool {
-	switch program {
-	case "tr_nf_dnat":
-		return role != 0
-	case "tr_nf_snat":
-		return role&nfRoleNAT != 0
-	}
-	return false
+	return role != 0 && slices.ContainsFunc(nfAttachments(role), func(a nfAttach) bool { return a.prog == program })
 }
 
 // nfRoleOf is the netfilter role of a hook's netfilter rung (0: none).
