@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -362,18 +364,19 @@ func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o la
 	return errors.Join(errs...)
 }
 
-// probeRecord fails early, as bad usage, when the record file cannot be
-// created; the real one is created with the first scenario's header.
+// probeRecord fails early, as bad usage, when no file can be created
+// beside path; it leaves a file already at path alone until the first
+// scenario's header is there to start the real one.
 func probeRecord(path string) error {
 	if path == "" {
 		return nil
 	}
-	w, err := trace.Create(path, trace.Header{Type: trace.TypeHeader, Schema: trace.Schema})
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".probe*")
 	if err != nil {
 		return usagef("--record %s: %v", path, err)
 	}
-	w.Abort()
-	return nil
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // labRecorder writes the flows of every scenario into one trace; its
