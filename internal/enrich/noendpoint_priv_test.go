@@ -131,25 +131,15 @@ func savedRule(t *testing.T, ns netlab.Namespace, comment, match string) (string
 // unreachable errors received (/proc/net/snmp, Icmp InDestUnreachs).
 func icmpDestUnreachs(t *testing.T, ns netlab.Namespace) uint64 {
 	t.Helper()
-	var names, values []string
-	for _, l := range strings.Split(run(t, ns, "cat", "/proc/net/snmp"), "\n") {
-		if f := strings.Fields(l); len(f) > 0 && f[0] == "Icmp:" {
-			if names == nil {
-				names = f
-			} else {
-				values = f
-			}
-		}
-	}
-	i := slices.Index(names, "InDestUnreachs")
-	if i < 0 || i >= len(values) {
-		t.Fatalf("no Icmp InDestUnreachs in /proc/net/snmp: %q %q", names, values)
-	}
-	n, err := strconv.ParseUint(values[i], 10, 64)
+	snmp, err := ns.SNMP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	n, ok := snmp["Icmp:InDestUnreachs"]
+	if !ok {
+		t.Fatalf("no Icmp InDestUnreachs in %s's /proc/net/snmp", ns.Name)
+	}
+	return uint64(n)
 }
 
 // dial connects from ns to addr from a fixed local port, so a refused

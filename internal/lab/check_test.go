@@ -80,14 +80,6 @@ UDP 04:58  UDP         10.244.1.2:48015   10.96.0.53:53      10.244.2.3:53
 	}
 }
 
-func TestParseSNMP(t *testing.T) {
-	out := "Icmp: InMsgs OutDestUnreachs\nIcmp: 4 2\nIcmpMsg: OutType3\nIcmpMsg: 2\nTcp: RtoAlgorithm OutRsts\nTcp: 1 7\n"
-	m := parseSNMP(out)
-	if m["Tcp:OutRsts"] != 7 || m["Icmp:OutDestUnreachs"] != 2 || m["IcmpMsg:OutType3"] != 2 {
-		t.Errorf("got %v", m)
-	}
-}
-
 func TestParseConntrack(t *testing.T) {
 	cases := []struct {
 		out  string
@@ -114,13 +106,11 @@ func TestParseConntrack(t *testing.T) {
 func FuzzLabParsers(f *testing.F) {
 	f.Add(iptablesSaveC)
 	f.Add("TCP  10.96.0.10:3306 2 12\n  -> 10.244.1.2:3306 2 12\n")
-	f.Add("Tcp: OutRsts\nTcp: 3\n")
 	f.Add("tcp 6 117 TIME_WAIT src=1 dst=2 sport=3 dport=4 src=5 [ASSURED]\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		parseRuleCounters("nat", s)
 		parseIPVSList(s)
 		parseIPVSConns(s)
-		parseSNMP(s)
 		parseConntrack(s)
 	})
 }

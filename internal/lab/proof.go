@@ -109,11 +109,11 @@ func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
 		c.ipvsConns = parseIPVSConns(out)
 	}
 	var err error
-	if c.snmp, err = readSNMP(node); err != nil {
+	if c.snmp, err = node.SNMP(); err != nil {
 		return c, err
 	}
 	if client.Name != "" {
-		snmp, err := readSNMP(client)
+		snmp, err := client.SNMP()
 		if err != nil {
 			return c, err
 		}
@@ -183,38 +183,6 @@ func parseIPVSConns(out string) []ipvsConn {
 		conns = append(conns, ipvsConn{proto: strings.ToLower(f[0]), source: f[3], virtual: f[4], dest: f[5]})
 	}
 	return conns
-}
-
-// readSNMP reads the namespace's /proc/net/snmp as "Proto:Field" -> value.
-func readSNMP(ns netlab.Namespace) (map[string]int64, error) {
-	out, err := ns.Run("cat", "/proc/net/snmp")
-	if err != nil {
-		return nil, fmt.Errorf("read snmp counters of %s: %w", ns.Name, err)
-	}
-	return parseSNMP(out), nil
-}
-
-func parseSNMP(out string) map[string]int64 {
-	m := map[string]int64{}
-	names := map[string][]string{}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		proto := f[0]
-		if hdr, ok := names[proto]; ok {
-			for i := 1; i < len(f) && i < len(hdr); i++ {
-				if v, err := strconv.ParseInt(f[i], 10, 64); err == nil {
-					m[strings.TrimSuffix(proto, ":")+":"+hdr[i]] = v
-				}
-			}
-			delete(names, proto)
-			continue
-		}
-		names[proto] = f
-	}
-	return m
 }
 
 // decidingTargets are the rule targets that decide a connection's fate;
