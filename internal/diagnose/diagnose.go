@@ -33,6 +33,9 @@ type Env interface {
 	Listener(proto string, dst netip.AddrPort) (trace.Listener, bool)
 	// PodNode is the node a pod runs on, or "".
 	PodNode(p trace.PodRef) string
+	// IsLocal reports whether a is one of the node's own addresses (a
+	// "local" route), which is what portmap's locality checks test.
+	IsLocal(a netip.Addr) (bool, error)
 	// HostNetworkPod is the hostNetwork pod on this node declaring the
 	// port: who owns a host listener.
 	HostNetworkPod(proto string, port uint16) (trace.PodRef, bool)
@@ -54,6 +57,7 @@ func Diagnose(f *trace.Flow, env Env) Result {
 	for _, rule := range []func() (Result, bool){
 		d.ipvsNoEndpoint,
 		d.serviceNoEndpoint,
+		d.clusterIPReject,
 		d.ipvsFilterReject,
 		d.hostportHijack,
 		d.returnPathMismatch,
@@ -126,6 +130,18 @@ func (d *diagnosis) ruleEvidence() string {
 		return ""
 	}
 	s := fmt.Sprintf("Rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
+	if r.NFTables() {
+		s = fmt.Sprintf("nftables rule `%s` (table %s %s, chain path %s, handle %d)", r.Text, r.Family, r.Table, strings.Join(rulePath(r), " → "), r.Handle)
+		if e := r.Element; e != nil {
+			s += fmt.Sprintf(", reached through element %s", e.Key)
+			if e.Map != "" {
+				s += " of map " + e.Map
+			}
+			if e.Comment != "" {
+				s += fmt.Sprintf(" (comment %q)", e.Comment)
+			}
+		}
+	}
 	if r.Uncertain != "" {
 		s += "; attribution uncertain: " + r.Uncertain
 	}

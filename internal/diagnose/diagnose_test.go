@@ -50,6 +50,12 @@ func (e *fakeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bo
 	l, ok := e.listeners[proto+" 0.0.0.0:"+itoa(dst.Port())]
 	return l, ok
 }
+// IsLocal: the node's address is 192.168.1.10; in IPVS mode the kube-ipvs0
+// addresses are local too.
+func (e *fakeEnv) IsLocal(a netip.Addr) (bool, error) {
+	_, ipvs := e.onIPVS[a]
+	return ipvs || a == netip.MustParseAddr("192.168.1.10"), nil
+}
 func (e *fakeEnv) PodNode(p trace.PodRef) string { return e.podNodes[p.Namespace+"/"+p.Name] }
 func (e *fakeEnv) HostNetworkPod(proto string, port uint16) (trace.PodRef, bool) {
 	if proto == "tcp" && port == 80 {

@@ -28,6 +28,9 @@ func parseNoEndpointRule(r *trace.Rule) (noEndpointRule, bool) {
 	if r == nil {
 		return noEndpointRule{}, false
 	}
+	if r.NFTables() {
+		return parseNFTNoEndpoint(r)
+	}
 	m := noEndpointComment.FindStringSubmatch(r.Text)
 	if m == nil {
 		return noEndpointRule{}, false
@@ -79,10 +82,17 @@ func (d *diagnosis) serviceNoEndpoint() (Result, bool) {
 	return Result{trace.VerdictServiceNoEndpoint, sentences(
 		d.noEndpointWhat(ne),
 		d.ruleEvidence(),
-		fmt.Sprintf("kube-proxy's comment on it: %q", ne.comment),
+		d.noEndpointComment(ne),
 		d.noEndpointCrossCheck(ne),
 		d.noEndpointFix(ne),
 	)}, true
+}
+
+func (d *diagnosis) noEndpointComment(ne noEndpointRule) string {
+	if r := d.f.Rule; r.NFTables() {
+		return fmt.Sprintf("kube-proxy's element %s of map %s names it: comment %q", r.Element.Key, r.Element.Map, ne.comment)
+	}
+	return fmt.Sprintf("kube-proxy's comment on it: %q", ne.comment)
 }
 
 // noEndpointWhat says what happened to the connection, and what its client
@@ -98,6 +108,10 @@ func (d *diagnosis) noEndpointWhat(ne noEndpointRule) string {
 		if ev := d.event(trace.KindReject); ev != nil {
 			did = fmt.Sprintf("rejected it with %s: the client sees \"connection refused\"", orDefault(ev.Reason, "an ICMP error"))
 		}
+	}
+	if d.f.Rule.NFTables() {
+		return fmt.Sprintf("%s, so kube-proxy (nftables mode) lists it in %s, whose element caught the connection from %s to %s and %s",
+			why, d.f.Rule.Element.Map, d.f.Orig.Src, d.f.Orig.Dst, did)
 	}
 	return fmt.Sprintf("%s, so kube-proxy's filter rule for it caught the connection from %s to %s and %s",
 		why, d.f.Orig.Src, d.f.Orig.Dst, did)
@@ -131,7 +145,7 @@ func (d *diagnosis) noEndpointFix(ne noEndpointRule) string {
 	case !ne.local:
 		return fmt.Sprintf("Fix: the selector of Service %s/%s matches no ready pod. %s lists its endpoints and whether they are ready; check that the selector (`kubectl describe service -n %s %s`) matches the pods' labels and that those pods pass their readiness probes",
 			ns, name, list, ns, name)
-	case d.ruleIn("KUBE-EXTERNAL-SERVICES"):
+	case d.ruleIn("KUBE-EXTERNAL-SERVICES") || d.f.Rule.NFTables() && d.f.Rule.Element.Map == noEndpointNodePort:
 		return fmt.Sprintf("Fix: with externalTrafficPolicy: Local, external IPs, LoadBalancer IPs and NodePorts answer only on nodes with a ready endpoint (%s shows each endpoint's node). Send external traffic only to such nodes (the load balancer's health check on healthCheckNodePort does that), run an endpoint on node %s, or use externalTrafficPolicy: Cluster",
 			list, d.nodeName())
 	default:

@@ -106,6 +106,9 @@ func (d *diagnosis) isPortmapRule() bool {
 	if r == nil {
 		return false
 	}
+	if pm, _ := portmapNFT(r); pm {
+		return true
+	}
 	return strings.HasPrefix(r.Chain, "CNI-DN-") || d.ruleIn("CNI-HOSTPORT-DNAT")
 }
 
@@ -134,6 +137,12 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 		}
 		bypassed = append(bypassed, "the host listener on "+who)
 	}
+	_, localOnly := portmapNFT(d.f.Rule)
+	nftNoLocality := d.f.Rule.NFTables() && !localOnly
+	if local, err := d.env.IsLocal(dst.Addr()); nftNoLocality && d.f.Service == nil && err == nil && !local {
+		// With no locality check a hostPort takes traffic to anywhere.
+		bypassed = append(bypassed, "the destination "+dst.String()+" itself, which is not an address of this node")
+	}
 	if len(bypassed) == 0 {
 		return Result{}, false // a hostPort used as intended
 	}
@@ -141,10 +150,7 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	if r := d.f.Rule; r.Owner != nil && r.Owner.Pod != nil {
 		owner = "pod " + r.Owner.Pod.Key()
 	}
-	why := "portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches every address local to the node"
-	if onIPVS {
-		why = "kube-ipvs0 makes every ClusterIP and LB IP local, so portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches them, and its DNAT runs before IPVS sees the packet"
-	}
+	why := d.hijackWhy(onIPVS, localOnly)
 	landed := d.where(d.wentTo().String(), d.f.DstPod)
 	return Result{trace.VerdictHostportHijack, sentences(
 		fmt.Sprintf("hijacked: %s was DNAT'd to %s by the hostPort rule of %s in chain %s, bypassing %s",
@@ -156,8 +162,30 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	)}, true
 }
 
+// hijackWhy says which locality check let the hostPort rule take the
+// packet, per rule source and portmap version.
+func (d *diagnosis) hijackWhy(onIPVS, localOnly bool) string {
+	if d.f.Rule.NFTables() {
+		if !localOnly {
+			return "portmap's nftables backend before v1.9 (v1.6.1 to v1.8.x) jumps from its prerouting chain to hostports with no locality check, so it captures every packet to that port whatever the destination: traffic to ClusterIPs routed through this node and to addresses outside the cluster included, which is worse than the iptables backend"
+		}
+		why := "portmap's nftables backend (v1.9 and later) jumps to hostports_all for `fib daddr type local`, which matches every address local to the node"
+		if onIPVS {
+			why += "; kube-ipvs0 makes every ClusterIP and LB IP local, and the DNAT runs before IPVS sees the packet"
+		}
+		return why + ". Its nat chain and kube-proxy's share priority -100: the kernel ran portmap's first"
+	}
+	if onIPVS {
+		return "kube-ipvs0 makes every ClusterIP and LB IP local, so portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches them, and its DNAT runs before IPVS sees the packet"
+	}
+	return "portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches every address local to the node"
+}
+
 func (d *diagnosis) hijackFix(port uint16, owner string, listener bool) string {
 	fix := fmt.Sprintf("Fix: remove hostPort %d from %s or move it to a port no Service, NodePort or host listener uses", port, owner)
+	if _, localOnly := portmapNFT(d.f.Rule); d.f.Rule.NFTables() && !localOnly {
+		fix += "; and upgrade portmap to v1.9 or later, whose nftables backend captures only the node's own addresses"
+	}
 	if listener {
 		fix += "; a hostNetwork listener and a hostPort on the same port conflict: pick one"
 	}
@@ -249,7 +277,7 @@ func (d *diagnosis) generic() (Result, bool) {
 		)}, true
 	}
 	if ev := d.event(trace.KindDrop); ev != nil {
-		if r := d.f.Rule; r != nil && strings.Contains(r.Text, "-j REJECT") {
+		if r := d.f.Rule; r != nil && (strings.Contains(r.Text, "-j REJECT") || r.NFTables() && strings.Contains(r.Text, "reject")) {
 			// REJECT drops the packet after answering it; the answer itself
 			// was not seen (a bridged packet's reset goes straight out).
 			return Result{trace.VerdictRejected, sentences(

@@ -1,10 +1,12 @@
 package enrich
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -42,7 +44,9 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 
 // attribute finds the rule behind the flow's deciding event, or nil when
 // there is none to find; known is false when the rules are unknown, so
-// nothing can be said either way.
+// nothing can be said either way. iptables and native nftables are asked
+// alike; when both have a rule that agrees with the kernel, the one whose
+// table or base chain runs first at the hook made the decision.
 func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	ev, kind := decidingEvent(f)
 	if ev == nil {
@@ -56,10 +60,6 @@ func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	if pkt.Src.Addr().Is6() {
 		family = rules.IPv6
 	}
-	rs := env.Ruleset(family)
-	if rs == nil {
-		return nil, false
-	}
 	act := rules.KernelAction{Kind: kind, Hook: hookOf(ev, kind, pkt, env)}
 	if kind == rules.ActionDNAT || kind == rules.ActionSNAT {
 		if r, ok := parseRange(ev.To); ok {
@@ -69,11 +69,100 @@ func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	if ev.ICMPType != nil && ev.ICMPCode != nil {
 		act.ICMPType, act.ICMPCode = *ev.ICMPType, *ev.ICMPCode
 	}
-	at, err := rs.Attribute(pkt, env, act)
-	if err != nil || at == nil || at.Result == nil || !canExplain(at.Result.Outcome.Verdict, kind) {
-		return nil, true
+	ipt, iptKnown := iptablesCandidate(env.Ruleset(family), pkt, env, act)
+	nf, nfKnown := nftCandidate(env, pkt, act)
+	if !iptKnown && !nfKnown {
+		return nil, false
 	}
-	return ruleRecord(at), true
+	return choose(ipt, nf), true
+}
+
+// candidate is one rule source's answer.
+type candidate struct {
+	rule *trace.Rule
+	// agrees: the source has a rule that did what the kernel did.
+	agrees bool
+	prio   int
+}
+
+func iptablesCandidate(rs *rules.Ruleset, pkt rules.Packet, env Env, act rules.KernelAction) (candidate, bool) {
+	if rs == nil {
+		return candidate{}, false
+	}
+	at, err := rs.Attribute(pkt, env, act)
+	if err != nil || at == nil || at.Result == nil || !canExplain(at.Result.Outcome.Verdict, act.Kind) {
+		return candidate{}, true
+	}
+	return candidate{rule: ruleRecord(at), agrees: at.Agrees, prio: tablePrio(at.Result.Table, act.Hook)}, true
+}
+
+func nftCandidate(env Env, pkt rules.Packet, act rules.KernelAction) (candidate, bool) {
+	rs, err := env.NFTRuleset()
+	if err != nil {
+		// Unreadable native rules cannot rule anything out.
+		return candidate{rule: &trace.Rule{Backend: trace.BackendNFTables, Uncertain: "the nftables ruleset could not be read: " + err.Error()}}, true
+	}
+	if rs == nil {
+		return candidate{}, false
+	}
+	at, err := rs.Attribute(pkt, env, act)
+	if err != nil || at == nil {
+		return candidate{}, true
+	}
+	return candidate{rule: nftRuleRecord(at), agrees: true, prio: at.Prio}, true
+}
+
+// choose picks between the iptables and the nftables answer.
+func choose(ipt, nf candidate) *trace.Rule {
+	switch {
+	case ipt.agrees && nf.agrees && nf.rule.Table != "":
+		first, other := ipt, nf
+		if nf.prio < ipt.prio {
+			first, other = nf, ipt
+		}
+		if nf.prio == ipt.prio {
+			r := *first.rule
+			r.Uncertain = joinReasons(r.Uncertain, fmt.Sprintf("%s (%s %s) at the same priority %d could have made it too", other.rule.Text, other.rule.Table, other.rule.Chain, other.prio))
+			return &r
+		}
+		return first.rule
+	case nf.agrees && nf.rule.Table != "":
+		return nf.rule
+	case ipt.rule != nil:
+		if nf.rule != nil && nf.rule.Uncertain != "" {
+			r := *ipt.rule
+			r.Uncertain = joinReasons(r.Uncertain, nf.rule.Uncertain)
+			return &r
+		}
+		return ipt.rule
+	}
+	return nil
+}
+
+func joinReasons(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// tablePrio is an iptables table's priority at a hook, in the order
+// native nftables base chains share with it.
+func tablePrio(table, hook string) int {
+	switch table {
+	case "raw":
+		return -300
+	case "mangle":
+		return -150
+	case "nat":
+		if hook == "POSTROUTING" || hook == "INPUT" {
+			return 100
+		}
+		return -100
+	case "security":
+		return 50
+	}
+	return 0
 }
 
 // canExplain: an ICMP error or a drop can come from outside netfilter (the
@@ -188,6 +277,37 @@ func ruleRecord(at *rules.Attribution) *trace.Rule {
 	}
 	if at.Owner != nil {
 		r.Owner = &trace.Owner{ContainerID: at.Owner.ContainerID}
+	}
+	if at.Uncertain {
+		r.Uncertain = strings.Join(at.Reasons, "; ")
+		if r.Uncertain == "" {
+			r.Uncertain = "the rules do not pin down one rule"
+		}
+	}
+	return r
+}
+
+// nftRuleRecord turns a native nftables attribution into the trace's rule
+// object. table is the nftables table, entry_chain the base chain, text the
+// rule as nft listed it.
+func nftRuleRecord(at *nft.Attribution) *trace.Rule {
+	o := &at.Outcome
+	base := at.Result.Chain
+	r := &trace.Rule{Backend: trace.BackendNFTables, Family: base.Table.Family, Table: base.Table.Name,
+		Chain: base.Name, EntryChain: base.Name, Path: o.Chains()}
+	if o.Rule != nil {
+		r.Chain, r.Handle, r.Text = o.Rule.Chain.Name, o.Rule.Handle, o.Rule.Display()
+		if base.Table.Name == "cni_hostport" && o.Rule.Comment != "" {
+			r.Owner = &trace.Owner{ContainerID: o.Rule.Comment}
+		}
+	} else {
+		r.Text = fmt.Sprintf("chain %s policy %s", base.Name, base.Policy)
+	}
+	if el, set := o.Element(); el != nil {
+		r.Element = &trace.RuleElement{Key: el.KeyText(), Comment: el.Comment}
+		if set != nil {
+			r.Element.Map = set.Name
+		}
 	}
 	if at.Uncertain {
 		r.Uncertain = strings.Join(at.Reasons, "; ")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/diagnose"
+	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -26,6 +27,10 @@ type Env interface {
 	// Ruleset is the node's iptables rules of one family, or nil when
 	// they are unknown (then attribution is skipped, never guessed).
 	Ruleset(f rules.Family) *rules.Ruleset
+	// NFTRuleset is the node's native nftables tables: nil when there are
+	// none (or nft could not be asked), an error when the ruleset was read
+	// but could not be understood.
+	NFTRuleset() (*nft.Ruleset, error)
 	// PodByIP names the pod that held address a at time at.
 	PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool)
 	// ServiceByAddr names the Service a client addressed at a:port

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -37,6 +38,8 @@ type NodeEnv struct {
 	svcPorts  map[netip.Addr][]string
 	ipvs      map[string]trace.IPVSService
 	listeners []trace.Listener
+	nft       *nft.Ruleset
+	nftErr    error
 	meta      Metadata
 }
 
@@ -72,6 +75,12 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 	}
 	for _, s := range snap.IPVS {
 		e.ipvs[s.Proto+" "+s.Address] = s
+	}
+	if n := snap.NFTables; n != nil {
+		// A ruleset that does not parse leaves native attribution uncertain
+		// rather than failing the whole snapshot: the iptables side and
+		// everything else still stand.
+		e.nft, e.nftErr = nft.Parse(n.JSON, []byte(n.Listing), n.Skip)
 	}
 	return e, nil
 }
@@ -194,6 +203,20 @@ func (e *NodeEnv) IsLocal(a netip.Addr) (bool, error) { return e.node.IsLocal(a)
 
 func (e *NodeEnv) SetMember(name string, lookups []rules.SetLookup) (bool, error) {
 	return e.node.SetMember(name, lookups)
+}
+
+// NFTRuleset is the snapshot's native nftables tables.
+func (e *NodeEnv) NFTRuleset() (*nft.Ruleset, error) { return e.nft, e.nftErr }
+
+// Warnings say what of the snapshot was read but not understood.
+func (e *NodeEnv) Warnings() []string {
+	if e.nftErr != nil {
+		return []string{"nftables ruleset not understood, native rules are not attributed: " + e.nftErr.Error()}
+	}
+	if e.nft != nil && len(e.nft.Warnings) > 0 {
+		return append([]string{fmt.Sprintf("nftables ruleset: %d parts not understood (rules using them are attributed as uncertain)", len(e.nft.Warnings))}, e.nft.Warnings...)
+	}
+	return nil
 }
 
 func (e *NodeEnv) Ruleset(f rules.Family) *rules.Ruleset {

@@ -54,6 +54,9 @@ type Attribution struct {
 	Passed []*Result
 	// Owner is the portmap owner when the rule is a hostPort rule.
 	Owner *PortmapOwner
+	// Agrees is set when some rule of the deciding table does what the
+	// kernel did (one or, when Uncertain, several).
+	Agrees bool
 	// Uncertain is set when the rules do not pin down one rule that agrees
 	// with the kernel; Reasons say why.
 	Uncertain bool
@@ -205,6 +208,7 @@ func (at *Attribution) pick(rs *Ruleset, node NodeState, pkt Packet, fam Family)
 		}
 		agree = append(agree, *o)
 	}
+	at.Agrees = len(agree) > 0
 	switch {
 	case len(agree) == 0:
 		at.Uncertain = true

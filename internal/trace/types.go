@@ -5,6 +5,7 @@
 package trace
 
 import (
+	"encoding/json"
 	"net/netip"
 	"time"
 )
@@ -70,8 +71,34 @@ type Snapshot struct {
 	Ipsets      string            `json:"ipsets,omitempty"` // ipset save text
 	IPVS        []IPVSService     `json:"ipvs,omitempty"`
 	Listeners   []Listener        `json:"listeners,omitempty"`
-	Pods        []Pod             `json:"pods,omitempty"`
-	Services    []Service         `json:"services,omitempty"`
+	// NFTables is the nftables ruleset, for the native tables' rules.
+	NFTables *NFTRuleset `json:"nftables,omitempty"`
+	Pods     []Pod       `json:"pods,omitempty"`
+	Services []Service   `json:"services,omitempty"`
+}
+
+// NFTRuleset is the node's nftables ruleset as nft printed it: JSON for the
+// rules' meaning, the handle-annotated listing for their text.
+type NFTRuleset struct {
+	// JSON is `nft -j list ruleset`.
+	JSON json.RawMessage `json:"json"`
+	// Listing is `nft -a list ruleset`.
+	Listing string `json:"listing,omitempty"`
+	// IPTables are the tables ("family name") iptables-nft owns: their
+	// rules are read from iptables-save, not from here.
+	IPTables []string `json:"iptables_tables,omitempty"`
+}
+
+// Skip reports whether a table is iptables-nft's, to be left out of the
+// native rules.
+func (n *NFTRuleset) Skip(family, name string) bool {
+	id := family + " " + name
+	for _, t := range n.IPTables {
+		if t == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Address is one address on one interface of the node.
@@ -197,15 +224,44 @@ type Flow struct {
 	Explanation string      `json:"explanation,omitempty"`
 }
 
-// Rule is the netfilter rule that made a flow's decision.
+// Rule is the netfilter rule that made a flow's decision: an iptables
+// rule (Backend "" or "iptables") or a native nftables one.
 type Rule struct {
-	Table      string   `json:"table"`
-	Chain      string   `json:"chain"`
-	EntryChain string   `json:"entry_chain,omitempty"`
-	Path       []string `json:"path,omitempty"`
-	Text       string   `json:"text"`
-	Owner      *Owner   `json:"owner,omitempty"`
-	Uncertain  string   `json:"uncertain,omitempty"`
+	// Backend is BackendNFTables for a native nftables rule; iptables
+	// rules leave it empty (older traces never had it).
+	Backend string `json:"backend,omitempty"`
+	// Family, Handle and Element identify a native nftables rule: its
+	// table's family (ip, ip6, inet), its handle, and the map element that
+	// sent the packet to it.
+	Family     string       `json:"family,omitempty"`
+	Handle     uint64       `json:"handle,omitempty"`
+	Element    *RuleElement `json:"element,omitempty"`
+	Table      string       `json:"table"`
+	Chain      string       `json:"chain"`
+	EntryChain string       `json:"entry_chain,omitempty"`
+	Path       []string     `json:"path,omitempty"`
+	Text       string       `json:"text"`
+	Owner      *Owner       `json:"owner,omitempty"`
+	Uncertain  string       `json:"uncertain,omitempty"`
+}
+
+// BackendNFTables marks a native nftables rule; BackendIPTables may be
+// given for an iptables one.
+const (
+	BackendNFTables = "nftables"
+	BackendIPTables = "iptables"
+)
+
+// NFTables reports whether the rule is a native nftables one.
+func (r *Rule) NFTables() bool { return r != nil && r.Backend == BackendNFTables }
+
+// RuleElement is a verdict map element on a native rule's path: its key
+// as nft prints it, the map it is in, and its comment (kube-proxy names the
+// Service there).
+type RuleElement struct {
+	Map     string `json:"map,omitempty"`
+	Key     string `json:"key"`
+	Comment string `json:"comment,omitempty"`
 }
 
 // Owner is whose rule it is (a hostPort's pod).

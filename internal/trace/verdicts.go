@@ -6,6 +6,7 @@ const (
 	VerdictOK                 = "ok"
 	VerdictHostportHijack     = "hostport-hijack"
 	VerdictIPVSFilterReject   = "ipvs-filter-reject"
+	VerdictClusterIPReject    = "clusterip-reject"
 	VerdictIPVSNoEndpoint     = "ipvs-no-endpoint"
 	VerdictServiceNoEndpoint  = "service-no-endpoint"
 	VerdictReturnPathMismatch = "return-path-mismatch"
@@ -19,6 +20,7 @@ const (
 var Verdicts = []string{
 	VerdictHostportHijack,
 	VerdictIPVSFilterReject,
+	VerdictClusterIPReject,
 	VerdictIPVSNoEndpoint,
 	VerdictServiceNoEndpoint,
 	VerdictReturnPathMismatch,

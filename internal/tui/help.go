@@ -16,6 +16,7 @@ var keyHelp = [][2]string{
 	{"/", "edit the filter; it applies as you type (enter keep, esc cancel, ctrl+u clear)"},
 	{"esc", "clear the filter"},
 	{"x", "problems only (!verdict:ok)"},
+	{"v", "ok flows only (verdict:ok)"},
 	{"0", "any verdict (drop verdict terms)"},
 	{"space", "pause / resume (flows keep being recorded)"},
 	{"f", "follow the newest flow on/off"},
@@ -43,10 +44,11 @@ func (m *Model) helpLines() []string {
 		lines = append(lines, fmt.Sprintf("  %s  %s", styleKey.Render(pad(k[0], 16)), k[1]))
 	}
 	lines = append(lines, "", styleSection.Render("Verdict keys"))
-	for i, v := range trace.Verdicts {
+	for i, v := range problemVerdicts() {
 		l := lookOf(v)
 		lines = append(lines, fmt.Sprintf("  %s  %s %s", styleKey.Render(pad(fmt.Sprint(i+1), 16)), l.symbol, v))
 	}
+	lines = append(lines, fmt.Sprintf("  %s  %s %s", styleKey.Render(pad("v", 16)), lookOf(trace.VerdictOK).symbol, trace.VerdictOK))
 	lines = append(lines, "", styleSection.Render("Filter terms"))
 	for _, k := range filterHelp {
 		lines = append(lines, fmt.Sprintf("  %s  %s", styleKey.Render(pad(k[0], 22)), k[1]))

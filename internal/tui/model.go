@@ -284,11 +284,13 @@ func (m *Model) tableKey(k string) tea.Cmd {
 		return m.export()
 	case "x":
 		m.setVerdictTerm("!verdict:" + trace.VerdictOK)
+	case "v":
+		m.setVerdictTerm("verdict:" + trace.VerdictOK)
 	case "0":
 		m.setVerdictTerm("")
 	default:
-		if len(k) == 1 && k[0] >= '1' && int(k[0]-'1') < len(trace.Verdicts) {
-			m.setVerdictTerm("verdict:" + trace.Verdicts[k[0]-'1'])
+		if v, ok := verdictOfKey(k); ok {
+			m.setVerdictTerm("verdict:" + v)
 		}
 	}
 	return nil
@@ -422,4 +424,24 @@ func (m *Model) rowFlow(r int) int {
 		return m.flows.at(r)
 	}
 	return m.flows.at(m.flows.count() - 1 - r)
+}
+
+// problemVerdicts are the verdicts the digit keys select: every one but
+// ok, which has a key of its own ("v"), so ten verdicts fit nine digits.
+func problemVerdicts() []string {
+	out := make([]string, 0, len(trace.Verdicts))
+	for _, v := range trace.Verdicts {
+		if v != trace.VerdictOK {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func verdictOfKey(k string) (string, bool) {
+	ps := problemVerdicts()
+	if len(k) != 1 || k[0] < '1' || int(k[0]-'1') >= len(ps) {
+		return "", false
+	}
+	return ps[k[0]-'1'], true
 }

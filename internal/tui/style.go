@@ -21,6 +21,7 @@ var verdictLooks = map[string]verdictLook{
 	trace.VerdictIPVSFilterReject:   {"⊘", "filter-reject", lipgloss.Red},
 	trace.VerdictIPVSNoEndpoint:     {"∅", "no-endpoint", lipgloss.Red},
 	trace.VerdictServiceNoEndpoint:  {"∄", "svc-no-endpt", lipgloss.Red}, // "there exists no" endpoint; short enough for the narrow column
+	trace.VerdictClusterIPReject:    {"⊗", "clusterip-rej", lipgloss.Red},
 	trace.VerdictReturnPathMismatch: {"↩", "return-path", lipgloss.Yellow},
 	trace.VerdictRejected:           {"✗", trace.VerdictRejected, lipgloss.Red},
 	trace.VerdictReset:              {"⟂", trace.VerdictReset, lipgloss.Yellow},

@@ -147,9 +147,9 @@ func TestVerdictQuickKeys(t *testing.T) {
 	if m.input != "verdict:hostport-hijack" || m.flows.count() != 2 {
 		t.Fatalf("1: filter %q, %d rows", m.input, m.flows.count())
 	}
-	press(m, "/proto:tcp\n8")
+	press(m, "/proto:tcp\n9")
 	if m.input != "proto:tcp verdict:dropped" || m.flows.count() != 1 {
-		t.Fatalf("8: filter %q, %d rows", m.input, m.flows.count())
+		t.Fatalf("9: filter %q, %d rows", m.input, m.flows.count())
 	}
 	press(m, "x")
 	if m.input != "proto:tcp !verdict:ok" || m.flows.count() != 6 {
@@ -273,11 +273,11 @@ func TestStatusInTitle(t *testing.T) {
 	}
 }
 
-// Every verdict needs a look of its own and a number key: the keys are
-// single digits, so a tenth verdict would have none.
+// Every verdict needs a look of its own and a key: the problem verdicts
+// have single digits, so an eleventh verdict would have none.
 func TestEveryVerdictHasALookAndAKey(t *testing.T) {
-	if len(trace.Verdicts) > 9 {
-		t.Fatalf("%d verdicts, but only the keys 1-9 select one", len(trace.Verdicts))
+	if n := len(problemVerdicts()); n > 9 {
+		t.Fatalf("%d problem verdicts, but only the keys 1-9 select one", n)
 	}
 	symbols := map[string]string{}
 	for i, v := range trace.Verdicts {
@@ -294,9 +294,13 @@ func TestEveryVerdictHasALookAndAKey(t *testing.T) {
 			t.Errorf("%s: %q is %d cells, wider than the narrow verdict column", v, l.short, w)
 		}
 		m := New(incidentSource(t), Options{Now: fixedNow})
-		press(m, fmt.Sprint(i+1))
+		key := fmt.Sprint(i + 1)
+		if v == trace.VerdictOK {
+			key = "v"
+		}
+		press(m, key)
 		if m.input != "verdict:"+v {
-			t.Errorf("key %d: filter %q, want verdict:%s", i+1, m.input, v)
+			t.Errorf("key %s: filter %q, want verdict:%s", key, m.input, v)
 		}
 	}
 }
@@ -315,7 +319,7 @@ func TestServiceNoEndpointRow(t *testing.T) {
 	}{{80, "∄ svc-no-endpt"}, {160, "∄ service-no-endpoint"}} {
 		m := New(src, Options{Now: fixedNow})
 		m.Update(tea.WindowSizeMsg{Width: c.width, Height: 24})
-		press(m, "4")
+		press(m, "5")
 		screen := ansi.Strip(m.Render())
 		if m.flows.count() != 1 || !strings.Contains(screen, c.want) {
 			t.Errorf("width %d: %d rows, want one showing %q:\n%s", c.width, m.flows.count(), c.want, screen)

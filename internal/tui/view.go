@@ -173,7 +173,7 @@ func (m *Model) footer() string {
 	if m.follow {
 		mode += ", following"
 	}
-	keys := fmt.Sprintf("1-%d verdict", len(trace.Verdicts))
+	keys := fmt.Sprintf("1-%d verdict", len(problemVerdicts()))
 	return styleFaint.Render("? help · / filter · enter details · " + keys + " · space pause · e export · q quit · " + mode)
 }
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -19,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/nft"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Runner runs a read-only command in the observed namespace and returns its
@@ -233,18 +236,63 @@ var compatTables = map[string]bool{
 	"bridge filter": true, "bridge nat": true, "bridge broute": true, "arp filter": true,
 }
 
-// readNFT lists the ruleset and keeps the native tables. When iptables is
-// the nft backend, its tables are left out (iptables-save already shows
-// them); with iptables-legacy every nftables table is native.
-func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT bool) ([]NFTable, error) {
+// readNFT lists the ruleset twice, as JSON for its meaning and with
+// handles for its text, and keeps the native tables. When iptables is the
+// nft backend, its tables are left to iptables-save; with iptables-legacy
+// every nftables table is native. A rule in one listing and not the other
+// means a change landed between the two reads: they are read again, once.
+func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT bool) ([]NFTable, *trace.NFTRuleset, error) {
 	if err := tools.have("nft"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out, err := run(ctx, "nft", "list", "ruleset")
-	if err != nil {
-		return nil, fmt.Errorf("read nftables ruleset: %w", err)
+	for attempt := 0; ; attempt++ {
+		listing, err := run(ctx, "nft", "-a", "list", "ruleset")
+		if err != nil {
+			return nil, nil, fmt.Errorf("read nftables ruleset: %w", err)
+		}
+		js, err := run(ctx, "nft", "-j", "list", "ruleset")
+		if err != nil {
+			return nil, nil, fmt.Errorf("read nftables ruleset as json: %w", err)
+		}
+		tables := splitNFT(string(listing), iptablesIsNFT)
+		if len(tables) == 0 {
+			return nil, nil, nil
+		}
+		snap := &trace.NFTRuleset{JSON: js, Listing: string(listing)}
+		if iptablesIsNFT {
+			snap.IPTables = compatTableList()
+		}
+		rs, err := nft.Parse(js, listing, snap.Skip)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read nftables ruleset: %w", err)
+		}
+		if missingTexts(rs) == 0 || attempt == 1 {
+			return tables, snap, nil
+		}
 	}
-	return splitNFT(string(out), iptablesIsNFT), nil
+}
+
+func compatTableList() []string {
+	out := make([]string, 0, len(compatTables))
+	for t := range compatTables {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func missingTexts(rs *nft.Ruleset) int {
+	n := 0
+	for _, t := range rs.Tables {
+		for _, c := range t.Order {
+			for _, r := range c.Rules {
+				if r.Text == "" {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 func splitNFT(out string, iptablesIsNFT bool) []NFTable {

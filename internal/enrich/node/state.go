@@ -82,6 +82,7 @@ type State struct {
 	sets           map[string]*rules.IPSet
 	ipvs           []IPVSService
 	nft            []NFTable
+	nftRuleset     *trace.NFTRuleset
 	listeners      []Listener
 	// notes say what could not be read and why (a missing tool, no IPVS
 	// in the kernel), keyed by part so a refresh replaces its own note.
@@ -239,6 +240,7 @@ func (s *State) Snapshot() *trace.Snapshot {
 		}
 		snap.IPVS = append(snap.IPVS, ts)
 	}
+	snap.NFTables = s.nftRuleset
 	for _, l := range s.listeners {
 		snap.Listeners = append(snap.Listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process})
 	}

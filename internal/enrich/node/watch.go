@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // WatchOptions tune a Watcher. Zero values take the defaults.
@@ -407,9 +408,10 @@ func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
 
 func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	var tables []NFTable
+	var ruleset *trace.NFTRuleset
 	var err error
 	if w.ready("nf_tables") {
-		tables, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
+		tables, ruleset, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
 	} else {
 		err = errors.New("module nf_tables is not loaded, so there are no nftables tables (not loading it)")
 	}
@@ -420,7 +422,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 		}
 		ch := w.setNote(st, "nft", note)
 		if w.changedHash("nft", "") {
-			st.nft = nil
+			st.nft, st.nftRuleset = nil, nil
 			ch = true
 		}
 		return ch
@@ -433,7 +435,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	if !w.changedHash("nft", b.String()) {
 		return noteChanged
 	}
-	st.nft = tables
+	st.nft, st.nftRuleset = tables, ruleset
 	return true
 }
 
