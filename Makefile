@@ -42,15 +42,16 @@ test-unit:
 
 # Privileged tier on this machine's kernel (every package without -short):
 # needs root. -p 1: the tests share the kernel's hooks and namespaces. The
-# real kube-apiserver and etcd are built first (minutes when cold).
+# real kube-apiserver, etcd and portmap are built first (minutes when cold).
 test-priv: cp-bin
 	$(GO) test -count=1 -p 1 -timeout $(CP_TIMEOUT) $(PKGS)
 
-# kube-apiserver and etcd for the tests against a real control plane,
-# built once per machine into tests/controlplane/.cache/bin.
+# kube-apiserver and etcd for the tests against a real control plane, and
+# the portmap CNI plugin releases the nftables tests run, built once per
+# machine into tests/controlplane/.cache/bin.
 CP_TIMEOUT ?= 45m
 cp-bin:
-	$(GO) test -count=1 -timeout $(CP_TIMEOUT) -run TestEnsureBinaries ./tests/controlplane/cphelper
+	$(GO) test -count=1 -timeout $(CP_TIMEOUT) -run 'TestEnsureBinaries|TestEnsurePortmap' ./tests/controlplane/cphelper
 
 test-cp: cp-bin
 	$(GO) test -count=1 -timeout $(CP_TIMEOUT) ./tests/controlplane/...

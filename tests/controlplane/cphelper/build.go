@@ -58,12 +58,9 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 		return Binaries{}, err
 	}
 	mod := filepath.Join(src, "build")
-	cache := os.Getenv(CacheEnv)
-	if cache == "" {
-		cache = filepath.Join(src, ".cache", "bin")
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return Binaries{}, fmt.Errorf("create binary cache: %w", err)
+	cache, err := cacheDir(src)
+	if err != nil {
+		return Binaries{}, err
 	}
 	bins := Binaries{Etcd: filepath.Join(cache, "etcd"), APIServer: filepath.Join(cache, "kube-apiserver")}
 
@@ -79,15 +76,11 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
-	lock, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	unlock, err := lockFile(filepath.Join(cache, ".lock"))
 	if err != nil {
-		return Binaries{}, fmt.Errorf("open build lock: %w", err)
+		return Binaries{}, err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return Binaries{}, fmt.Errorf("take build lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	defer unlock()
 
 	stampFile := filepath.Join(cache, "stamp")
 	if old, err := os.ReadFile(stampFile); err == nil && string(old) == stamp && exists(bins.Etcd) && exists(bins.APIServer) {
@@ -122,6 +115,36 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 		return Binaries{}, fmt.Errorf("write build stamp: %w", err)
 	}
 	return bins, nil
+}
+
+// cacheDir is where built binaries live: $TRACER_CP_CACHE, or
+// tests/controlplane/.cache/bin (gitignored) under src.
+func cacheDir(src string) (string, error) {
+	cache := os.Getenv(CacheEnv)
+	if cache == "" {
+		cache = filepath.Join(src, ".cache", "bin")
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", fmt.Errorf("create binary cache: %w", err)
+	}
+	return cache, nil
+}
+
+// lockFile takes an exclusive flock on path, so test processes started in
+// parallel (go test runs packages at once) build each binary only once.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open build lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("take build lock %s: %w", path, err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
 }
 
 type version struct{ full, major, minor string }

@@ -115,3 +115,37 @@ func TestEnsureBinaries(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsurePortmap builds (or finds) every portmap release the tests run
+// and checks each binary says it is that release. `go test -run
+// TestEnsurePortmap` prebuilds them.
+func TestEnsurePortmap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the portmap CNI plugin from the module proxy (a minute or more cold): skipped with -short")
+	}
+	for _, v := range PortmapVersions {
+		start := time.Now()
+		bin, err := EnsurePortmap(v, t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("portmap %s ready in %s: %s", v, time.Since(start).Round(time.Millisecond), bin)
+		// Without CNI_COMMAND a plugin prints its build string and exits 0.
+		cmd := exec.Command(bin)
+		cmd.Env = []string{}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", bin, err, out)
+		}
+		if want := "CNI portmap plugin " + v; !strings.Contains(string(out), want) {
+			t.Errorf("%s says %q, want %q", bin, out, want)
+		}
+		again, err := EnsurePortmap(v, t.Logf)
+		if err != nil || again != bin {
+			t.Errorf("second EnsurePortmap(%s) = %q, %v; want %q", v, again, err, bin)
+		}
+	}
+	if _, err := EnsurePortmap("v1.10.0; rm -rf /", t.Logf); err == nil {
+		t.Error("EnsurePortmap accepted a version that is not a release tag")
+	}
+}
