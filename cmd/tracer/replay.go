@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
@@ -36,6 +37,7 @@ func rediagnose(tr *trace.File) error {
 	if err != nil {
 		return usagef("trace header: %v", err)
 	}
+	tr.Header.Warnings = appendNew(tr.Header.Warnings, env.Warnings()...)
 	for _, f := range tr.Flows {
 		enrich.Enrich(f, env)
 	}
@@ -157,4 +159,15 @@ func replayUI(ctx context.Context, path string, tr *trace.File, filterExpr strin
 		return usageError{err}
 	}
 	return err
+}
+
+// appendNew adds the warnings a re-read of the snapshot gives that the
+// header does not already carry (a recorded trace has them from its run).
+func appendNew(have []string, more ...string) []string {
+	for _, w := range more {
+		if !slices.Contains(have, w) {
+			have = append(have, w)
+		}
+	}
+	return have
 }

@@ -114,6 +114,9 @@ func (p *Pipeline) buildHeader() trace.Header {
 		Started: time.Now().UTC(), Command: p.cfg.Command, Filter: p.cfg.Filter, Hooks: HookRecords(p.tracer.Plan)}
 	h.Snapshot = p.snapshot()
 	h.Warnings = append(h.Warnings, p.warnings...)
+	if env, err := enrich.NewNodeEnv(p.cfg.NodeName, h.Snapshot, nil); err == nil {
+		h.Warnings = append(h.Warnings, env.Warnings()...)
+	}
 	if p.cfg.MetadataWarnings != nil {
 		h.Warnings = append(h.Warnings, p.cfg.MetadataWarnings()...)
 	}
