@@ -173,7 +173,7 @@ func (d *diagnosis) hijackWhy(onIPVS, localOnly bool) string {
 		if onIPVS {
 			why += "; kube-ipvs0 makes every ClusterIP and LB IP local, and the DNAT runs before IPVS sees the packet"
 		}
-		return why + ". Its nat chain and kube-proxy's share priority -100: the kernel ran portmap's first"
+		return why
 	}
 	if onIPVS {
 		return "kube-ipvs0 makes every ClusterIP and LB IP local, so portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches them, and its DNAT runs before IPVS sees the packet"
