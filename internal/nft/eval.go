@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/rules"
@@ -342,6 +343,14 @@ func lookup(set *Set, vals []val, kn []known) (sure *Elem, maybe []*Elem) {
 	}
 	if set.Dynamic {
 		return nil, set.Elems
+	}
+	if set.exact != nil && !slices.Contains(kn, isUnknown) {
+		var buf [64]byte
+		b := buf[:0]
+		for _, v := range vals {
+			b = appendVal(b, v)
+		}
+		return set.exact[string(b)], nil
 	}
 	for _, el := range set.Elems {
 		if len(el.Key) != len(vals) {

@@ -86,6 +86,46 @@ type Set struct {
 	// Dynamic sets are filled by the packet path (add @set); their content
 	// at any moment is not what the listing showed.
 	Dynamic bool
+	// exact indexes the elements by key when every element is a single
+	// value per field (kube-proxy's maps of thousands of Services are).
+	exact map[string]*Elem
+}
+
+// buildIndex fills exact when no element is a range or prefix.
+func (s *Set) buildIndex() {
+	if len(s.Elems) < 8 {
+		return
+	}
+	idx := make(map[string]*Elem, len(s.Elems))
+	buf := make([]byte, 0, 64)
+	for _, e := range s.Elems {
+		for _, k := range e.Key {
+			if k.lo != k.hi {
+				return
+			}
+		}
+		buf = buf[:0]
+		for _, k := range e.Key {
+			buf = appendVal(buf, k.lo)
+		}
+		if _, dup := idx[string(buf)]; !dup {
+			idx[string(buf)] = e
+		}
+	}
+	s.exact = idx
+}
+
+func appendVal(b []byte, v val) []byte {
+	if v.isAddr() {
+		a := v.addr.As16()
+		b = append(b, 'a')
+		return append(b, a[:]...)
+	}
+	b = append(b, 'n')
+	for i := 0; i < 8; i++ {
+		b = append(b, byte(v.n>>(8*i)))
+	}
+	return b
 }
 
 // Elem is one element of a set or map.
@@ -167,6 +207,9 @@ func (rs *Ruleset) Rules() int { return rs.rules }
 func (rs *Ruleset) index() {
 	rs.hooks = map[hookKey][]*Chain{}
 	for _, t := range rs.Tables {
+		for _, s := range t.Sets {
+			s.buildIndex()
+		}
 		for _, c := range t.Order {
 			rs.rules += len(c.Rules)
 			if !c.Base() {

@@ -62,6 +62,12 @@ type Watcher struct {
 	tools toolCheck
 	// ready says whether a kernel module may be used without loading it.
 	ready func(string) bool
+	// nftGen reads the namespace's nftables generation; nil with a test's
+	// own Runner, whose rulesets have none. lastGen is the generation the
+	// current ruleset was listed at.
+	nftGen       func() (uint32, error)
+	lastGen      uint32
+	lastGenKnown bool
 
 	nsh  netns.NsHandle
 	h    *netlink.Handle
@@ -111,6 +117,13 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 	if w.run == nil {
 		w.run = nsRunner(netnsPath)
 		w.tools = lookPath
+		w.nftGen = func() (uint32, error) {
+			fd := 0
+			if w.nsh.IsOpen() {
+				fd = int(w.nsh)
+			}
+			return nftGeneration(fd)
+		}
 	}
 	if err := w.open(); err != nil {
 		w.closeHandles()
@@ -410,6 +423,15 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	var tables []NFTable
 	var ruleset *trace.NFTRuleset
 	var err error
+	gen, genKnown := uint32(0), false
+	if w.ready("nf_tables") && w.nftGen != nil {
+		if g, gerr := w.nftGen(); gerr == nil {
+			gen, genKnown = g, true
+			if w.lastGenKnown && g == w.lastGen && st.notes["nft"] == "" {
+				return false // nothing committed since the last listing
+			}
+		}
+	}
 	if w.ready("nf_tables") {
 		tables, ruleset, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
 	} else {
@@ -427,6 +449,9 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 		}
 		return ch
 	}
+	// The generation was read before listing: a change that lands during
+	// the listing moves it again, and the next poll lists once more.
+	w.lastGen, w.lastGenKnown = gen, genKnown
 	noteChanged := w.setNote(st, "nft", "")
 	var b strings.Builder
 	for _, t := range tables {

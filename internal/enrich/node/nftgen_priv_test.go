@@ -1,0 +1,56 @@
+package node
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/vishvananda/netns"
+)
+
+// TestNFTGenerationMoves: a ruleset change in a namespace moves its
+// generation, and nothing else's.
+func TestNFTGenerationMoves(t *testing.T) {
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("privileged test: needs root and not -short (a scratch network namespace)")
+	}
+	if !moduleReady("nf_tables") {
+		t.Skip("nf_tables is not loaded and the test does not load it")
+	}
+	const name = "trnftgen"
+	_ = exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hostBefore, err := nftGeneration(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := nftGeneration(int(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", name, "nft", "add", "table", "ip", "trgen").CombinedOutput(); err != nil {
+		t.Fatalf("nft add table: %v: %s", err, out)
+	}
+	after, err := nftGeneration(int(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after == before {
+		t.Errorf("generation stayed %d after adding a table", after)
+	}
+	again, err := nftGeneration(int(h))
+	if err != nil || again != after {
+		t.Errorf("generation moved from %d to %d (%v) with no change", after, again, err)
+	}
+	if hostAfter, err := nftGeneration(0); err != nil || hostAfter != hostBefore {
+		t.Logf("host generation %d -> %d (%v): something else changed the host's rules meanwhile", hostBefore, hostAfter, err)
+	}
+}
