@@ -90,53 +90,36 @@ var (
 
 // constPart reads a JSON constant of type t: a string or number, a
 // {"prefix":...}, a {"range":[lo,hi]}, or for flag types a list of names.
-func constPart(raw json.RawMessage, t vtype) (keyPart, error) {
-	raw = trimSpace(raw)
-	if len(raw) == 0 {
-		return keyPart{}, fmt.Errorf("empty value")
-	}
-	switch raw[0] {
-	case '{':
-		var o struct {
-			Prefix *struct {
-				Addr string `json:"addr"`
-				Len  int    `json:"len"`
-			} `json:"prefix"`
-			Range []json.RawMessage `json:"range"`
-		}
-		if err := json.Unmarshal(raw, &o); err != nil {
-			return keyPart{}, fmt.Errorf("read value %s: %w", clip(raw), err)
-		}
-		switch {
-		case o.Prefix != nil:
-			p, err := netip.ParsePrefix(fmt.Sprintf("%s/%d", o.Prefix.Addr, o.Prefix.Len))
+func constPart(raw any, t vtype) (keyPart, error) {
+	switch v := raw.(type) {
+	case map[string]any:
+		if p, ok := v["prefix"].(map[string]any); ok {
+			addr, _ := p["addr"].(string)
+			bits, _ := p["len"].(float64)
+			pfx, err := netip.ParsePrefix(fmt.Sprintf("%s/%d", addr, int(bits)))
 			if err != nil {
 				return keyPart{}, fmt.Errorf("read prefix: %w", err)
 			}
-			p = p.Masked()
-			return keyPart{lo: val{addr: p.Addr()}, hi: val{addr: lastAddr(p)}, text: p.String()}, nil
-		case len(o.Range) == 2:
-			lo, err := constPart(o.Range[0], t)
+			pfx = pfx.Masked()
+			return keyPart{lo: val{addr: pfx.Addr()}, hi: val{addr: lastAddr(pfx)}, text: pfx.String()}, nil
+		}
+		if r, ok := v["range"].([]any); ok && len(r) == 2 {
+			lo, err := constPart(r[0], t)
 			if err != nil {
 				return keyPart{}, err
 			}
-			hi, err := constPart(o.Range[1], t)
+			hi, err := constPart(r[1], t)
 			if err != nil {
 				return keyPart{}, err
 			}
 			return keyPart{lo: lo.lo, hi: hi.hi, text: lo.text + "-" + hi.text}, nil
 		}
-		return keyPart{}, fmt.Errorf("value %s is not a constant this package reads", clip(raw))
-	case '[':
+	case []any:
 		// A list of flag names ORed together: ct state {established,related}
 		// with "in", tcp flags & (syn|ack).
-		var names []json.RawMessage
-		if err := json.Unmarshal(raw, &names); err != nil {
-			return keyPart{}, fmt.Errorf("read flag list: %w", err)
-		}
 		var bits uint64
-		var text []string
-		for _, n := range names {
+		text := make([]string, 0, len(v))
+		for _, n := range v {
 			p, err := constPart(n, t)
 			if err != nil {
 				return keyPart{}, err
@@ -144,25 +127,21 @@ func constPart(raw json.RawMessage, t vtype) (keyPart, error) {
 			bits |= p.lo.n
 			text = append(text, p.text)
 		}
-		v := val{n: bits}
-		return keyPart{lo: v, hi: v, text: strings.Join(text, ",")}, nil
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return keyPart{}, fmt.Errorf("read string value: %w", err)
-		}
-		v, err := named(s, t)
+		x := val{n: bits}
+		return keyPart{lo: x, hi: x, text: strings.Join(text, ",")}, nil
+	case string:
+		x, err := named(v, t)
 		if err != nil {
 			return keyPart{}, err
 		}
-		return keyPart{lo: v, hi: v, text: s}, nil
+		return keyPart{lo: x, hi: x, text: v}, nil
+	case float64:
+		if v >= 0 && v <= math.MaxUint64 && v == math.Trunc(v) {
+			x := val{n: uint64(v)}
+			return keyPart{lo: x, hi: x, text: strconv.FormatUint(x.n, 10)}, nil
+		}
 	}
-	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil || f < 0 || f > math.MaxUint64 {
-		return keyPart{}, fmt.Errorf("value %s is not a constant this package reads", clip(raw))
-	}
-	v := val{n: uint64(f)}
-	return keyPart{lo: v, hi: v, text: string(raw)}, nil
+	return keyPart{}, fmt.Errorf("value %s is not a constant this package reads", clip(raw))
 }
 
 // named reads a string constant as type t.
@@ -214,14 +193,12 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\n' || b[0] == '\t' || b[0] == '\r') {
-		b = b[1:]
+// clip renders a JSON value for a message, cut short.
+func clip(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
 	}
-	return b
-}
-
-func clip(b []byte) string {
 	if len(b) > 80 {
 		return string(b[:80]) + "…"
 	}

@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,23 +38,25 @@ type jChain struct {
 	Policy string `json:"policy"`
 }
 
+// jRule and jSet keep their expressions and elements as decoded JSON
+// values: the document is decoded once, never re-scanned part by part.
 type jRule struct {
-	Family  string            `json:"family"`
-	Table   string            `json:"table"`
-	Chain   string            `json:"chain"`
-	Handle  uint64            `json:"handle"`
-	Comment string            `json:"comment"`
-	Expr    []json.RawMessage `json:"expr"`
+	Family  string `json:"family"`
+	Table   string `json:"table"`
+	Chain   string `json:"chain"`
+	Handle  uint64 `json:"handle"`
+	Comment string `json:"comment"`
+	Expr    []any  `json:"expr"`
 }
 
 type jSet struct {
-	Family string            `json:"family"`
-	Table  string            `json:"table"`
-	Name   string            `json:"name"`
-	Type   json.RawMessage   `json:"type"`
-	Map    json.RawMessage   `json:"map"`
-	Flags  json.RawMessage   `json:"flags"`
-	Elem   []json.RawMessage `json:"elem"`
+	Family string `json:"family"`
+	Table  string `json:"table"`
+	Name   string `json:"name"`
+	Type   any    `json:"type"`
+	Map    any    `json:"map"`
+	Flags  any    `json:"flags"`
+	Elem   []any  `json:"elem"`
 }
 
 // Parse reads `nft -j list ruleset` output and, when listing is not nil,
@@ -148,24 +149,30 @@ func (p *parser) set(j *jSet, skip func(string, string) bool) {
 		return
 	}
 	s := &Set{Table: t, Name: j.Name}
-	var one string
-	if json.Unmarshal(j.Type, &one) == nil {
-		s.KeyTypes = []string{one}
-	} else if err := json.Unmarshal(j.Type, &s.KeyTypes); err != nil {
+	switch ty := j.Type.(type) {
+	case string:
+		s.KeyTypes = []string{ty}
+	case []any:
+		for _, x := range ty {
+			n, _ := x.(string)
+			s.KeyTypes = append(s.KeyTypes, n)
+		}
+	default:
 		p.warn("set %s %s: type %s not read", t.ID(), j.Name, clip(j.Type))
 	}
-	if len(j.Map) > 0 {
-		if json.Unmarshal(j.Map, &one) == nil {
-			s.DataType = one
-		} else {
-			s.DataType = "concat"
-		}
+	switch m := j.Map.(type) {
+	case nil:
+	case string:
+		s.DataType = m
+	default:
+		s.DataType = "concat"
 	}
-	s.Dynamic = bytes.Contains(j.Flags, []byte(`"dynamic"`))
+	s.Dynamic = hasFlag(j.Flags, "dynamic")
 	types := make([]vtype, len(s.KeyTypes))
 	for i, n := range s.KeyTypes {
 		types[i] = typeByName[n]
 	}
+	s.Elems = make([]*Elem, 0, len(j.Elem))
 	for _, raw := range j.Elem {
 		e, err := p.elem(raw, types, s.DataType)
 		if err != nil {
@@ -179,25 +186,22 @@ func (p *parser) set(j *jSet, skip func(string, string) bool) {
 
 // elem reads one element: a key, {"elem": {"val": key, "comment": ...}},
 // or for a map [key, value].
-func (p *parser) elem(raw json.RawMessage, types []vtype, dataType string) (*Elem, error) {
+func (p *parser) elem(raw any, types []vtype, dataType string) (*Elem, error) {
 	e := &Elem{}
 	key := raw
-	var value json.RawMessage
+	var value any
 	if dataType != "" {
-		var pair []json.RawMessage
-		if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+		pair, ok := raw.([]any)
+		if !ok || len(pair) != 2 {
 			return nil, errors.New("a map element is not a [key, value] pair")
 		}
 		key, value = pair[0], pair[1]
 	}
-	var wrapped struct {
-		Elem *struct {
-			Val     json.RawMessage `json:"val"`
-			Comment string          `json:"comment"`
-		} `json:"elem"`
-	}
-	if k := trimSpace(key); len(k) > 0 && k[0] == '{' && json.Unmarshal(key, &wrapped) == nil && wrapped.Elem != nil {
-		key, e.Comment = wrapped.Elem.Val, wrapped.Elem.Comment
+	if m, ok := key.(map[string]any); ok {
+		if w, ok := m["elem"].(map[string]any); ok {
+			key = w["val"]
+			e.Comment, _ = w["comment"].(string)
+		}
 	}
 	parts, err := concatConst(key, types)
 	if err != nil {
@@ -225,25 +229,38 @@ func (p *parser) elem(raw json.RawMessage, types []vtype, dataType string) (*Ele
 	return e, nil
 }
 
+func hasFlag(flags any, name string) bool {
+	switch f := flags.(type) {
+	case string:
+		return f == name
+	case []any:
+		for _, x := range f {
+			if x == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // concatConst reads a key of len(types) fields: a single constant or
 // {"concat": [...]}.
-func concatConst(raw json.RawMessage, types []vtype) ([]keyPart, error) {
-	var c struct {
-		Concat []json.RawMessage `json:"concat"`
-	}
-	if k := trimSpace(raw); len(k) > 0 && k[0] == '{' && json.Unmarshal(raw, &c) == nil && c.Concat != nil {
-		if len(c.Concat) != len(types) {
-			return nil, fmt.Errorf("key has %d fields, the type %d", len(c.Concat), len(types))
-		}
-		parts := make([]keyPart, len(types))
-		for i, f := range c.Concat {
-			kp, err := constPart(f, types[i])
-			if err != nil {
-				return nil, err
+func concatConst(raw any, types []vtype) ([]keyPart, error) {
+	if m, ok := raw.(map[string]any); ok {
+		if c, ok := m["concat"].([]any); ok {
+			if len(c) != len(types) {
+				return nil, fmt.Errorf("key has %d fields, the type %d", len(c), len(types))
 			}
-			parts[i] = kp
+			parts := make([]keyPart, len(types))
+			for i, f := range c {
+				kp, err := constPart(f, types[i])
+				if err != nil {
+					return nil, err
+				}
+				parts[i] = kp
+			}
+			return parts, nil
 		}
-		return parts, nil
 	}
 	if len(types) != 1 {
 		return nil, fmt.Errorf("key is one field, the type %d", len(types))
@@ -259,9 +276,9 @@ var verdictNames = map[string]verdictKind{"accept": vAccept, "drop": vDrop, "con
 	"return": vReturn, "jump": vJump, "goto": vGoto, "queue": vQueue}
 
 // readVerdict reads {"accept": null}, {"jump": {"target": "x"}}, ...
-func readVerdict(raw json.RawMessage) (*verdict, error) {
-	var o map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &o); err != nil || len(o) != 1 {
+func readVerdict(raw any) (*verdict, error) {
+	o, ok := raw.(map[string]any)
+	if !ok || len(o) != 1 {
 		return nil, fmt.Errorf("verdict %s not read", clip(raw))
 	}
 	for k, v := range o {
@@ -271,13 +288,11 @@ func readVerdict(raw json.RawMessage) (*verdict, error) {
 		}
 		vd := &verdict{kind: kind}
 		if kind == vJump || kind == vGoto {
-			var t struct {
-				Target string `json:"target"`
-			}
-			if err := json.Unmarshal(v, &t); err != nil || t.Target == "" {
+			t, _ := v.(map[string]any)
+			vd.target, _ = t["target"].(string)
+			if vd.target == "" {
 				return nil, fmt.Errorf("%s without a target", k)
 			}
-			vd.target = t.Target
 		}
 		return vd, nil
 	}
@@ -295,6 +310,7 @@ func (p *parser) rule(j *jRule, texts map[textKey]string) {
 		return
 	}
 	r := &Rule{Chain: c, Handle: j.Handle, Comment: j.Comment, Text: texts[textKey{t.Family, t.Name, c.Name, j.Handle}]}
+	r.stmts = make([]stmt, 0, len(j.Expr))
 	for _, raw := range j.Expr {
 		s, err := p.stmt(raw, t)
 		if err != nil {

@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -65,9 +64,9 @@ var nopStmts = map[string]bool{"counter": true, "log": true, "notrack": true, "q
 	"secmark": true, "xt": false}
 
 // stmt reads one rule statement.
-func (p *parser) stmt(raw json.RawMessage, t *Table) (stmt, error) {
-	var o map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &o); err != nil || len(o) != 1 {
+func (p *parser) stmt(raw any, t *Table) (stmt, error) {
+	o, ok := raw.(map[string]any)
+	if !ok || len(o) != 1 {
 		return stmt{}, fmt.Errorf("statement %s not read", clip(raw))
 	}
 	for k, v := range o {
@@ -97,22 +96,19 @@ func (p *parser) stmt(raw json.RawMessage, t *Table) (stmt, error) {
 	return stmt{}, errors.New("empty statement")
 }
 
-func (p *parser) match(raw json.RawMessage, t *Table) (stmt, error) {
-	var m struct {
-		Op    string          `json:"op"`
-		Left  json.RawMessage `json:"left"`
-		Right json.RawMessage `json:"right"`
+func (p *parser) match(raw any, t *Table) (stmt, error) {
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return stmt{}, fmt.Errorf("match %s not read", clip(raw))
 	}
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return stmt{}, fmt.Errorf("read match: %w", err)
-	}
-	left, err := readExpr(m.Left)
+	left, err := readExpr(m["left"])
 	if err != nil {
 		return stmt{kind: sUnknown, why: err.Error()}, nil
 	}
-	s := stmt{kind: sMatch, op: m.Op, left: left}
+	op, _ := m["op"].(string)
+	s := stmt{kind: sMatch, op: op, left: left}
 	types := left.types()
-	set, isSet, err := p.setRef(m.Right, t, types)
+	set, isSet, err := p.setRef(m["right"], t, types)
 	if err != nil {
 		return stmt{}, err
 	}
@@ -120,7 +116,7 @@ func (p *parser) match(raw json.RawMessage, t *Table) (stmt, error) {
 		s.set = set
 		return s, nil
 	}
-	if s.right, err = concatConst(m.Right, types); err != nil {
+	if s.right, err = concatConst(m["right"], types); err != nil {
 		return stmt{}, err
 	}
 	return s, nil
@@ -128,38 +124,37 @@ func (p *parser) match(raw json.RawMessage, t *Table) (stmt, error) {
 
 // setRef reads the right side of a match or a vmap's data when it is a
 // set: "@name" or an anonymous {"set": [...]}.
-func (p *parser) setRef(raw json.RawMessage, t *Table, types []vtype) (*Set, bool, error) {
-	raw = trimSpace(raw)
-	var name string
-	if len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &name) == nil && strings.HasPrefix(name, "@") {
+func (p *parser) setRef(raw any, t *Table, types []vtype) (*Set, bool, error) {
+	if name, ok := raw.(string); ok && strings.HasPrefix(name, "@") {
 		s := t.Sets[name[1:]]
 		if s == nil {
 			return nil, true, fmt.Errorf("set %s not in table %s", name, t.ID())
 		}
 		return s, true, nil
 	}
-	var anon struct {
-		Set json.RawMessage `json:"set"`
-	}
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &anon) != nil || anon.Set == nil {
+	m, ok := raw.(map[string]any)
+	if !ok {
 		return nil, false, nil
 	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal(anon.Set, &elems); err != nil {
+	anon, ok := m["set"]
+	if !ok {
+		return nil, false, nil
+	}
+	elems, ok := anon.([]any)
+	if !ok {
 		// A one-element anonymous set may be printed as the element.
-		elems = []json.RawMessage{anon.Set}
+		elems = []any{anon}
 	}
 	return p.anonSet(elems, types)
 }
 
 // anonSet builds an inline set; elements that are [key, verdict] pairs
 // make it a verdict map.
-func (p *parser) anonSet(elems []json.RawMessage, types []vtype) (*Set, bool, error) {
+func (p *parser) anonSet(elems []any, types []vtype) (*Set, bool, error) {
 	s := &Set{Name: "(anonymous)"}
 	for _, raw := range elems {
 		dt := ""
-		var pair []json.RawMessage
-		if k := trimSpace(raw); len(k) > 0 && k[0] == '[' && json.Unmarshal(raw, &pair) == nil && len(pair) == 2 {
+		if pair, ok := raw.([]any); ok && len(pair) == 2 {
 			if _, err := readVerdict(pair[1]); err == nil {
 				dt = "verdict"
 			}
@@ -176,46 +171,41 @@ func (p *parser) anonSet(elems []json.RawMessage, types []vtype) (*Set, bool, er
 	return s, true, nil
 }
 
-func (p *parser) vmap(raw json.RawMessage, t *Table) (stmt, error) {
-	var m struct {
-		Key  json.RawMessage `json:"key"`
-		Data json.RawMessage `json:"data"`
+func (p *parser) vmap(raw any, t *Table) (stmt, error) {
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return stmt{}, fmt.Errorf("vmap %s not read", clip(raw))
 	}
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return stmt{}, fmt.Errorf("read vmap: %w", err)
-	}
-	key, err := readExpr(m.Key)
+	key, err := readExpr(m["key"])
 	if err != nil {
 		return stmt{kind: sUnknown, why: err.Error()}, nil
 	}
-	set, isSet, err := p.setRef(m.Data, t, key.types())
+	set, isSet, err := p.setRef(m["data"], t, key.types())
 	if err != nil {
 		return stmt{}, err
 	}
 	if !isSet {
-		return stmt{}, fmt.Errorf("vmap data %s is not a map", clip(m.Data))
+		return stmt{}, fmt.Errorf("vmap data %s is not a map", clip(m["data"]))
 	}
 	return stmt{kind: sVmap, left: key, set: set}, nil
 }
 
-func readReject(raw json.RawMessage) (stmt, error) {
-	var r struct {
-		Type string          `json:"type"`
-		Expr json.RawMessage `json:"expr"`
-	}
-	if string(trimSpace(raw)) != "null" {
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return stmt{}, fmt.Errorf("read reject: %w", err)
+func readReject(raw any) (stmt, error) {
+	var typ, code string
+	if raw != nil {
+		m, ok := raw.(map[string]any)
+		if !ok {
+			return stmt{}, fmt.Errorf("reject %s not read", clip(raw))
+		}
+		typ, _ = m["type"].(string)
+		if e, ok := m["expr"]; ok {
+			if code, ok = e.(string); !ok {
+				return stmt{}, fmt.Errorf("reject code %s not read", clip(e))
+			}
 		}
 	}
-	var code string
-	if len(r.Expr) > 0 {
-		if err := json.Unmarshal(r.Expr, &code); err != nil {
-			return stmt{}, fmt.Errorf("read reject code %s: %w", clip(r.Expr), err)
-		}
-	}
-	rs := rejectSpec{text: strings.TrimSpace(r.Type + " " + code)}
-	switch r.Type {
+	rs := rejectSpec{text: strings.TrimSpace(typ + " " + code)}
+	switch typ {
 	case "tcp reset":
 		rs.reset = true
 	case "", "icmpx":
@@ -224,7 +214,7 @@ func readReject(raw json.RawMessage) (stmt, error) {
 		}
 		rs.icmpx = code
 	case "icmp", "icmpv6":
-		tc, ok := rejectCodes[r.Type][code]
+		tc, ok := rejectCodes[typ][code]
 		if !ok {
 			return stmt{kind: sUnknown, why: "reject with " + rs.text}, nil
 		}
@@ -248,41 +238,38 @@ var icmpxCodes = map[string][2][2]uint8{
 	"no-route": {{3, 0}, {1, 0}}, "host-unreachable": {{3, 1}, {1, 3}},
 }
 
-func readNAT(kind string, raw json.RawMessage) (stmt, error) {
+func readNAT(kind string, raw any) (stmt, error) {
 	n := natSpec{kind: kind}
-	if string(trimSpace(raw)) == "null" {
+	if raw == nil {
 		return stmt{kind: sNAT, nat: n}, nil
 	}
-	var j struct {
-		Addr   json.RawMessage `json:"addr"`
-		Port   json.RawMessage `json:"port"`
-		Family string          `json:"family"`
-		Flags  json.RawMessage `json:"flags"`
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return stmt{}, fmt.Errorf("%s %s not read", kind, clip(raw))
 	}
-	if err := json.Unmarshal(raw, &j); err != nil {
-		return stmt{}, fmt.Errorf("read %s: %w", kind, err)
-	}
-	n.familyHint = j.Family
-	if len(j.Flags) > 0 {
-		var one string
-		if json.Unmarshal(j.Flags, &one) == nil {
-			n.flags = []string{one}
-		} else {
-			_ = json.Unmarshal(j.Flags, &n.flags)
+	n.familyHint, _ = m["family"].(string)
+	switch f := m["flags"].(type) {
+	case string:
+		n.flags = []string{f}
+	case []any:
+		for _, x := range f {
+			if s, ok := x.(string); ok {
+				n.flags = append(n.flags, s)
+			}
 		}
 	}
-	if len(j.Addr) > 0 {
-		kp, err := constPart(j.Addr, tAddr)
+	if a, ok := m["addr"]; ok {
+		kp, err := constPart(a, tAddr)
 		if err != nil {
-			n.undecided = fmt.Sprintf("%s address %s", kind, clip(j.Addr))
+			n.undecided = fmt.Sprintf("%s address %s", kind, clip(a))
 		} else {
 			n.addr = &kp
 		}
 	}
-	if len(j.Port) > 0 {
-		kp, err := constPart(j.Port, tPort)
+	if pt, ok := m["port"]; ok {
+		kp, err := constPart(pt, tPort)
 		if err != nil {
-			n.undecided = fmt.Sprintf("%s port %s", kind, clip(j.Port))
+			n.undecided = fmt.Sprintf("%s port %s", kind, clip(pt))
 		} else {
 			n.port = &kp
 		}
@@ -292,19 +279,16 @@ func readNAT(kind string, raw json.RawMessage) (stmt, error) {
 
 // readMangle keeps `meta mark set ...`, which later rules match on; any
 // other field it sets does not steer the walk.
-func readMangle(raw json.RawMessage) (stmt, error) {
-	var m struct {
-		Key   json.RawMessage `json:"key"`
-		Value json.RawMessage `json:"value"`
+func readMangle(raw any) (stmt, error) {
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return stmt{}, fmt.Errorf("mangle %s not read", clip(raw))
 	}
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return stmt{}, fmt.Errorf("read mangle: %w", err)
-	}
-	key, err := readExpr(m.Key)
+	key, err := readExpr(m["key"])
 	if err != nil || key.kind != eMeta || key.field != "mark" {
 		return stmt{kind: sNop}, nil
 	}
-	v, err := readExpr(m.Value)
+	v, err := readExpr(m["value"])
 	if err != nil {
 		return stmt{kind: sUnknown, why: "meta mark set " + err.Error()}, nil
 	}
@@ -312,77 +296,62 @@ func readMangle(raw json.RawMessage) (stmt, error) {
 }
 
 // readExpr reads a value expression.
-func readExpr(raw json.RawMessage) (*expr, error) {
-	raw = trimSpace(raw)
-	if len(raw) > 0 && raw[0] != '{' {
+func readExpr(raw any) (*expr, error) {
+	o, ok := raw.(map[string]any)
+	if !ok {
 		kp, err := constPart(raw, tInt)
 		if err != nil {
 			return nil, err
 		}
 		return &expr{kind: eConst, y: kp.lo, text: kp.text}, nil
 	}
-	var o map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &o); err != nil || len(o) != 1 {
+	if len(o) != 1 {
 		return nil, fmt.Errorf("expression %s not read", clip(raw))
 	}
 	for k, v := range o {
+		f, _ := v.(map[string]any)
+		str := func(name string) string { s, _ := f[name].(string); return s }
 		switch k {
 		case "payload":
-			var p struct{ Protocol, Field string }
-			if err := json.Unmarshal(v, &p); err != nil || p.Protocol == "" {
+			proto, field := str("protocol"), str("field")
+			if proto == "" {
 				return nil, fmt.Errorf("raw payload expression %s", clip(v))
 			}
-			return &expr{kind: ePayload, proto: p.Protocol, field: p.Field, typ: payloadType(p.Protocol, p.Field), text: p.Protocol + " " + p.Field}, nil
+			return &expr{kind: ePayload, proto: proto, field: field, typ: payloadType(proto, field), text: proto + " " + field}, nil
 		case "meta":
-			var m struct{ Key string }
-			if err := json.Unmarshal(v, &m); err != nil {
-				return nil, fmt.Errorf("read meta: %w", err)
-			}
-			return &expr{kind: eMeta, field: m.Key, typ: metaType(m.Key), text: "meta " + m.Key}, nil
+			key := str("key")
+			return &expr{kind: eMeta, field: key, typ: metaType(key), text: "meta " + key}, nil
 		case "ct":
-			var c struct {
-				Key string
-				Dir string
-			}
-			if err := json.Unmarshal(v, &c); err != nil {
-				return nil, fmt.Errorf("read ct: %w", err)
-			}
-			e := &expr{kind: eCT, field: c.Key, typ: ctType(c.Key), text: "ct " + c.Key}
-			if c.Dir != "" {
-				e.kind, e.text = eUnknown, "ct "+c.Dir+" "+c.Key
+			key, dir := str("key"), str("dir")
+			e := &expr{kind: eCT, field: key, typ: ctType(key), text: "ct " + key}
+			if dir != "" {
+				e.kind, e.text = eUnknown, "ct "+dir+" "+key
 			}
 			return e, nil
 		case "fib":
-			var f struct {
-				Result string
-				Flags  json.RawMessage
+			e := &expr{kind: eFib, field: str("result"), typ: tFibType}
+			switch fl := f["flags"].(type) {
+			case string:
+				e.flags = []string{fl}
+			case []any:
+				for _, x := range fl {
+					if s, ok := x.(string); ok {
+						e.flags = append(e.flags, s)
+					}
+				}
 			}
-			if err := json.Unmarshal(v, &f); err != nil {
-				return nil, fmt.Errorf("read fib: %w", err)
-			}
-			e := &expr{kind: eFib, field: f.Result, typ: tFibType}
-			var one string
-			if json.Unmarshal(f.Flags, &one) == nil {
-				e.flags = []string{one}
-			} else {
-				_ = json.Unmarshal(f.Flags, &e.flags)
-			}
-			e.text = "fib " + strings.Join(e.flags, " . ") + " " + f.Result
-			if f.Result != "type" {
+			e.text = "fib " + strings.Join(e.flags, " . ") + " " + e.field
+			if e.field != "type" {
 				e.typ = tInt
 			}
 			return e, nil
 		case "numgen":
-			var n struct {
-				Mode string
-				Mod  uint64
-			}
-			_ = json.Unmarshal(v, &n)
-			return &expr{kind: eNumgen, typ: tInt, y: val{n: n.Mod}, text: fmt.Sprintf("numgen %s mod %d", n.Mode, n.Mod)}, nil
+			mod, _ := f["mod"].(float64)
+			return &expr{kind: eNumgen, typ: tInt, y: val{n: uint64(mod)}, text: fmt.Sprintf("numgen %s mod %d", str("mode"), uint64(mod))}, nil
 		case "concat":
-			var parts []json.RawMessage
-			if err := json.Unmarshal(v, &parts); err != nil {
-				return nil, fmt.Errorf("read concat: %w", err)
+			parts, ok := v.([]any)
+			if !ok {
+				return nil, fmt.Errorf("concat %s not read", clip(v))
 			}
 			e := &expr{kind: eConcat}
 			for _, pr := range parts {
@@ -394,8 +363,8 @@ func readExpr(raw json.RawMessage) (*expr, error) {
 			}
 			return e, nil
 		case "&", "|", "^", "<<", ">>":
-			var ops []json.RawMessage
-			if err := json.Unmarshal(v, &ops); err != nil || len(ops) != 2 {
+			ops, ok := v.([]any)
+			if !ok || len(ops) != 2 {
 				return nil, fmt.Errorf("read %s: two operands expected", k)
 			}
 			x, err := readExpr(ops[0])
