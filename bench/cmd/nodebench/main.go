@@ -107,6 +107,7 @@ type report struct {
 	loadStart, loadEnd string
 	machine            machine
 	commands           []string
+	nft                nftReport
 	skippedKernel      string
 
 	attach []attachTime
@@ -288,6 +289,10 @@ func userSide(ctx context.Context, rep *report) error {
 		}
 		rep.stages = stages
 		rep.commands = append(rep.commands, cmdline)
+		logf("nftables rule source: 5,000 Services")
+		var nftCmd string
+		rep.nft, nftCmd = measureNFT(rep.cfg.benchtime)
+		rep.commands = append(rep.commands, nftCmd)
 	}
 	return nil
 }

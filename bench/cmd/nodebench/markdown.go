@@ -51,6 +51,9 @@ func (r *report) markdown() string {
 	}
 	r.throughputMarkdown(p)
 	r.memoryMarkdown(p)
+	if r.cfg.gotest {
+		r.nftMarkdown(p)
+	}
 	if len(r.notes) > 0 {
 		p("## Notes\n\n")
 		for _, n := range r.notes {

@@ -256,12 +256,18 @@ type goBench struct {
 func goBenchmarks(benchtime string) ([]goBench, string, error) {
 	args := []string{"test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "-count", "1",
 		"./internal/event", "./internal/enrich", "./internal/trace", "./bench/mix"}
+	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
+	res, err := runGoBench(args)
+	return res, cmdline, err
+}
+
+// runGoBench runs `go test -bench` on one core and reads its lines.
+func runGoBench(args []string) ([]goBench, error) {
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := cmd.CombinedOutput()
-	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
 	if err != nil {
-		return nil, cmdline, fmt.Errorf("go test -bench: %w: %s", err, out)
+		return nil, fmt.Errorf("go test -bench: %w: %s", err, out)
 	}
 	var res []goBench
 	for _, line := range strings.Split(string(out), "\n") {
@@ -288,5 +294,5 @@ func goBenchmarks(benchtime string) ([]goBench, string, error) {
 		}
 		res = append(res, b)
 	}
-	return res, cmdline, nil
+	return res, nil
 }
