@@ -108,8 +108,22 @@ func ruleLines(f *trace.Flow, width int) []string {
 			path = []string{r.Chain}
 		}
 	}
-	out = append(out, "  table "+r.Table+": "+strings.Join(path, " → "))
+	if r.NFTables() {
+		out = append(out, fmt.Sprintf("  nftables table %s %s: %s (handle %d)", r.Family, r.Table, strings.Join(path, " → "), r.Handle))
+	} else {
+		out = append(out, "  table "+r.Table+": "+strings.Join(path, " → "))
+	}
 	out = append(out, wrap(r.Text, width-4, "    ")...)
+	if e := r.Element; e != nil {
+		el := "  via element " + e.Key
+		if e.Map != "" {
+			el += " of map " + e.Map
+		}
+		if e.Comment != "" {
+			el += fmt.Sprintf(" (%q)", e.Comment)
+		}
+		out = append(out, wrap(el, width-2, "    ")...)
+	}
 	if r.Owner != nil {
 		owner := "  owner:"
 		if r.Owner.Pod != nil {
