@@ -218,3 +218,21 @@ func TestMatcherAgreesWithMatch(t *testing.T) {
 		}
 	}
 }
+
+// A word finds a native nftables rule by its table and by the Service its
+// map element's comment names, in both matchers.
+func TestMatchNFTablesRule(t *testing.T) {
+	f := &trace.Flow{Proto: "tcp", Orig: trace.Tuple{Src: "10.0.0.2:40000", Dst: "172.30.0.46:80"}, Verdict: trace.VerdictServiceNoEndpoint,
+		Rule: &trace.Rule{Backend: trace.BackendNFTables, Family: "ip", Table: "kube-proxy", Chain: "reject-chain", Text: "reject",
+			Element: &trace.RuleElement{Map: "no-endpoint-services", Key: "172.30.0.46 . tcp . 80", Comment: "ns6/svc6:p80"}}}
+	for _, expr := range []string{"kube-proxy", "svc6", "!nosuch"} {
+		flt, err := Parse(expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := trace.KeysOf(f)
+		if !flt.Match(f) || !flt.Matcher().Match(f, &keys) {
+			t.Errorf("%q does not match the flow", expr)
+		}
+	}
+}

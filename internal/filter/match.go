@@ -202,13 +202,19 @@ func (t *term) matchWord(f *trace.Flow) bool {
 	if s := f.Service; s != nil && (t.contains(s.Namespace) || t.contains(s.Name)) {
 		return true
 	}
-	if r := f.Rule; r != nil {
-		if t.contains(r.Chain) || t.contains(r.EntryChain) || t.contains(r.Text) ||
-			(r.Owner != nil && t.podHas(r.Owner.Pod)) {
-			return true
-		}
+	if r := f.Rule; r != nil && t.ruleHas(r) {
+		return true
 	}
 	return t.contains(f.Explanation)
+}
+
+// ruleHas: a word names a rule by its chains, text, owner pod, or for a
+// native nftables rule its table and the map element's comment (the
+// Service kube-proxy names there).
+func (t *term) ruleHas(r *trace.Rule) bool {
+	return t.contains(r.Chain) || t.contains(r.EntryChain) || t.contains(r.Text) ||
+		(r.Owner != nil && t.podHas(r.Owner.Pod)) ||
+		(r.NFTables() && (t.contains(r.Table) || r.Element != nil && t.contains(r.Element.Comment)))
 }
 
 func (t *term) podHas(p *trace.PodRef) bool {

@@ -69,10 +69,7 @@ func (t *term) matchWordMemo(f *trace.Flow, mm *memo) bool {
 	if s := f.Service; s != nil && shared(unsafe.Pointer(s), func() bool { return t.contains(s.Namespace) || t.contains(s.Name) }) {
 		return true
 	}
-	if r := f.Rule; r != nil && shared(unsafe.Pointer(r), func() bool {
-		return t.contains(r.Chain) || t.contains(r.EntryChain) || t.contains(r.Text) ||
-			(r.Owner != nil && t.podHas(r.Owner.Pod))
-	}) {
+	if r := f.Rule; r != nil && shared(unsafe.Pointer(r), func() bool { return t.ruleHas(r) }) {
 		return true
 	}
 	return mm.lookup(unsafe.Pointer(unsafe.StringData(f.Explanation)), len(f.Explanation), func() bool { return t.contains(f.Explanation) })
