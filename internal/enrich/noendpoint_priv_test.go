@@ -1,26 +1,19 @@
 package enrich_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
-	"github.com/tracer-dev/tracer/internal/live"
-	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -32,28 +25,11 @@ import (
 //
 //	c 10.0.0.2 --- 10.0.0.1 n 192.168.0.2 --- 192.168.0.1 u (default route)
 const (
-	clientAddr = "10.0.0.2"
-	nodeAddr   = "192.168.0.2"
 	clusterIP  = "172.30.0.46:80" // ns6/svc6:p80, no endpoints: REJECT
 	nodePort   = "192.168.0.2:3001"
 	noEPs      = "ns6/svc6:p80 has no endpoints"
 	noLocalEPs = "ns2/svc2:p80 has no local endpoints"
 )
-
-func requirePrivileged(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("privileged test: skipped in -short mode")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("privileged test: needs root (network namespaces, iptables, CAP_BPF)")
-	}
-	for _, tool := range []string{"ip", "iptables-restore", "iptables-save"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("privileged test needs %s installed: %v", tool, err)
-		}
-	}
-}
 
 type kubeProxyNode struct {
 	c, n, u netlab.Namespace
@@ -61,21 +37,8 @@ type kubeProxyNode struct {
 
 func newKubeProxyNode(t *testing.T) *kubeProxyNode {
 	t.Helper()
-	lab, err := netlab.New(fmt.Sprintf("trnoep%d", os.Getpid()%10000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := lab.Close(); err != nil {
-			t.Errorf("remove namespaces: %v", err)
-		}
-	})
-	k := &kubeProxyNode{}
-	for name, ns := range map[string]*netlab.Namespace{"c": &k.c, "n": &k.n, "u": &k.u} {
-		if *ns, err = lab.Namespace(name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lab, nss := newLab(t, fmt.Sprintf("trnoep%d", os.Getpid()%10000), "c", "n", "u")
+	k := &kubeProxyNode{c: nss["c"], n: nss["n"], u: nss["u"]}
 	must(t, lab.Link(k.c, "eth0", clientAddr+"/24", k.n, "cni0", "10.0.0.1/24"))
 	must(t, lab.Link(k.n, "eth0", nodeAddr+"/24", k.u, "eth0", "192.168.0.1/24"))
 	run(t, k.c, "ip", "route", "add", "default", "via", "10.0.0.1")
@@ -89,20 +52,16 @@ func newKubeProxyNode(t *testing.T) *kubeProxyNode {
 	return k
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
+// kubeProxyMetadata are the Services of the fixture's rules this test
+// connects to, and the client pod.
+func kubeProxyMetadata() enrich.Metadata {
+	svcs := []trace.Service{
+		{Namespace: "ns6", Name: "svc6", Type: "ClusterIP", ClusterIPs: []string{"172.30.0.46"},
+			Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80}}},
+		{Namespace: "ns2", Name: "svc2", Type: "LoadBalancer", ClusterIPs: []string{"172.30.0.42"}, LBIPs: []string{"1.2.3.4"},
+			ETP: "Local", Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80, NodePort: 3001}}},
 	}
-}
-
-func run(t *testing.T, ns netlab.Namespace, args ...string) string {
-	t.Helper()
-	out, err := ns.Run(args[0], args[1:]...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return enrich.NewSnapshotMetadata([]trace.Pod{{Namespace: "ns1", Name: "client", IPs: []string{clientAddr}}}, svcs)
 }
 
 // savedRule is the one rule of ns's filter table with that comment and
@@ -142,129 +101,6 @@ func icmpDestUnreachs(t *testing.T, ns netlab.Namespace) uint64 {
 	return uint64(n)
 }
 
-// dial connects from ns to addr from a fixed local port, so a refused
-// connection still names its five-tuple; it returns the local endpoint.
-func dial(ns netlab.Namespace, from, addr string, timeout time.Duration) (string, error) {
-	local := &net.TCPAddr{IP: net.ParseIP(from), Port: 20000 + rand.IntN(20000)}
-	err := ns.Do(func() error {
-		d := net.Dialer{Timeout: timeout, LocalAddr: local}
-		c, err := d.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-	return local.String(), err
-}
-
-// tracing is the live pipeline observing the node namespace.
-type tracing struct {
-	p      *live.Pipeline
-	cancel context.CancelFunc
-	done   chan error
-	mu     sync.Mutex
-	flows  []*trace.Flow
-}
-
-// linger is the live default: a dropped SYN's retransmission a second
-// later still joins its flow.
-const linger = enrich.DefaultLinger
-
-func startTracing(t *testing.T, node netlab.Namespace, only []event.Via) *tracing {
-	t.Helper()
-	ino, err := node.Inode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svcs := []trace.Service{
-		{Namespace: "ns6", Name: "svc6", Type: "ClusterIP", ClusterIPs: []string{"172.30.0.46"},
-			Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80}}},
-		{Namespace: "ns2", Name: "svc2", Type: "LoadBalancer", ClusterIPs: []string{"172.30.0.42"}, LBIPs: []string{"1.2.3.4"},
-			ETP: "Local", Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80, NodePort: 3001}}},
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p, err := live.Start(ctx, live.Config{
-		Loader:    loader.Config{Netns: []uint32{ino}, NetnsPaths: []string{node.Path()}, Only: only},
-		NetnsPath: node.Path(), NodeName: "node-1", Linger: linger,
-		Metadata: enrich.NewSnapshotMetadata([]trace.Pod{{Namespace: "ns1", Name: "client", IPs: []string{clientAddr}}}, svcs),
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("start the live pipeline: %v", err)
-	}
-	tr := &tracing{p: p, cancel: cancel, done: make(chan error, 1)}
-	go func() {
-		_, err := p.Run(ctx, func(f *trace.Flow) {
-			tr.mu.Lock()
-			tr.flows = append(tr.flows, f)
-			tr.mu.Unlock()
-		}, nil)
-		tr.done <- err
-	}()
-	t.Cleanup(func() { tr.stop(t) })
-	return tr
-}
-
-func (tr *tracing) via(h event.Hook) event.Via {
-	for _, hp := range tr.p.Plan() {
-		if hp.Hook == h {
-			return hp.Via
-		}
-	}
-	return event.ViaNone
-}
-
-// stop waits out the flows' linger, then detaches; safe to call twice.
-func (tr *tracing) stop(t *testing.T) {
-	if tr.cancel == nil {
-		return
-	}
-	time.Sleep(linger + time.Second)
-	tr.cancel()
-	tr.cancel = nil
-	if err := <-tr.done; err != nil {
-		t.Errorf("live pipeline: %v", err)
-	}
-	if err := tr.p.Close(); err != nil {
-		t.Errorf("close the live pipeline: %v", err)
-	}
-}
-
-// flowOf is the one flow the tracer reported for the connection, or nil
-// (an error) when it did not report exactly one.
-func (tr *tracing) flowOf(t *testing.T, src, dst string) *trace.Flow {
-	t.Helper()
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	var got []*trace.Flow
-	for _, f := range tr.flows {
-		if f.Orig.Src == src && f.Orig.Dst == dst {
-			got = append(got, f)
-		}
-	}
-	if len(got) != 1 {
-		t.Errorf("%d flows for %s → %s, want one; all flows: %s", len(got), src, dst, flowList(tr.flows))
-		return nil
-	}
-	return got[0]
-}
-
-func eventList(evs []trace.Event) string {
-	var s []string
-	for _, e := range evs {
-		s = append(s, fmt.Sprintf("%s via %s at %q reason %q", e.Kind, e.Via, e.NFHook, e.Reason))
-	}
-	return strings.Join(s, ", ")
-}
-
-func flowList(fs []*trace.Flow) string {
-	var s []string
-	for _, f := range fs {
-		s = append(s, fmt.Sprintf("%s %s→%s %s", f.Proto, f.Orig.Src, f.Orig.Dst, f.Verdict))
-	}
-	return strings.Join(s, "; ")
-}
-
 // attempt is one connection and what the node and the client showed of
 // it, read with their own tools.
 type attempt struct {
@@ -299,17 +135,12 @@ var attempts = []attempt{
 // verdict service-no-endpoint. The netfilter tier, which sees ICMP errors
 // as they leave the node, is run too where the kernel has it.
 func TestPrivServiceNoEndpoint(t *testing.T) {
-	requirePrivileged(t)
-	for _, tier := range []struct {
-		name string
-		only []event.Via
-	}{{"best", nil}, {"netfilter", []event.Via{event.ViaNetfilter}}} {
+	requirePrivileged(t, "iptables-restore", "iptables-save")
+	for _, tier := range tiers {
 		t.Run(tier.name, func(t *testing.T) {
-			if k := os.Getenv("TRACER_VM_KERNEL"); tier.only != nil && (k == "5.10" || k == "6.1") {
-				t.Skipf("the %s VM's kernel has no BPF netfilter links (6.4+): no netfilter tier to test", k)
-			}
+			tier.skipWithoutLinks(t)
 			k := newKubeProxyNode(t)
-			tr := startTracing(t, k.n, tier.only)
+			tr := startTracing(t, k.n, tier.only, kubeProxyMetadata())
 			if v := tr.via(event.HookICMPSend); tier.only != nil && v != event.ViaNetfilter {
 				t.Skipf("icmp_send cannot attach via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
 			}
@@ -352,11 +183,6 @@ func connect(t *testing.T, k *kubeProxyNode, a attempt) string {
 		t.Errorf("%s: the client received %d ICMP destination unreachable errors, refused %v", a.name, unreach, a.refused)
 	}
 	return local
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func checkFlow(t *testing.T, k *kubeProxyNode, tr *tracing, a attempt, src string) {

@@ -8,7 +8,9 @@ package cni
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,4 +145,37 @@ func (p Portmap) run(command string, s Sandbox) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s %s", err, strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
+}
+
+// HostState is what a test running portmap must leave as it found it in
+// the host's namespace: the nft ruleset and the route_localnet sysctls
+// that are set (portmap sets it where it runs). Compare it before and
+// after: a plugin run in the wrong namespace shows up here. Unset ones are
+// left out because other tests' veths pass through the host's namespace
+// on their way to theirs (netlab.Link), appearing and vanishing with
+// route_localnet 0 while this runs.
+func HostState() (string, error) {
+	out, err := exec.Command("nft", "list", "ruleset").Output()
+	if err != nil {
+		return "", fmt.Errorf("list the host's ruleset: %w", err)
+	}
+	var b strings.Builder
+	b.Write(out)
+	paths, err := filepath.Glob("/proc/sys/net/ipv4/conf/*/route_localnet")
+	if err != nil {
+		return "", fmt.Errorf("list route_localnet sysctls: %w", err)
+	}
+	for _, p := range paths {
+		v, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // such a passing veth, gone since the glob
+		}
+		if err != nil {
+			return "", fmt.Errorf("read the host's %s: %w", p, err)
+		}
+		if strings.TrimSpace(string(v)) != "0" {
+			fmt.Fprintf(&b, "%s=%s", p, v)
+		}
+	}
+	return b.String(), nil
 }

@@ -86,14 +86,14 @@ func TestPortmapFixtures(t *testing.T) {
 		t.Skip("needs root: creates network namespaces and runs portmap and nft in them")
 	}
 	update := os.Getenv(UpdateEnv) == "1"
-	before, err := hostState()
+	before, err := HostState()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range cphelper.PortmapVersions {
 		t.Run(v, func(t *testing.T) { testPortmapFixture(t, v, update) })
 	}
-	after, err := hostState()
+	after, err := HostState()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,29 +251,6 @@ func nft(ns netlab.Namespace, args ...string) (string, error) {
 		return "", fmt.Errorf("nft %s in %s: %w: %s", strings.Join(args, " "), ns.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
-}
-
-// hostState is what the test must leave as it found it in the host's
-// namespace: the nft ruleset and every interface's route_localnet.
-func hostState() (string, error) {
-	out, err := exec.Command("nft", "list", "ruleset").Output()
-	if err != nil {
-		return "", fmt.Errorf("list the host's ruleset: %w", err)
-	}
-	var b strings.Builder
-	b.Write(out)
-	paths, err := filepath.Glob("/proc/sys/net/ipv4/conf/*/route_localnet")
-	if err != nil {
-		return "", fmt.Errorf("list route_localnet sysctls: %w", err)
-	}
-	for _, p := range paths {
-		v, err := os.ReadFile(p)
-		if err != nil {
-			return "", fmt.Errorf("read the host's %s: %w", p, err)
-		}
-		fmt.Fprintf(&b, "%s=%s", p, v)
-	}
-	return b.String(), nil
 }
 
 // rulesWithComment counts the rules whose comment is id, and the tables,

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 )
@@ -116,6 +117,13 @@ func ensurePortmap(version string, logf func(format string, args ...any)) (strin
 		// a newer Go must fail here, not be built by a downloaded one.
 		"GOTOOLCHAIN=local",
 	)
+	if os.Getenv("TRACER_VM") != "" {
+		proxy, err := moduleCacheProxy(gobin, version)
+		if err != nil {
+			return "", err
+		}
+		cmd.Env = append(cmd.Env, "GOPROXY="+proxy)
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go install %s@%s (with %s): %w\n%s", portmapPkg, version, runtime.Version(), err, out)
 	}
@@ -130,4 +138,22 @@ func ensurePortmap(version string, logf func(format string, args ...any)) (strin
 		return "", fmt.Errorf("write portmap stamp: %w", err)
 	}
 	return bin, nil
+}
+
+// moduleCacheProxy is the module cache's download directory as a GOPROXY.
+// A tests/vm guest has no network card but sees the host's module cache,
+// which holds the release once the host has built or fetched it; asking
+// the network proxy first would fail on lookups the cache cannot answer
+// (the package path tried as a module, the latest version for its
+// deprecation notice) instead of falling back.
+func moduleCacheProxy(gobin, version string) (string, error) {
+	out, err := exec.Command(gobin, "env", "GOMODCACHE").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module cache for an offline portmap build: %w", err)
+	}
+	dl := filepath.Join(strings.TrimSpace(string(out)), "cache", "download")
+	if !exists(dl) {
+		return "", fmt.Errorf("offline portmap build: no module cache at %s: fetch the release on the host first (go mod download %s@%s)", dl, PortmapModule, version)
+	}
+	return "file://" + dl, nil
 }
