@@ -99,6 +99,10 @@ type Options struct {
 	PodCIDR     string
 	// Verbosity is kube-proxy's -v (default 2: one line per sync).
 	Verbosity int
+	// Binary is the kube-proxy to run (default the one cphelper builds,
+	// cphelper.Binaries.KubeProxy). Another version must accept the same
+	// v1alpha1 config file (1.29 and later do).
+	Binary string
 }
 
 func (o *Options) defaults() {
@@ -164,7 +168,10 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 	if opts.Mode != NFTables && opts.Mode != IPTables {
 		tb.Fatalf("kube-proxy mode %q: the harness runs %s and %s", opts.Mode, NFTables, IPTables)
 	}
-	bin := cp.Binaries().KubeProxy
+	bin := opts.Binary
+	if bin == "" {
+		bin = cp.Binaries().KubeProxy
+	}
 	if bin == "" {
 		tb.Fatal("kube-proxy binary: not built (cphelper.Binaries.KubeProxy is empty)")
 	}

@@ -69,6 +69,12 @@ func checkHostUnchanged(t *testing.T) {
 // of them in one transaction.
 func startFixture(t *testing.T, mode Mode) (*KubeProxy, kubernetes.Interface) {
 	t.Helper()
+	return startFixtureWith(t, Options{Mode: mode})
+}
+
+// startFixtureWith is startFixture with all of kube-proxy's options.
+func startFixtureWith(t *testing.T, opts Options) (*KubeProxy, kubernetes.Interface) {
+	t.Helper()
 	cp := cphelper.StartWith(t, cphelper.Options{ServiceCIDR: FixtureServiceCIDR, NoEndpointReconciler: true})
 	admin, err := kubernetes.NewForConfig(cp.AdminConfig())
 	if err != nil {
@@ -82,7 +88,7 @@ func startFixture(t *testing.T, mode Mode) (*KubeProxy, kubernetes.Interface) {
 	if err := CreateFixture(ctx, admin, DefaultNodeName); err != nil {
 		t.Fatal(err)
 	}
-	return Start(t, cp, Options{Mode: mode}), admin
+	return Start(t, cp, opts), admin
 }
 
 // TestNFTablesRuleset runs kube-proxy v1.37.2 in nftables mode with the
