@@ -185,7 +185,7 @@ func createService9(ctx context.Context, c kubernetes.Interface) error {
 		return err
 	}
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns9", Name: "svc9-1", Labels: map[string]string{discoveryv1.LabelServiceName: "svc9"}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns9", Name: "svc9-1", Labels: map[string]string{discoveryv1.LabelServiceName: "svc9"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p80"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](80)}},
 		Endpoints: []discoveryv1.Endpoint{{
