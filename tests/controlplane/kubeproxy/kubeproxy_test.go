@@ -2,6 +2,7 @@ package kubeproxy
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -172,7 +173,7 @@ func TestNFTablesRuleset(t *testing.T) {
 // 10.180.0.9:80 (not part of the fixture).
 func createService9(ctx context.Context, c kubernetes.Interface) error {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns9"}}, metav1.CreateOptions{}); err != nil {
-		return err
+		return fmt.Errorf("create namespace ns9: %w", err)
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns9", Name: "svc9"},
@@ -182,7 +183,7 @@ func createService9(ctx context.Context, c kubernetes.Interface) error {
 		},
 	}
 	if _, err := c.CoreV1().Services("ns9").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return err
+		return fmt.Errorf("create service ns9/svc9: %w", err)
 	}
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns9", Name: "svc9-1", Labels: map[string]string{discoveryv1.LabelServiceName: "svc9"}},
@@ -192,8 +193,10 @@ func createService9(ctx context.Context, c kubernetes.Interface) error {
 			Addresses: []string{"10.180.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To(DefaultNodeName),
 		}},
 	}
-	_, err := c.DiscoveryV1().EndpointSlices("ns9").Create(ctx, slice, metav1.CreateOptions{})
-	return err
+	if _, err := c.DiscoveryV1().EndpointSlices("ns9").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice ns9/svc9-1: %w", err)
+	}
+	return nil
 }
 
 // TestIPTablesMode runs the same harness with kube-proxy in iptables mode:
