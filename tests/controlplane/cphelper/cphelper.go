@@ -42,8 +42,22 @@ const (
 	tracerGroups = "system:serviceaccounts,system:serviceaccounts:tracer"
 )
 
-// ServiceCIDR is the cluster's Service IP range.
+// ServiceCIDR is the cluster's Service IP range unless Options.ServiceCIDR
+// says otherwise.
 const ServiceCIDR = "10.96.0.0/16"
+
+// Options change how Start runs kube-apiserver. The zero value is what
+// Start uses.
+type Options struct {
+	// ServiceCIDR is --service-cluster-ip-range (default ServiceCIDR).
+	ServiceCIDR string
+	// NoEndpointReconciler runs kube-apiserver with
+	// --endpoint-reconciler-type=none: it creates the "kubernetes" Service
+	// but no Endpoints or EndpointSlice for it, so a test can write one with
+	// a fixed port instead of the random one the API server listens on. Not
+	// for use with AddAPIServer (nothing maintains the endpoints then).
+	NoEndpointReconciler bool
+}
 
 // readyTimeout bounds how long a start waits for /readyz.
 const readyTimeout = 90 * time.Second
@@ -54,6 +68,7 @@ type ControlPlane struct {
 	dir  string
 	bins Binaries
 	pki  *pki
+	opts Options
 
 	etcdPort, peerPort, apiPort int
 	adminToken, tracerToken     string
@@ -75,6 +90,15 @@ type ControlPlane struct {
 // stopped and removed when the test ends.
 func Start(tb testing.TB) *ControlPlane {
 	tb.Helper()
+	return StartWith(tb, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(tb testing.TB, opts Options) *ControlPlane {
+	tb.Helper()
+	if opts.ServiceCIDR == "" {
+		opts.ServiceCIDR = ServiceCIDR
+	}
 	t0 := time.Now()
 	bins, err := EnsureBinaries(tb.Logf)
 	if err != nil {
@@ -83,7 +107,7 @@ func Start(tb testing.TB) *ControlPlane {
 	if d := time.Since(t0); d > time.Second {
 		tb.Logf("cphelper: binaries ready in %s", d.Round(time.Second))
 	}
-	cp := &ControlPlane{tb: tb, dir: tb.TempDir(), bins: bins, advertise: "192.0.2.1"}
+	cp := &ControlPlane{tb: tb, dir: tb.TempDir(), bins: bins, opts: opts, advertise: "192.0.2.1"}
 	tb.Cleanup(cp.cleanup)
 
 	if cp.pki, err = writePKI(cp.dir); err != nil {
@@ -121,7 +145,7 @@ func (cp *ControlPlane) AddAPIServer() *ControlPlane {
 		cp.tb.Fatalf("second kube-apiserver port: %v", err)
 	}
 	r := &ControlPlane{
-		tb: cp.tb, dir: cp.tb.TempDir(), bins: cp.bins, pki: cp.pki,
+		tb: cp.tb, dir: cp.tb.TempDir(), bins: cp.bins, pki: cp.pki, opts: cp.opts,
 		etcdPort: cp.etcdPort, peerPort: cp.peerPort, apiPort: ports[0],
 		adminToken: cp.adminToken, tracerToken: cp.tracerToken,
 		advertise: "192.0.2.2", replica: true,
@@ -134,6 +158,18 @@ func (cp *ControlPlane) AddAPIServer() *ControlPlane {
 
 // URL is the API server's address.
 func (cp *ControlPlane) URL() string { return "https://127.0.0.1:" + strconv.Itoa(cp.apiPort) }
+
+// Port is the API server's port on 127.0.0.1.
+func (cp *ControlPlane) Port() int { return cp.apiPort }
+
+// ServiceCIDR is the API server's --service-cluster-ip-range.
+func (cp *ControlPlane) ServiceCIDR() string { return cp.opts.ServiceCIDR }
+
+// Binaries are the programs this control plane runs, and kube-proxy.
+func (cp *ControlPlane) Binaries() Binaries { return cp.bins }
+
+// AdminToken authenticates as user admin in group system:masters.
+func (cp *ControlPlane) AdminToken() string { return cp.adminToken }
 
 // TracerToken authenticates as system:serviceaccount:tracer:tracer.
 func (cp *ControlPlane) TracerToken() string { return cp.tracerToken }
@@ -191,14 +227,17 @@ func (cp *ControlPlane) Start() {
 		cp.tb.Fatalf("start kube-apiserver: already running")
 	}
 	cp.starts++
+	reconciler := "lease" // two API servers may share one etcd (AddAPIServer)
+	if cp.opts.NoEndpointReconciler {
+		reconciler = "none"
+	}
 	args := []string{
 		"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(cp.etcdPort),
 		"--secure-port=" + strconv.Itoa(cp.apiPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=" + cp.advertise,
 		"--cert-dir=" + filepath.Join(cp.dir, "certs"),
-		// Two API servers may share one etcd (AddAPIServer).
-		"--endpoint-reconciler-type=lease",
+		"--endpoint-reconciler-type=" + reconciler,
 		"--tls-cert-file=" + cp.pki.certFile,
 		"--tls-private-key-file=" + cp.pki.keyFile,
 		"--service-account-issuer=https://kubernetes.default.svc",
@@ -206,7 +245,7 @@ func (cp *ControlPlane) Start() {
 		"--service-account-signing-key-file=" + cp.pki.saKeyFile,
 		"--token-auth-file=" + cp.tokensFile,
 		"--authorization-mode=RBAC",
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + cp.opts.ServiceCIDR,
 		"--disable-admission-plugins=ServiceAccount",
 	}
 	logName := fmt.Sprintf("kube-apiserver.%d.log", cp.starts)

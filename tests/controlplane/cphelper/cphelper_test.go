@@ -86,7 +86,7 @@ func TestApplyFile(t *testing.T) {
 // TestEnsureBinaries` prebuilds them.
 func TestEnsureBinaries(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds kube-apiserver and etcd (minutes cold): skipped with -short")
+		t.Skip("builds kube-apiserver, etcd and kube-proxy (minutes cold): skipped with -short")
 	}
 	start := time.Now()
 	bins, err := EnsureBinaries(t.Logf)
@@ -105,6 +105,7 @@ func TestEnsureBinaries(t *testing.T) {
 	for _, b := range []struct{ bin, want string }{
 		{bins.APIServer, "Kubernetes " + kube.full},
 		{bins.Etcd, "etcd Version: 3.7.0"},
+		{bins.KubeProxy, "Kubernetes " + kube.full},
 	} {
 		out, err := exec.Command(b.bin, "--version").CombinedOutput()
 		if err != nil {

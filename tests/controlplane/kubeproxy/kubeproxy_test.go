@@ -1,0 +1,262 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
+)
+
+// UpdateEnv regenerates the fixtures instead of checking them.
+const UpdateEnv = "TRACER_UPDATE_FIXTURES"
+
+// fixtureBase is internal/nft/testdata/kube-proxy-<version>; the version is
+// the one tests/controlplane/build pins.
+const fixtureBase = "kube-proxy-v1.37.2"
+
+func testdataDir(t *testing.T) string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("locate internal/nft/testdata: runtime.Caller failed")
+	}
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "internal", "nft", "testdata")
+}
+
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs a real kube-apiserver, etcd and kube-proxy (built from Go modules on first use, minutes cold): skipped with -short")
+	}
+}
+
+// checkHostUnchanged reads the host's conntrack settings and rulesets now
+// and registers a cleanup, run after every later cleanup (kube-proxy
+// stopped, its namespace deleted, the control plane stopped), that fails
+// the test if any of them changed.
+func checkHostUnchanged(t *testing.T) {
+	t.Helper()
+	before, err := ReadHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		after, err := ReadHost()
+		if err != nil {
+			t.Errorf("read host after the test: %v", err)
+			return
+		}
+		if d := after.Diff(before); len(d) > 0 {
+			t.Errorf("the host changed while kube-proxy ran in its namespace:\n%s", strings.Join(d, "\n"))
+		}
+	})
+}
+
+// startFixture starts a control plane with the fixture's Service CIDR,
+// creates the Node and the fixture objects and then kube-proxy in mode.
+// The objects exist before kube-proxy starts, so its first sync writes all
+// of them in one transaction.
+func startFixture(t *testing.T, mode Mode) (*KubeProxy, kubernetes.Interface) {
+	t.Helper()
+	return startFixtureWith(t, Options{Mode: mode})
+}
+
+// startFixtureWith is startFixture with all of kube-proxy's options.
+func startFixtureWith(t *testing.T, opts Options) (*KubeProxy, kubernetes.Interface) {
+	t.Helper()
+	cp := cphelper.StartWith(t, cphelper.Options{ServiceCIDR: FixtureServiceCIDR, NoEndpointReconciler: true})
+	admin, err := kubernetes.NewForConfig(cp.AdminConfig())
+	if err != nil {
+		t.Fatalf("admin client: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := EnsureNode(ctx, admin, DefaultNodeName, DefaultNodeIP, DefaultPodCIDR); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateFixture(ctx, admin, DefaultNodeName); err != nil {
+		t.Fatal(err)
+	}
+	return Start(t, cp, opts), admin
+}
+
+// TestNFTablesRuleset runs kube-proxy v1.37.2 in nftables mode with the
+// fixture Services and checks that it writes the structure recorded in
+// internal/nft/testdata/kube-proxy-v1.37.2.json (compared with Canonical:
+// handles and listing order aside). With TRACER_UPDATE_FIXTURES=1 it
+// rewrites that file and kube-proxy-v1.37.2.nft (`nft -a list ruleset`)
+// instead. Then it adds a Service and measures how long kube-proxy takes to
+// write it. The host's conntrack settings and rulesets must be unchanged.
+func TestNFTablesRuleset(t *testing.T) {
+	skipShort(t)
+	SkipUnlessPrivileged(t)
+	checkHostUnchanged(t)
+	kp, admin := startFixture(t, NFTables)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-proxy wrote the fixture Services %s after it was started", time.Since(kp.Started()).Round(time.Millisecond))
+
+	js, err := kp.Exec("nft", "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := kp.Exec("nft", "-a", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Canonical([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonPath := filepath.Join(testdataDir(t), fixtureBase+".json")
+	nftPath := filepath.Join(testdataDir(t), fixtureBase+".nft")
+	if os.Getenv(UpdateEnv) == "1" {
+		if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(jsonPath, []byte(js), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(nftPath, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %s and %s", jsonPath, nftPath)
+	} else {
+		data, err := os.ReadFile(jsonPath)
+		if err != nil {
+			t.Fatalf("read fixture (regenerate with %s=1): %v", UpdateEnv, err)
+		}
+		want, err := Canonical(data)
+		if err != nil {
+			t.Fatalf("fixture %s: %v", jsonPath, err)
+		}
+		if d := LineDiff(want, got); len(d) > 0 {
+			live := filepath.Join(t.TempDir(), fixtureBase+".live.nft")
+			_ = os.WriteFile(live, []byte(text), 0o644)
+			t.Errorf("kube-proxy's ruleset differs from %s (- fixture, + now; regenerate with %s=1 if the change is expected):\n%s\n\nnow:\n%s",
+				jsonPath, UpdateEnv, strings.Join(d, "\n"), text)
+		}
+	}
+
+	// A Service added while kube-proxy runs: how long until its rules exist.
+	t0 := time.Now()
+	if err := createService9(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kp.WaitSynced(ctx, "dnat to 10.180.0.9:80"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-proxy wrote a new Service %s after it was created", time.Since(t0).Round(time.Millisecond))
+
+	if err := kp.Stop(); err != nil {
+		t.Error(err)
+	}
+}
+
+// createService9 adds ns9/svc9 ClusterIP 172.30.0.49 tcp/80 with endpoint
+// 10.180.0.9:80 (not part of the fixture).
+func createService9(ctx context.Context, c kubernetes.Interface) error {
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns9"}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace ns9: %w", err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns9", Name: "svc9"},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: "172.30.0.49",
+			Ports:     []corev1.ServicePort{{Name: "p80", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}},
+		},
+	}
+	if _, err := c.CoreV1().Services("ns9").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create service ns9/svc9: %w", err)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns9", Name: "svc9-1", Labels: map[string]string{discoveryv1.LabelServiceName: "svc9"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p80"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](80)}},
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses: []string{"10.180.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To(DefaultNodeName),
+		}},
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices("ns9").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice ns9/svc9-1: %w", err)
+	}
+	return nil
+}
+
+// TestIPTablesMode runs the same harness with kube-proxy in iptables mode:
+// the fixture Services reach iptables-save in the namespace, and the host
+// is unchanged.
+func TestIPTablesMode(t *testing.T) {
+	skipShort(t)
+	SkipUnlessPrivileged(t)
+	checkHostUnchanged(t)
+	kp, _ := startFixture(t, IPTables)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := kp.WaitSynced(ctx, FixtureSyncedIPTables...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-proxy (iptables mode) wrote the fixture Services %s after it was started", time.Since(kp.Started()).Round(time.Millisecond))
+	if !strings.Contains(out, "-A KUBE-SERVICES") {
+		t.Errorf("iptables-save in the namespace has no KUBE-SERVICES rules:\n%s", out)
+	}
+	if err := kp.Stop(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCanonical checks the comparison on a small ruleset: handles and the
+// order of chains and elements do not count, the order of rules does.
+func TestCanonical(t *testing.T) {
+	a := `{"nftables":[{"metainfo":{"version":"1.0.6"}},
+{"table":{"family":"ip","name":"t","handle":1}},
+{"chain":{"family":"ip","table":"t","name":"b","handle":3}},
+{"chain":{"family":"ip","table":"t","name":"a","handle":2}},
+{"set":{"family":"ip","table":"t","name":"s","handle":4,"type":"ipv4_addr","elem":["10.0.0.2","10.0.0.1"]}},
+{"rule":{"family":"ip","table":"t","chain":"a","handle":5,"expr":[{"accept":null}]}},
+{"rule":{"family":"ip","table":"t","chain":"a","handle":6,"expr":[{"drop":null}]}}]}`
+	b := `{"nftables":[{"metainfo":{"version":"1.1.0"}},
+{"table":{"family":"ip","name":"t","handle":7}},
+{"chain":{"family":"ip","table":"t","name":"a","handle":9}},
+{"rule":{"family":"ip","table":"t","chain":"a","handle":10,"expr":[{"accept":null}]}},
+{"rule":{"family":"ip","table":"t","chain":"a","handle":11,"expr":[{"drop":null}]}},
+{"chain":{"family":"ip","table":"t","name":"b","handle":8}},
+{"set":{"family":"ip","table":"t","name":"s","handle":12,"type":"ipv4_addr","elem":["10.0.0.1","10.0.0.2"]}}]}`
+	swapped := strings.Replace(strings.Replace(b, `"accept":null`, `"x":null`, 1), `"drop":null`, `"accept":null`, 1)
+	swapped = strings.Replace(swapped, `"x":null`, `"drop":null`, 1)
+	ca, err := Canonical([]byte(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, err := Canonical([]byte(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := LineDiff(ca, cb); len(d) > 0 {
+		t.Errorf("same structure compares different:\n%s", strings.Join(d, "\n"))
+	}
+	cs, err := Canonical([]byte(swapped))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := LineDiff(ca, cs); len(d) == 0 {
+		t.Error("rules in another order compare equal")
+	}
+}
