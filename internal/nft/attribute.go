@@ -283,6 +283,9 @@ func (n natSpec) agrees(to, orig netip.AddrPort, src bool) error {
 	if n.undecided != "" {
 		return nil // settled by the caller as uncertain
 	}
+	if len(n.choices) > 0 {
+		return n.choiceAgrees(to, orig, src)
+	}
 	if n.addr == nil {
 		if to.Addr().Unmap() != orig.Addr().Unmap() {
 			return fmt.Errorf("%s names no address, the kernel chose %s", n.kind, to.Addr())
@@ -291,6 +294,26 @@ func (n natSpec) agrees(to, orig netip.AddrPort, src bool) error {
 		return fmt.Errorf("%s to %s: %s is outside it", n.kind, n.addr.text, to.Addr())
 	}
 	return n.portAgrees(to.Port(), orig.Port(), src)
+}
+
+// choiceAgrees: the kernel's target must be one of the numgen map's.
+func (n natSpec) choiceAgrees(to, orig netip.AddrPort, src bool) error {
+	var texts []string
+	for _, c := range n.choices {
+		m := natSpec{kind: n.kind, addr: &c.addr, port: c.port}
+		if m.agrees(to, orig, src) == nil {
+			return nil
+		}
+		texts = append(texts, c.text())
+	}
+	return fmt.Errorf("%s to one of %s: the kernel chose %s", n.kind, strings.Join(texts, ", "), to)
+}
+
+func (c natChoice) text() string {
+	if c.port == nil {
+		return c.addr.text
+	}
+	return c.addr.text + ":" + c.port.text
 }
 
 // portAgrees: without a port a DNAT keeps the original one; an SNAT or

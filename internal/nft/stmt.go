@@ -51,10 +51,14 @@ type rejectSpec struct {
 
 // natSpec is a dnat, snat, masquerade or redirect statement.
 type natSpec struct {
-	kind       string // dnat, snat, masquerade, redirect
-	addr       *keyPart
-	port       *keyPart
-	undecided  string // an address or port from a map or expression this package does not compute
+	kind      string // dnat, snat, masquerade, redirect
+	addr      *keyPart
+	port      *keyPart
+	undecided string // an address or port from a map or expression this package does not compute
+	// choices are the targets of an address taken from a numgen map that
+	// covers every number (kube-proxy's multi-endpoint DNAT): the kernel
+	// picked one of them.
+	choices    []natChoice
 	flags      []string
 	familyHint string
 }
@@ -259,8 +263,9 @@ func readNAT(kind string, raw any) (stmt, error) {
 		}
 	}
 	if a, ok := m["addr"]; ok {
-		kp, err := constPart(a, tAddr)
-		if err != nil {
+		if ch, ok := numgenChoices(a); ok {
+			n.choices = ch
+		} else if kp, err := constPart(a, tAddr); err != nil {
 			n.undecided = fmt.Sprintf("%s address %s", kind, clip(a))
 		} else {
 			n.addr = &kp
@@ -275,6 +280,64 @@ func readNAT(kind string, raw any) (stmt, error) {
 		}
 	}
 	return stmt{kind: sNAT, nat: n}, nil
+}
+
+// natChoice is one address (and port) a numgen map can give a NAT.
+type natChoice struct {
+	addr keyPart
+	port *keyPart
+}
+
+// numgenChoices reads kube-proxy v1.37's multi-endpoint DNAT address,
+// `dnat ip addr . port to numgen random mod N map { 0 : A . P, ... }`
+// (proxier.go writeServiceToEndpointDNATs): a map keyed by numgen whose
+// values are addresses or address . port pairs. It is only read when the
+// map has a value for every number numgen can draw; otherwise the lookup
+// can miss and the rule not translate at all.
+func numgenChoices(raw any) ([]natChoice, bool) {
+	m, _ := raw.(map[string]any)
+	mp, _ := m["map"].(map[string]any)
+	key, err := readExpr(mp["key"])
+	if err != nil || key.kind != eNumgen {
+		return nil, false
+	}
+	data, _ := mp["data"].(map[string]any)
+	elems, ok := data["set"].([]any)
+	if !ok {
+		return nil, false
+	}
+	seen := map[uint64]bool{}
+	var out []natChoice
+	for _, raw := range elems {
+		pair, ok := raw.([]any)
+		if !ok || len(pair) != 2 {
+			return nil, false
+		}
+		n, err := constPart(pair[0], tInt)
+		if err != nil || n.lo != n.hi {
+			return nil, false
+		}
+		c, err := readChoice(pair[1])
+		if err != nil {
+			return nil, false
+		}
+		seen[n.lo.n] = true
+		out = append(out, c)
+	}
+	for i := uint64(0); i < key.y.n; i++ {
+		if !seen[i] {
+			return nil, false
+		}
+	}
+	return out, len(out) > 0
+}
+
+func readChoice(raw any) (natChoice, error) {
+	if parts, err := concatConst(raw, []vtype{tAddr, tPort}); err == nil {
+		return natChoice{addr: parts[0], port: &parts[1]}, nil
+	}
+	a, err := constPart(raw, tAddr)
+	return natChoice{addr: a}, err
 }
 
 // readMangle keeps `meta mark set ...`, which later rules match on; any
