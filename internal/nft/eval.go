@@ -46,10 +46,15 @@ func (o *Outcome) Chains() []string {
 }
 
 // Element is the map element most telling of why the packet went where it
-// did: the verdict's own element, else the last named map's element on
-// the path, else the last anonymous one (numgen's choice).
+// did: the verdict's own element (with the deciding rule's map: a `drop`
+// element of kube-proxy's no-endpoint-nodeports is told by its map), else
+// the last named map's element on the path, else the last anonymous one
+// (numgen's choice).
 func (o *Outcome) Element() (*Elem, *Set) {
 	if o.Elem != nil {
+		if o.Rule != nil {
+			return o.Elem, o.Rule.namedMap()
+		}
 		return o.Elem, nil
 	}
 	var anon *Elem

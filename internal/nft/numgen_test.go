@@ -42,3 +42,22 @@ func TestNumgenMapDNATElsewhereDisagrees(t *testing.T) {
 		t.Fatalf("a DNAT to an address outside the numgen map was attributed to %s", at.Outcome.String())
 	}
 }
+
+// A verdict map element whose own verdict decides (`drop`) names its map,
+// as an element that sent the packet to a chain does: kube-proxy's
+// Local-policy drop is told from its no-endpoint-nodeports map.
+func TestDropElementNamesItsMap(t *testing.T) {
+	rs := load(t, "numgen-dnat")
+	node := rules.NewMemNode()
+	at, err := rs.Attribute(tcp("192.168.0.100:40000", "192.168.0.2:3001"), node, rules.KernelAction{Kind: rules.ActionDrop, Hook: "INPUT"})
+	if err != nil || at == nil {
+		t.Fatalf("attribute: %v %v", at, err)
+	}
+	if at.Outcome.Rule == nil || at.Outcome.Rule.Handle != 10 {
+		t.Fatalf("got %s", at.Outcome.String())
+	}
+	el, set := at.Outcome.Element()
+	if el == nil || set == nil || set.Name != "no-endpoint-nodeports" || el.Comment != "ns2/svc2:p80" {
+		t.Fatalf("element %+v of %+v: want the drop element of no-endpoint-nodeports", el, set)
+	}
+}
