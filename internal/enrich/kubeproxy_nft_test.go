@@ -1,6 +1,7 @@
 package enrich
 
 import (
+	"encoding/json"
 	"os"
 	"regexp"
 	"slices"
@@ -170,4 +171,55 @@ func TestJoinKubeProxyNFTServiceDNAT(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJoinNodePortShadowedByHostPort: portmap's v1.10 nat chain and
+// kube-proxy's share priority -100 at prerouting, so which one ran first
+// is read from what the kernel did. A hostPort on the NodePort's port (the
+// portmap fixture's 8080 renumbered 30007) that took the connection is a
+// hijack of the NodePort.
+func TestJoinNodePortShadowedByHostPort(t *testing.T) {
+	snap, _ := kubeProxyNFTNode(t, "kube-proxy-v1.37.2.json", "kube-proxy-v1.37.2.nft")
+	pmJS, err := os.ReadFile("../nft/testdata/portmap-v1.10.0.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pmList, err := os.ReadFile("../nft/testdata/portmap-v1.10.0.nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pmJS = []byte(strings.Replace(string(pmJS), `"right": 8080}`, `"right": 30007}`, 1))
+	pmList = []byte(strings.Replace(string(pmList), "tcp dport 8080 dnat", "tcp dport 30007 dnat", 1))
+	snap.NFTables = &trace.NFTRuleset{JSON: mergeNFT(t, snap.NFTables.JSON, pmJS), Listing: snap.NFTables.Listing + string(pmList)}
+	snap.Pods = append(snap.Pods, trace.Pod{Namespace: "web", Name: "hp-0", IPs: []string{"10.88.0.2"}, Node: "node-1", ContainerID: "4f2a9c1e0b7d"})
+
+	f := joinOn(t, snap, dnatTo("203.0.113.2:40000", "198.51.100.10:30007", "10.88.0.2:80"))
+	r := f.Rule
+	if r == nil || r.Table != "cni_hostport" || r.Text != `tcp dport 30007 dnat to 10.88.0.2:80 comment "4f2a9c1e0b7d"` || r.Uncertain != "" {
+		t.Fatalf("rule %+v", r)
+	}
+	if f.Verdict != trace.VerdictHostportHijack || !strings.Contains(f.Explanation, "Service ns7/svc7") {
+		t.Errorf("verdict %s: %s", f.Verdict, f.Explanation)
+	}
+}
+
+// mergeNFT joins two `nft -j list ruleset` documents, as one namespace
+// holding both tables would list them.
+func mergeNFT(t *testing.T, a, b []byte) []byte {
+	t.Helper()
+	var da, db struct {
+		Nftables []json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal(a, &da); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &db); err != nil {
+		t.Fatal(err)
+	}
+	da.Nftables = append(da.Nftables, db.Nftables[1:]...) // one metainfo
+	out, err := json.Marshal(da)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
