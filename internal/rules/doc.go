@@ -25,11 +25,11 @@
 //     (LOCAL addresses, ipset membership) from `ip route show table local`
 //     style prefixes and `ipset save` output.
 //
-// Native nftables tables, such as the `ip cni_hostport` / `inet cni_hostport`
-// tables the portmap plugin (1.6 and later, "backend": "nftables") and
-// kube-proxy's nftables mode create, are not iptables rules: iptables-nft
-// only prints its own xtables-compatible tables. Nothing parses or
-// attributes them yet: the node watcher (internal/enrich/node) only keeps
-// their `nft list ruleset` text in its State, so a decision one of their
-// rules made is reported without a rule.
+// Native nftables tables, such as the `ip cni_hostport` table the portmap
+// plugin (1.6 and later, "backend": "nftables") and the `ip kube-proxy`
+// table kube-proxy's nftables mode create, are not iptables rules:
+// iptables-nft only prints its own xtables-compatible tables. They are the
+// other rule source, internal/nft, which takes the same Packet and
+// KernelAction; internal/enrich asks both and keeps the one whose chain ran
+// first at the hook.
 package rules
