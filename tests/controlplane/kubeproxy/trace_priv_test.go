@@ -243,9 +243,12 @@ func testTraceTier(t *testing.T, c *traceCluster, tier tier) {
 	for _, a := range ok["udp"] {
 		c.checkServiceFlow(t, tr, a, c.dnsDNAT, "service-ips", fmt.Sprintf("%s . udp . %d", echoIP, dnsPort), nil, dnsTarget)
 	}
-	c.checkRejectFlow(t, tr, ping, c.clusterIPsReject, trace.VerdictClusterIPReject, nil, "web/echo", "ICMP (ping)", "cluster-ips-check")
+	// What the ClusterIP does accept is kube-proxy's own: the keys of its
+	// maps for that address.
+	accepts := fmt.Sprintf("it accepts only tcp:%d, udp:%d", echoPort, dnsPort)
+	c.checkRejectFlow(t, tr, ping, c.clusterIPsReject, trace.VerdictClusterIPReject, nil, "web/echo", "ICMP (ping)", "cluster-ips-check", accepts)
 	c.checkRejectFlow(t, tr, wrong, c.clusterIPsReject, trace.VerdictClusterIPReject, nil, "web/echo",
-		fmt.Sprintf("tcp port %d", wrongPort), "Service web/echo", "cluster-ips-check")
+		fmt.Sprintf("tcp port %d", wrongPort), "Service web/echo", "cluster-ips-check", accepts)
 	c.checkRejectFlow(t, tr, noEP, c.rejectChain, trace.VerdictServiceNoEndpoint,
 		&trace.RuleElement{Map: "no-endpoint-services", Key: fmt.Sprintf("%s . tcp . %d", emptyIP, echoPort), Comment: "web/empty:http"},
 		"web/empty", "Service web/empty", "no-endpoint-services")
