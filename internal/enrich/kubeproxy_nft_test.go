@@ -100,10 +100,15 @@ func TestJoinKubeProxyNFT(t *testing.T) {
 			}{
 				{"ping to a ClusterIP from a pod", []event.Event{icmp("10.180.0.9:0", "172.30.0.44:0")}, "icmp",
 					"cluster-ips-check", "ip daddr @cluster-ips reject", "filter-forward", trace.VerdictClusterIPReject,
-					[]string{"ICMP (ping)", "cluster-ips-check"}, ""},
+					[]string{"ICMP (ping)", "cluster-ips-check", "it accepts only tcp:80"}, ""},
+				// What a ClusterIP accepts is read from kube-proxy's maps: a
+				// port without endpoints is in no-endpoint-services only.
+				{"ping to the ClusterIP of a Service without endpoints", []event.Event{icmp("10.180.0.9:0", "172.30.0.46:0")}, "icmp",
+					"cluster-ips-check", "ip daddr @cluster-ips reject", "filter-forward", trace.VerdictClusterIPReject,
+					[]string{"ICMP (ping)", "it accepts only tcp:80"}, ""},
 				{"wrong port to a ClusterIP from the node", []event.Event{rejectEvent(event.ViaTracepoint, event.NFHookNone, "198.51.100.10:40000", "172.30.0.44:8080")}, "tcp",
 					"cluster-ips-check", "ip daddr @cluster-ips reject", lay.filterOut, trace.VerdictClusterIPReject,
-					[]string{"tcp port 8080", "Service ns4/svc4"}, ""},
+					[]string{"tcp port 8080", "Service ns4/svc4", "it accepts only tcp:80"}, ""},
 				{"unallocated ClusterIP", []event.Event{dropEvent("10.180.0.9:40000", "172.30.9.9:80")}, "tcp",
 					"cluster-ips-check", "ip daddr 172.30.0.0/16 drop", "filter-forward", trace.VerdictClusterIPReject,
 					[]string{"no Service has address 172.30.9.9"}, ""},

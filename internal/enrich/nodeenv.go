@@ -81,6 +81,9 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 		// rather than failing the whole snapshot: the iptables side and
 		// everything else still stand.
 		e.nft, e.nftErr = nft.Parse(n.JSON, []byte(n.Listing), n.Skip)
+		if e.nftErr == nil {
+			nftServicePorts(e.nft, e.svcPorts)
+		}
 	}
 	return e, nil
 }
@@ -163,6 +166,50 @@ func servicePorts(save string) map[netip.Addr][]string {
 		}
 	}
 	return out
+}
+
+// kubeProxyServiceMaps are the maps of kube-proxy's nftables mode keyed
+// "address . protocol . port" by Service port: service-ips (ports with
+// endpoints) and no-endpoint-services (ports without, rejected there).
+// Together they are what an address accepts before cluster-ips-check
+// rejects the rest, as the ipsets above are for KUBE-IPVS-FILTER.
+var kubeProxyServiceMaps = []string{"service-ips", "no-endpoint-services"}
+
+// nftServicePorts adds to out the "proto:port" pairs (the ipsets'
+// spelling) kube-proxy's nftables tables accept on each address. Without
+// it a node in nftables mode, which has no such ipsets, said of every
+// ClusterIP that it accepted no Service port.
+func nftServicePorts(rs *nft.Ruleset, out map[netip.Addr][]string) {
+	touched := map[netip.Addr]bool{}
+	for _, t := range rs.Tables {
+		if t.Name != "kube-proxy" || (t.Family != "ip" && t.Family != "ip6") {
+			continue
+		}
+		for _, name := range kubeProxyServiceMaps {
+			s := t.Sets[name]
+			if s == nil {
+				continue
+			}
+			for _, el := range s.Elems {
+				f := strings.Split(el.KeyText(), " . ")
+				if len(f) != 3 {
+					continue
+				}
+				a, err := netip.ParseAddr(f[0])
+				if err != nil {
+					continue
+				}
+				if port := f[1] + ":" + f[2]; !slices.Contains(out[a], port) {
+					out[a] = append(out[a], port)
+					touched[a] = true
+				}
+			}
+		}
+	}
+	// Map elements come in hash order: sort, for a stable explanation.
+	for a := range touched {
+		slices.Sort(out[a])
+	}
 }
 
 func (e *NodeEnv) NodeName() string { return e.name }

@@ -26,6 +26,7 @@ const layoutBase = "kube-proxy-v1.33-layout"
 // and checks it writes the same structure.
 func TestV133Layout(t *testing.T) {
 	SkipUnlessPrivileged(t)
+	skipOtherVMKernels(t)
 	dir := testdataDir(t)
 	name := newNetnsName()
 	if _, err := run("ip", "netns", "add", name); err != nil {
