@@ -50,6 +50,7 @@ func (e *fakeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bo
 	l, ok := e.listeners[proto+" 0.0.0.0:"+itoa(dst.Port())]
 	return l, ok
 }
+
 // IsLocal: the node's address is 192.168.1.10; in IPVS mode the kube-ipvs0
 // addresses are local too.
 func (e *fakeEnv) IsLocal(a netip.Addr) (bool, error) {
