@@ -46,6 +46,12 @@ type node struct {
 	ip      string // on the LAN
 	podCIDR string
 	kp      *kubeProxy
+	// kpNFT is kube-proxy in nftables mode, instead of kp.
+	kpNFT *kubeProxyNFT
+	// portmapNFT is the portmap release whose nftables backend writes the
+	// hostPorts ("v1.10.0", "v1.8.0"); "" runs Debian's portmap 1.1.1 with
+	// iptables.
+	portmapNFT string
 	// portmapFirst reproduces portmap ≤ 0.7.4, which prepended its jump to
 	// CNI-HOSTPORT-DNAT ahead of kube-proxy's KUBE-SERVICES.
 	portmapFirst bool

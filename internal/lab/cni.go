@@ -22,6 +22,7 @@ type containerPort struct {
 	Proto    string // tcp or udp
 	Port     int
 	HostPort int
+	HostIP   string // the hostPort only on this node address
 }
 
 // pod is a Kubernetes pod: its own namespace wired by the CNI plugins, or
