@@ -51,6 +51,20 @@ const (
 // by the named pod.
 func Connected(pod string) string { return "connected to " + pod }
 
+// connectedToOneOf is the outcome of an attempt any of pods may answer,
+// until one has.
+func connectedToOneOf(pods []string) string { return "connected to one of " + strings.Join(pods, ", ") }
+
+// narrow settles an OneOf attempt's outcome on the pod that answered, if
+// it is one of them.
+func (e *Expectation) narrow() {
+	for _, p := range e.OneOf {
+		if e.Saw == Connected(p) {
+			e.Outcome = e.Saw
+		}
+	}
+}
+
 // Scenario is one incident rebuilt in namespaces.
 type Scenario struct {
 	Name  string // stable identifier, e.g. "hostport-hijack-clusterip"
@@ -60,7 +74,10 @@ type Scenario struct {
 	NeedsIPVS bool
 	// NoIPVS says how the scenario degrades on a kernel without IPVS.
 	NoIPVS string
-	Build  func(ctx context.Context, env *Env) (*Built, error)
+	// Healthy: the scenario has no incident, only traffic the tracer must
+	// call ok (it shows that a healthy path raises no alarm).
+	Healthy bool
+	Build   func(ctx context.Context, env *Env) (*Built, error)
 }
 
 // Built is a scenario standing in its namespaces.
@@ -92,9 +109,12 @@ type Expectation struct {
 	Src     string `json:"src"`   // as the client sent it: "IP:PORT" (ICMP: "IP")
 	Dst     string `json:"dst"`
 	Verdict string `json:"verdict"`
-	Outcome string `json:"outcome"`        // what the client should see if the incident is reproduced
-	Saw     string `json:"saw"`            // what the client really saw
-	Note    string `json:"note,omitempty"` // one line: why this outcome
+	Outcome string `json:"outcome"` // what the client should see if the incident is reproduced
+	// OneOf are the pods any of which may answer (a Service whose kube-proxy
+	// picks an endpoint at random): Outcome becomes the one that did.
+	OneOf []string `json:"one_of,omitempty"`
+	Saw   string   `json:"saw"`            // what the client really saw
+	Note  string   `json:"note,omitempty"` // one line: why this outcome
 	// Mechanism is how the node must have handled the attempt.
 	Mechanism Mechanism `json:"mechanism"`
 	Proof     Proof     `json:"proof"`
