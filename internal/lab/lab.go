@@ -3,7 +3,10 @@
 // made by the real CNI plugins (bridge, host-local, portmap), kube-proxy's
 // IPVS-mode state (kube-ipvs0, ipsets, iptables, IPVS virtual servers where
 // the kernel has IPVS), Go servers in the pods that answer with the pod's
-// name, and Go clients that report what they really saw.
+// name, and Go clients that report what they really saw. The nft-*
+// scenarios run the same incidents on nftables nodes: kube-proxy v1.37.2's
+// nftables mode and portmap v1.10.0's or v1.8.0's nftables backend, whose
+// tables the lab writes in exactly the shape those programs write.
 //
 // Around every attempt the lab reads what the node did with the node's own
 // tools (rule counters, IPVS's connection table, the conntrack tool, SNMP
@@ -90,7 +93,9 @@ type Built struct {
 	MetadataJSON []byte
 	NodeName     string
 	// Mode says how kube-proxy's service handling ran: "ipvs", "iptables
-	// stand-in for IPVS" (kernel without IPVS), or "no kube-proxy".
+	// stand-in for IPVS" (kernel without IPVS), "nftables (kube-proxy
+	// v1.37.2)" or "no kube-proxy", and which portmap nftables backend
+	// wrote the hostPorts when one did.
 	Mode string
 	// Traffic makes the scenario's traffic and proves what the node did
 	// with each attempt; call it once tracing is attached.

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"os/exec"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -104,6 +105,9 @@ const uplink = "172.18.0.1"
 // release pm for hostPorts and, with kubeProxy, kube-proxy's nftables mode
 // started before any pod.
 func (c *cluster) twoNodesNFT(kubeProxy bool, pm string) (*node, *node, error) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, nil, fmt.Errorf("nftables scenarios need nft: %w (install nftables)", err)
+	}
 	n1, n2, err := c.twoNodes(false)
 	if err != nil {
 		return nil, nil, err
