@@ -13,7 +13,9 @@ import (
 // the transaction its pkg/proxy/nftables/proxier.go builds (setupNFTables
 // and syncProxyRules), written as knftables writes it (one `nft -f -`
 // per sync, after knftables.New's `nft --check` of a test table) into the
-// node's namespace. Line numbers below are of proxier.go at v1.37.2.
+// node's namespace. Line numbers below are of proxier.go at v1.37.2. (Its
+// NFTablesNetlink feature, on by default, makes knftables list objects over
+// netlink; transactions still go through `nft -f -`.)
 //
 // The configuration is a single-stack IPv4 cluster's defaults: the
 // masquerade bit 14, --cluster-cidr detection of local traffic, and
@@ -101,17 +103,25 @@ func (tx *nftTx) ruleComment(chain, rule, comment string) {
 // sync, with no Services yet.
 func (c *cluster) installKubeProxyNFT(n *node) error {
 	n.kpNFT = &kubeProxyNFT{n: n, clusterCIDR: clusterCIDR, serviceCIDR: serviceCIDR}
-	return n.kpNFT.sync(nil)
+	return n.kpNFT.start()
+}
+
+// start is a kube-proxy process starting: knftables.New (once per
+// process, in NewProxier's getNFTablesInterface) and the first sync, a
+// full one.
+func (kp *kubeProxyNFT) start() error {
+	if err := knftablesCheck(kp.n, kpTable); err != nil {
+		return fmt.Errorf("kube-proxy (nftables) on %s: %w", kp.n.name, err)
+	}
+	kp.flushed = false
+	return kp.sync(nil)
 }
 
 // restart is a new kube-proxy process (an upgrade, an OOM kill): its first
 // sync is a full one that re-creates the base chains, which netfilter then
 // runs after every base chain of the same priority registered before,
 // portmap's included.
-func (kp *kubeProxyNFT) restart() error {
-	kp.flushed = false
-	return kp.sync(nil)
-}
+func (kp *kubeProxyNFT) restart() error { return kp.start() }
 
 // addService is the partial sync kube-proxy runs when a Service appears.
 func (kp *kubeProxyNFT) addService(s *service) error {
@@ -134,9 +144,6 @@ func (kp *kubeProxyNFT) sync(changed *service) error {
 				kp.servicePort(tx, s, p)
 			}
 		}
-	}
-	if err := knftablesCheck(kp.n, kpTable); err != nil {
-		return fmt.Errorf("kube-proxy (nftables) on %s: %w", kp.n.name, err)
 	}
 	if err := runStdin(kp.n.ns, tx.b.String(), "nft", "-f", "-"); err != nil {
 		return fmt.Errorf("kube-proxy (nftables) sync on %s: %w", kp.n.name, err)
@@ -250,11 +257,11 @@ func kpChainBase(s *service, p servicePort) string {
 // kpPortPolicy is how one Service port's endpoints split on this node
 // (proxy.CategorizeEndpoints and the policy chains, proxier.go 1317-1442).
 type kpPortPolicy struct {
-	base                          string
-	cluster, local                []*pod
-	hasEndpoints, hasExternal     bool
-	usesCluster, usesLocal, usesX bool
-	internalVerdict, extVerdict   string
+	base                                 string
+	cluster, local                       []*pod
+	hasEndpoints, hasExternal            bool
+	usesCluster, usesLocal, usesExternal bool
+	internalVerdict, extVerdict          string
 }
 
 func (kp *kubeProxyNFT) policy(s *service, p servicePort) kpPortPolicy {
@@ -269,7 +276,8 @@ func (kp *kubeProxyNFT) policy(s *service, p servicePort) kpPortPolicy {
 	pp.hasExternal = pp.hasEndpoints && (!s.etpLocal || len(pp.local) > 0)
 	pp.usesCluster = len(pp.cluster) > 0
 	pp.usesLocal = s.etpLocal && len(pp.local) > 0
-	pp.usesX = pp.hasEndpoints && s.typ != "ClusterIP"
+	// ExternallyAccessible: a NodePort, an external IP or an LB IP.
+	pp.usesExternal = pp.hasEndpoints && (p.NodePort > 0 || s.lbIP != "")
 	switch {
 	case !pp.hasEndpoints:
 		pp.internalVerdict, pp.extVerdict = "goto reject-chain", "goto reject-chain"
@@ -297,11 +305,11 @@ func (kp *kubeProxyNFT) servicePort(tx *nftTx, s *service, p servicePort) {
 	if pp.usesLocal {
 		tx.ensureChain("local-" + pp.base)
 	}
-	if pp.usesX {
+	if pp.usesExternal {
 		tx.ensureChain("external-" + pp.base)
 	}
 	kp.elements(tx, s, p, pp)
-	if pp.usesX {
+	if pp.usesExternal {
 		kp.externalChain(tx, s, pp)
 	}
 	if pp.usesCluster {
