@@ -17,26 +17,51 @@ import (
 // NFTablesNetlink feature, on by default, makes knftables list objects over
 // netlink; transactions still go through `nft -f -`.)
 //
-// The configuration is a single-stack IPv4 cluster's defaults: the
-// masquerade bit 14, --cluster-cidr detection of local traffic, and
-// --nodeport-addresses=primary (the nftables mode's default), so NodePorts
-// are matched on @nodeport-ips holding the node's address; the alpha
-// feature KubeProxyNFTablesLocalhostNodePorts is off (its default).
+// The configuration is a single-stack IPv4 cluster's defaults, as in
+// tests/controlplane/kubeproxy's harness: the masquerade bit 14,
+// detectLocalMode ClusterCIDR, and --nodeport-addresses=primary (the
+// nftables mode's default); the alpha feature
+// KubeProxyNFTablesLocalhostNodePorts is off (its default). kube-proxy
+// still runs its IPv6 proxier too (NewDualStackProxier), which writes an
+// empty `table ip6 kube-proxy`: with no IPv6 node address its NodePorts
+// match every local address, and it detects no local traffic and knows no
+// service CIDR. TestKubeProxyNFTMatchesRealKubeProxy checks the lab writes
+// what the real kube-proxy v1.37.2 wrote (internal/nft/testdata).
 type kubeProxyNFT struct {
-	n *node
-	// flushed is proxier.flushed: the first sync of a kube-proxy process
-	// adds and deletes every base chain, so they are created anew (and
-	// registered with netfilter after every other table's chains).
-	flushed  bool
+	n        *node
 	services []*service
-	// clusterCIDR (--cluster-cidr) and serviceCIDR
-	// (--service-cluster-ip-range) are the cluster's.
-	clusterCIDR, serviceCIDR string
+	v4, v6   *kpFamily
 }
 
-// Names and settings kube-proxy uses (proxier.go 60-103, 248-271).
+// kpFamily is one of kube-proxy's single-stack proxiers, with its own
+// table and knftables instance.
+type kpFamily struct {
+	nft, addr    string // "ip", "ipv4_addr"
+	notLocalhost string // matchNotLocalhost
+	// nodeIPs are @nodeport-ips; none means every local address
+	// (nodePortAddresses.MatchAll).
+	nodeIPs []string
+	// clusterCIDR ("": no local traffic detector) and serviceCIDR ("": no
+	// drop of unallocated ClusterIPs).
+	clusterCIDR, serviceCIDR string
+	// flushed is proxier.flushed: the first sync of a kube-proxy process
+	// adds and deletes every base chain, so they are created anew.
+	flushed bool
+}
+
+func (f *kpFamily) table() string { return f.nft + " kube-proxy" }
+
+func ipv4Proxier(nodeIP, clusterCIDR, serviceCIDR string) *kpFamily {
+	return &kpFamily{nft: "ip", addr: "ipv4_addr", notLocalhost: "ip daddr != 127.0.0.0/8",
+		nodeIPs: []string{nodeIP}, clusterCIDR: clusterCIDR, serviceCIDR: serviceCIDR}
+}
+
+func ipv6Proxier() *kpFamily {
+	return &kpFamily{nft: "ip6", addr: "ipv6_addr", notLocalhost: "ip6 daddr != ::1"}
+}
+
+// Settings kube-proxy uses (proxier.go 60-103, 248-271).
 const (
-	kpTable         = "ip kube-proxy"
 	kpMasqueradeSet = "mark set mark or 0x4000"
 	serviceCIDR     = "10.96.0.0/12"
 )
@@ -71,13 +96,15 @@ var kpJumpChains = [][3]string{
 	{"cluster-ips-check", "filter-output", "ct state new"},
 }
 
-// nftTx is a transaction in knftables' text form.
+// nftTx is a transaction of one proxier in knftables' text form.
 type nftTx struct {
+	f       *kpFamily
+	t       string // the table, "ip kube-proxy"
 	b       strings.Builder
 	created map[string]bool // ensureChain's createdChains
 }
 
-func newTx() *nftTx { return &nftTx{created: map[string]bool{}} }
+func newTx(f *kpFamily) *nftTx { return &nftTx{f: f, t: f.table(), created: map[string]bool{}} }
 
 func (tx *nftTx) op(format string, args ...any) {
 	fmt.Fprintf(&tx.b, format+"\n", args...)
@@ -89,54 +116,74 @@ func (tx *nftTx) ensureChain(chain string) {
 		return
 	}
 	tx.created[chain] = true
-	tx.op("add chain %s %s", kpTable, chain)
-	tx.op("flush chain %s %s", kpTable, chain)
+	tx.op("add chain %s %s", tx.t, chain)
+	tx.op("flush chain %s %s", tx.t, chain)
 }
 
-func (tx *nftTx) rule(chain, rule string) { tx.op("add rule %s %s %s", kpTable, chain, rule) }
+func (tx *nftTx) rule(chain, rule string) { tx.op("add rule %s %s %s", tx.t, chain, rule) }
 
 func (tx *nftTx) ruleComment(chain, rule, comment string) {
-	tx.op("add rule %s %s %s comment %q", kpTable, chain, rule, comment)
+	tx.op("add rule %s %s %s comment %q", tx.t, chain, rule, comment)
 }
 
-// installKubeProxyNFT starts kube-proxy in nftables mode on n: its first
-// sync, with no Services yet.
+// installKubeProxyNFT starts kube-proxy in nftables mode on n, before any
+// Service exists.
 func (c *cluster) installKubeProxyNFT(n *node) error {
-	n.kpNFT = &kubeProxyNFT{n: n, clusterCIDR: clusterCIDR, serviceCIDR: serviceCIDR}
+	n.kpNFT = &kubeProxyNFT{n: n, v4: ipv4Proxier(n.ip, clusterCIDR, serviceCIDR), v6: ipv6Proxier()}
 	return n.kpNFT.start()
 }
 
-// start is a kube-proxy process starting: knftables.New (once per
-// process, in NewProxier's getNFTablesInterface) and the first sync, a
-// full one.
+// start is a kube-proxy process starting: NewDualStackProxier makes the
+// IPv4 and the IPv6 proxier, each with its knftables.New (NewProxier's
+// getNFTablesInterface), then each runs its first sync, a full one.
 func (kp *kubeProxyNFT) start() error {
-	if err := knftablesCheck(kp.n, kpTable); err != nil {
-		return fmt.Errorf("kube-proxy (nftables) on %s: %w", kp.n.name, err)
+	for _, f := range []*kpFamily{kp.v4, kp.v6} {
+		if err := knftablesCheck(kp.n, f.table()); err != nil {
+			return fmt.Errorf("kube-proxy (nftables) on %s: %w", kp.n.name, err)
+		}
+		f.flushed = false
 	}
-	kp.flushed = false
-	return kp.sync(nil)
+	for _, f := range []*kpFamily{kp.v4, kp.v6} {
+		if err := kp.sync(f, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // restart is a new kube-proxy process (an upgrade, an OOM kill): its first
-// sync is a full one that re-creates the base chains, which netfilter then
-// runs after every base chain of the same priority registered before,
-// portmap's included.
+// sync is a full one that deletes and re-creates the base chains.
+// Netfilter runs a newly registered hook before those of the same
+// priority registered earlier, so kube-proxy's nat chains then run before
+// portmap's.
 func (kp *kubeProxyNFT) restart() error { return kp.start() }
 
-// addService is the partial sync kube-proxy runs when a Service appears.
+// addService is the partial sync kube-proxy's IPv4 proxier runs when a
+// Service appears (the IPv6 one ignores an IPv4 Service).
 func (kp *kubeProxyNFT) addService(s *service) error {
 	kp.services = append(kp.services, s)
-	return kp.sync(s)
+	return kp.sync(kp.v4, s)
 }
 
-// sync writes one syncProxyRules transaction: a full sync (setupNFTables
-// and every Service) when changed is nil, otherwise the partial sync of
-// the changed Service (every Service's elements, which exist already and
-// write nothing, and the changed one's chains).
-func (kp *kubeProxyNFT) sync(changed *service) error {
-	tx := newTx()
+// sync writes one syncProxyRules transaction of proxier f: a full sync
+// (setupNFTables and every Service) when changed is nil, otherwise the
+// partial sync of the changed Service (every Service's elements, which
+// exist already and write nothing, and the changed one's chains).
+func (kp *kubeProxyNFT) sync(f *kpFamily, changed *service) error {
+	tx := kp.syncTx(f, changed)
+	if err := runStdin(kp.n.ns, tx.b.String(), "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("kube-proxy (nftables) sync of %s on %s: %w", f.table(), kp.n.name, err)
+	}
+	return nil
+}
+
+func (kp *kubeProxyNFT) syncTx(f *kpFamily, changed *service) *nftTx {
+	tx := newTx(f)
 	if changed == nil {
-		kp.setup(tx)
+		tx.setup()
+	}
+	if f != kp.v4 {
+		return tx // the lab's Services are IPv4 only
 	}
 	for _, s := range kp.services {
 		if changed == nil || s == changed {
@@ -145,10 +192,7 @@ func (kp *kubeProxyNFT) sync(changed *service) error {
 			}
 		}
 	}
-	if err := runStdin(kp.n.ns, tx.b.String(), "nft", "-f", "-"); err != nil {
-		return fmt.Errorf("kube-proxy (nftables) sync on %s: %w", kp.n.name, err)
-	}
-	return nil
+	return tx
 }
 
 // knftablesCheck is what knftables.New runs before a program's first
@@ -162,19 +206,19 @@ func knftablesCheck(n *node, table string) error {
 	return nil
 }
 
-// setup is setupNFTables (proxier.go 461-800) for IPv4.
-func (kp *kubeProxyNFT) setup(tx *nftTx) {
-	tx.op(`add table %s { comment "rules for kube-proxy" ; }`, kpTable)
-	if !kp.flushed {
+// setup is setupNFTables (proxier.go 461-800).
+func (tx *nftTx) setup() {
+	tx.op(`add table %s { comment "rules for kube-proxy" ; }`, tx.t)
+	if !tx.f.flushed {
 		for _, bc := range kpBaseChains {
-			tx.op("add chain %s %s", kpTable, bc[0])
-			tx.op("delete chain %s %s", kpTable, bc[0])
+			tx.op("add chain %s %s", tx.t, bc[0])
+			tx.op("delete chain %s %s", tx.t, bc[0])
 		}
-		kp.flushed = true
+		tx.f.flushed = true
 	}
 	for _, bc := range kpBaseChains {
-		tx.op("add chain %s %s { type %s priority %s ; }", kpTable, bc[0], bc[1], bc[2])
-		tx.op("flush chain %s %s", kpTable, bc[0])
+		tx.op("add chain %s %s { type %s priority %s ; }", tx.t, bc[0], bc[1], bc[2])
+		tx.op("flush chain %s %s", tx.t, bc[0])
 	}
 	for _, j := range kpJumpChains {
 		tx.ensureChain(j[0])
@@ -183,66 +227,92 @@ func (kp *kubeProxyNFT) setup(tx *nftTx) {
 	for _, chain := range []string{"services", "cluster-ips-check", "masquerading"} {
 		tx.ensureChain(chain)
 	}
-	kp.setupMasquerading(tx)
-	kp.setupClusterIPs(tx)
-	kp.setupNoEndpoints(tx)
-	kp.setupLocalhostNodePorts(tx)
-	kp.setupDispatch(tx)
+	tx.setupMasquerading()
+	tx.setupClusterIPs()
+	tx.setupNoEndpoints()
+	tx.setupLocalhostNodePorts()
+	tx.setupDispatch()
 }
 
 // setupMasquerading: proxier.go 521-544.
-func (kp *kubeProxyNFT) setupMasquerading(tx *nftTx) {
-	tx.op(`add set %s hairpin-connections { type ipv4_addr . ipv4_addr . inet_proto . inet_service ; comment "service hairpin connections" ; }`, kpTable)
+func (tx *nftTx) setupMasquerading() {
+	a, ip := tx.f.addr, tx.f.nft
+	tx.op(`add set %s hairpin-connections { type %s . %s . inet_proto . inet_service ; comment "service hairpin connections" ; }`, tx.t, a, a)
 	tx.rule("masquerading", "mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random")
-	tx.rule("masquerading", "ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random")
+	tx.rule("masquerading", "ct status dnat "+ip+" saddr . "+ip+" daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random")
 }
 
 // setupClusterIPs: cluster-ips and cluster-ips-check, proxier.go 546-572.
-func (kp *kubeProxyNFT) setupClusterIPs(tx *nftTx) {
-	tx.op(`add set %s cluster-ips { type ipv4_addr ; comment "Active ClusterIPs" ; }`, kpTable)
-	tx.ruleComment("cluster-ips-check", "ip daddr @cluster-ips reject", "Reject traffic to invalid ports of ClusterIPs")
-	tx.ruleComment("cluster-ips-check", "ip daddr { "+kp.serviceCIDR+" } drop", "Drop traffic to unallocated ClusterIPs")
+func (tx *nftTx) setupClusterIPs() {
+	tx.op(`add set %s cluster-ips { type %s ; comment "Active ClusterIPs" ; }`, tx.t, tx.f.addr)
+	tx.ruleComment("cluster-ips-check", tx.f.nft+" daddr @cluster-ips reject", "Reject traffic to invalid ports of ClusterIPs")
+	if tx.f.serviceCIDR != "" {
+		tx.ruleComment("cluster-ips-check", tx.f.nft+" daddr { "+tx.f.serviceCIDR+" } drop", "Drop traffic to unallocated ClusterIPs")
+	}
 }
 
 // setupNoEndpoints: nodeport-ips and the no-endpoint maps, proxier.go
-// 574-657, with --nodeport-addresses=primary.
-func (kp *kubeProxyNFT) setupNoEndpoints(tx *nftTx) {
-	tx.op(`add set %s nodeport-ips { type ipv4_addr ; comment "IPs that accept NodePort traffic" ; }`, kpTable)
-	tx.op("flush set %s nodeport-ips", kpTable)
-	tx.op("add element %s nodeport-ips { %s }", kpTable, kp.n.ip)
-	tx.op(`add map %s no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }`, kpTable)
-	tx.op(`add map %s no-endpoint-nodeports { type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ; }`, kpTable)
-	tx.op(`add chain %s reject-chain { comment "helper for @no-endpoint-services / @no-endpoint-nodeports" ; }`, kpTable)
-	tx.op("flush chain %s reject-chain", kpTable)
+// 574-657.
+func (tx *nftTx) setupNoEndpoints() {
+	f := tx.f
+	tx.op(`add set %s nodeport-ips { type %s ; comment "IPs that accept NodePort traffic" ; }`, tx.t, f.addr)
+	if len(f.nodeIPs) == 0 {
+		tx.op("delete set %s nodeport-ips", tx.t)
+	} else {
+		tx.op("flush set %s nodeport-ips", tx.t)
+		for _, ip := range f.nodeIPs {
+			tx.op("add element %s nodeport-ips { %s }", tx.t, ip)
+		}
+	}
+	tx.op(`add map %s no-endpoint-services { type %s . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }`, tx.t, f.addr)
+	tx.op(`add map %s no-endpoint-nodeports { type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ; }`, tx.t)
+	tx.op(`add chain %s reject-chain { comment "helper for @no-endpoint-services / @no-endpoint-nodeports" ; }`, tx.t)
+	tx.op("flush chain %s reject-chain", tx.t)
 	tx.rule("reject-chain", "reject")
-	tx.rule("service-endpoints-check", "ip daddr . meta l4proto . th dport vmap @no-endpoint-services")
-	tx.rule("nodeport-endpoints-check", "ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports")
+	tx.rule("service-endpoints-check", f.nft+" daddr . meta l4proto . th dport vmap @no-endpoint-services")
+	tx.rule("nodeport-endpoints-check", tx.nodePortMatch()+" meta l4proto . th dport vmap @no-endpoint-nodeports")
+}
+
+// nodePortMatch is how the proxier matches a NodePort's address: in
+// @nodeport-ips, or (MatchAll) anything but localhost.
+func (tx *nftTx) nodePortMatch() string {
+	if len(tx.f.nodeIPs) == 0 {
+		return tx.f.notLocalhost
+	}
+	return tx.f.nft + " daddr @nodeport-ips"
 }
 
 // setupLocalhostNodePorts: with the feature off kube-proxy still adds and
 // deletes the map, chains and counters (proxier.go 659-705).
-func (kp *kubeProxyNFT) setupLocalhostNodePorts(tx *nftTx) {
-	tx.op(`add map %s localhost-nodeport-reject-ports { type inet_proto . inet_service : verdict ; comment "localhost NodePorts rejected by kube-proxy" ; }`, kpTable)
-	tx.op("delete map %s localhost-nodeport-reject-ports", kpTable)
+func (tx *nftTx) setupLocalhostNodePorts() {
+	tx.op(`add map %s localhost-nodeport-reject-ports { type inet_proto . inet_service : verdict ; comment "localhost NodePorts rejected by kube-proxy" ; }`, tx.t)
+	tx.op("delete map %s localhost-nodeport-reject-ports", tx.t)
 	for _, proto := range []string{"tcp", "udp", "sctp"} {
-		tx.op("add chain %s localhost-nodeport-reject-%s", kpTable, proto)
-		tx.op("delete chain %s localhost-nodeport-reject-%s", kpTable, proto)
-		tx.op("add counter %s localhost-nodeport-rejected-%s", kpTable, proto)
-		tx.op("delete counter %s localhost-nodeport-rejected-%s", kpTable, proto)
+		tx.op("add chain %s localhost-nodeport-reject-%s", tx.t, proto)
+		tx.op("delete chain %s localhost-nodeport-reject-%s", tx.t, proto)
+		tx.op("add counter %s localhost-nodeport-rejected-%s", tx.t, proto)
+		tx.op("delete counter %s localhost-nodeport-rejected-%s", tx.t, proto)
 	}
 }
 
 // setupDispatch: firewall-check and the services chain, proxier.go
-// 707-787 (masqueradeAll off, local traffic detected by cluster CIDR).
-func (kp *kubeProxyNFT) setupDispatch(tx *nftTx) {
-	tx.op(`add map %s firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "destinations that are subject to LoadBalancerSourceRanges" ; }`, kpTable)
+// 707-787 (masqueradeAll off).
+func (tx *nftTx) setupDispatch() {
+	f := tx.f
+	tx.op(`add map %s firewall-ips { type %s . inet_proto . inet_service : verdict ; comment "destinations that are subject to LoadBalancerSourceRanges" ; }`, tx.t, f.addr)
 	tx.ensureChain("firewall-check")
-	tx.rule("firewall-check", "ip daddr . meta l4proto . th dport vmap @firewall-ips")
-	tx.op(`add map %s service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }`, kpTable)
-	tx.op(`add map %s service-nodeports { type inet_proto . inet_service : verdict ; comment "NodePort traffic" ; }`, kpTable)
-	tx.ruleComment("services", "ip daddr @cluster-ips ip saddr != "+kp.clusterCIDR+" "+kpMasqueradeSet, "masquerade clusterIP traffic from outside cluster")
-	tx.rule("services", "ip daddr . meta l4proto . th dport vmap @service-ips")
-	tx.rule("services", "ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports")
+	tx.rule("firewall-check", f.nft+" daddr . meta l4proto . th dport vmap @firewall-ips")
+	tx.op(`add map %s service-ips { type %s . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }`, tx.t, f.addr)
+	tx.op(`add map %s service-nodeports { type inet_proto . inet_service : verdict ; comment "NodePort traffic" ; }`, tx.t)
+	if f.clusterCIDR != "" {
+		tx.ruleComment("services", f.nft+" daddr @cluster-ips "+f.nft+" saddr != "+f.clusterCIDR+" "+kpMasqueradeSet, "masquerade clusterIP traffic from outside cluster")
+	}
+	tx.rule("services", f.nft+" daddr . meta l4proto . th dport vmap @service-ips")
+	nodePorts := tx.nodePortMatch()
+	if len(f.nodeIPs) == 0 {
+		nodePorts = "fib daddr type local " + nodePorts
+	}
+	tx.rule("services", nodePorts+" meta l4proto . th dport vmap @service-nodeports")
 }
 
 // kpChainBase is servicePortChainNameBase (proxier.go 979-1006) with
@@ -296,7 +366,7 @@ func (kp *kubeProxyNFT) servicePort(tx *nftTx, s *service, p servicePort) {
 	// ones are a subset of them (internalTrafficPolicy stays Cluster).
 	for _, ep := range pp.cluster {
 		if ep.node == kp.n {
-			tx.op("add element %s hairpin-connections { %s . %s . %s . %d }", kpTable, ep.ip, ep.ip, p.Proto, p.TargetPort)
+			tx.op("add element %s hairpin-connections { %s . %s . %s . %d }", tx.t, ep.ip, ep.ip, p.Proto, p.TargetPort)
 		}
 	}
 	if pp.usesCluster {
@@ -325,18 +395,18 @@ func (kp *kubeProxyNFT) servicePort(tx *nftTx, s *service, p servicePort) {
 func (kp *kubeProxyNFT) elements(tx *nftTx, s *service, p servicePort, pp kpPortPolicy) {
 	comment := s.portName(p)
 	key := func(ip string) string { return fmt.Sprintf("%s . %s . %d", ip, p.Proto, p.Port) }
-	tx.op("add element %s cluster-ips { %s }", kpTable, s.clusterIP)
+	tx.op("add element %s cluster-ips { %s }", tx.t, s.clusterIP)
 	if pp.hasEndpoints {
-		tx.op("add element %s service-ips { %s : goto service-%s }", kpTable, key(s.clusterIP), pp.base)
+		tx.op("add element %s service-ips { %s : goto service-%s }", tx.t, key(s.clusterIP), pp.base)
 	} else {
-		tx.op("add element %s no-endpoint-services { %s comment %q : %s }", kpTable, key(s.clusterIP), comment, pp.internalVerdict)
+		tx.op("add element %s no-endpoint-services { %s comment %q : %s }", tx.t, key(s.clusterIP), comment, pp.internalVerdict)
 	}
 	if s.lbIP != "" {
 		if pp.hasEndpoints {
-			tx.op("add element %s service-ips { %s : goto external-%s }", kpTable, key(s.lbIP), pp.base)
+			tx.op("add element %s service-ips { %s : goto external-%s }", tx.t, key(s.lbIP), pp.base)
 		}
 		if !pp.hasExternal {
-			tx.op("add element %s no-endpoint-services { %s comment %q : %s }", kpTable, key(s.lbIP), comment, pp.extVerdict)
+			tx.op("add element %s no-endpoint-services { %s comment %q : %s }", tx.t, key(s.lbIP), comment, pp.extVerdict)
 		}
 	}
 	if p.NodePort == 0 {
@@ -344,10 +414,10 @@ func (kp *kubeProxyNFT) elements(tx *nftTx, s *service, p servicePort, pp kpPort
 	}
 	np := p.Proto + " . " + strconv.Itoa(p.NodePort)
 	if pp.hasEndpoints {
-		tx.op("add element %s service-nodeports { %s : goto external-%s }", kpTable, np, pp.base)
+		tx.op("add element %s service-nodeports { %s : goto external-%s }", tx.t, np, pp.base)
 	}
 	if !pp.hasExternal {
-		tx.op("add element %s no-endpoint-nodeports { %s comment %q : %s }", kpTable, np, comment, pp.extVerdict)
+		tx.op("add element %s no-endpoint-nodeports { %s comment %q : %s }", tx.t, np, comment, pp.extVerdict)
 	}
 }
 
@@ -357,7 +427,7 @@ func (kp *kubeProxyNFT) externalChain(tx *nftTx, s *service, pp kpPortPolicy) {
 	if !s.etpLocal {
 		tx.ruleComment(ext, kpMasqueradeSet, "masquerade")
 	} else {
-		tx.ruleComment(ext, "ip saddr "+kp.clusterCIDR+" goto "+svc, "short-circuit pod traffic")
+		tx.ruleComment(ext, tx.f.nft+" saddr "+tx.f.clusterCIDR+" goto "+svc, "short-circuit pod traffic")
 		tx.ruleComment(ext, "fib saddr type local "+kpMasqueradeSet, "masquerade local traffic")
 		tx.ruleComment(ext, "fib saddr type local goto "+svc, "short-circuit local traffic")
 	}
@@ -382,6 +452,6 @@ func (kp *kubeProxyNFT) endpointDNATs(tx *nftTx, chain string, p servicePort, ep
 	for i, ep := range eps {
 		elems = append(elems, fmt.Sprintf("%d : %s . %d", i, ep.ip, p.TargetPort))
 	}
-	tx.rule(chain, fmt.Sprintf("meta l4proto %s dnat ip addr . port to numgen random mod %d map { %s }",
-		p.Proto, len(eps), strings.Join(elems, " , ")))
+	tx.rule(chain, fmt.Sprintf("meta l4proto %s dnat %s addr . port to numgen random mod %d map { %s }",
+		p.Proto, tx.f.nft, len(eps), strings.Join(elems, " , ")))
 }

@@ -1,9 +1,13 @@
 package lab
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/tests/controlplane/kubeproxy"
 )
 
 // overallRules is what kube-proxy v1.37.2's own TestOverallNFTablesRules
@@ -101,19 +105,14 @@ func TestKubeProxyNFTMatchesKubeProxysOwnTest(t *testing.T) {
 	p80 := func(nodePort int) []servicePort {
 		return []servicePort{{Name: "p80", Proto: "tcp", Port: 80, TargetPort: 80, NodePort: nodePort}}
 	}
-	kp := &kubeProxyNFT{n: testNode, clusterCIDR: "10.0.0.0/8", serviceCIDR: "172.30.0.0/16", services: []*service{
+	kp := &kubeProxyNFT{n: testNode, v4: ipv4Proxier("192.168.0.2", "10.0.0.0/8", "172.30.0.0/16"), services: []*service{
 		{namespace: "ns1", name: "svc1", typ: "ClusterIP", clusterIP: "172.30.0.41", ports: p80(0), endpoints: []*pod{ep("10.180.0.1", testNode)}},
 		{namespace: "ns2", name: "svc2", typ: "LoadBalancer", clusterIP: "172.30.0.42", lbIP: "1.2.3.4", etpLocal: true,
 			ports: p80(3001), endpoints: []*pod{ep("10.180.0.2", otherNode)}},
 		{namespace: "ns3", name: "svc3", typ: "NodePort", clusterIP: "172.30.0.43", ports: p80(3003), endpoints: []*pod{ep("10.180.0.3", testNode)}},
 		{namespace: "ns6", name: "svc6", typ: "ClusterIP", clusterIP: "172.30.0.46", ports: p80(0)},
 	}}
-	tx := newTx()
-	kp.setup(tx)
-	for _, s := range kp.services {
-		kp.servicePort(tx, s, s.ports[0])
-	}
-	got, want := finalObjects(tx.b.String()), finalObjects(overallRules)
+	got, want := finalObjects(kp.syncTx(kp.v4, nil).b.String()), finalObjects(overallRules)
 	for _, w := range want {
 		if !slices.Contains(got, w) {
 			t.Errorf("missing: %s", w)
@@ -151,6 +150,69 @@ func TestKubeProxyChainHash(t *testing.T) {
 		s := &service{namespace: c.ns, name: c.name}
 		if got := kpChainBase(s, servicePort{Name: "p80", Proto: "tcp"}); got != c.want+"-"+c.ns+"/"+c.name+"/tcp/p80" {
 			t.Errorf("%s/%s: %s", c.ns, c.name, got)
+		}
+	}
+}
+
+// The lab's kube-proxy, given the Services tests/controlplane/kubeproxy
+// gave the real kube-proxy v1.37.2 (its fixtureServices, the "kubernetes"
+// Service, node 198.51.100.10, cluster CIDR 10.180.0.0/16, service CIDR
+// 172.30.0.0/16), leaves in a fresh namespace the ruleset the real one
+// left there: internal/nft/testdata/kube-proxy-v1.37.2.json, compared as
+// that harness compares it (kubeproxy.Canonical: handles, listing order
+// and element order aside, which follow the proxier's Go map order).
+func TestKubeProxyNFTMatchesRealKubeProxy(t *testing.T) {
+	requirePrivileged(t)
+	l, err := netlab.New(Prefix + "-kpwriter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ns, err := l.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	this, other := &node{name: "trkp-node", ns: ns, ip: "198.51.100.10"}, &node{name: "trkp-other-node"}
+	ep := func(ip string, n *node) *pod { return &pod{ip: ip, node: n} }
+	port := func(name, proto string, port, target int) []servicePort {
+		return []servicePort{{Name: name, Proto: proto, Port: port, TargetPort: target}}
+	}
+	svc7 := port("p80", "tcp", 80, 80)
+	svc7[0].NodePort = 30007
+	kp := &kubeProxyNFT{n: this, v4: ipv4Proxier(this.ip, "10.180.0.0/16", "172.30.0.0/16"), v6: ipv6Proxier(), services: []*service{
+		{namespace: "default", name: "kubernetes", typ: "ClusterIP", clusterIP: "172.30.0.1", ports: port("https", "tcp", 443, 6443), endpoints: []*pod{ep("192.0.2.1", nil)}},
+		{namespace: "ns4", name: "svc4", typ: "ClusterIP", clusterIP: "172.30.0.44", ports: port("p80", "tcp", 80, 80), endpoints: []*pod{ep("10.180.0.4", this), ep("10.180.0.5", this)}},
+		{namespace: "ns6", name: "svc6", typ: "ClusterIP", clusterIP: "172.30.0.46", ports: port("p80", "tcp", 80, 80)},
+		{namespace: "ns7", name: "svc7", typ: "NodePort", clusterIP: "172.30.0.47", etpLocal: true, ports: svc7, endpoints: []*pod{ep("10.180.1.7", other)}},
+		{namespace: "ns8", name: "svc8", typ: "ClusterIP", clusterIP: "172.30.0.48", ports: port("p53", "udp", 53, 53), endpoints: []*pod{ep("10.180.0.8", this)}},
+	}}
+	if err := kp.start(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := ns.Run("nft", "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := os.ReadFile("../nft/testdata/kube-proxy-v1.37.2.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := kubeproxy.Canonical([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := kubeproxy.Canonical(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("missing: %s", w)
+		}
+	}
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			t.Errorf("unexpected: %s", g)
 		}
 	}
 }

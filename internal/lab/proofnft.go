@@ -300,9 +300,13 @@ func (c *nftChain) rulesOrNil() []*nftRule {
 // foreign lists the rules outside kube-proxy's table whose text has word.
 func (pf *nftProof) foreign(word string) []*nftRule {
 	return pf.l.rules(func(r *nftRule) bool {
-		return r.chain.table != pf.kp && strings.Contains(" "+r.text+" ", " "+word+" ")
+		return r.chain.table != pf.kp && ipv4(r.chain.table) && strings.Contains(" "+r.text+" ", " "+word+" ")
 	})
 }
+
+// ipv4 says the table sees the lab's packets, all IPv4: ip and inet
+// tables do, ip6 ones (kube-proxy's IPv6 proxier's) never.
+func ipv4(t *nftTable) bool { return t.family == "ip" || t.family == "inet" }
 
 // clusterIPReject: the node sent an ICMP error for a ClusterIP's address.
 // kube-proxy's table rejects in two places: reject-chain, reached only
@@ -442,6 +446,6 @@ func (pf *nftProof) endpointsCheckFirst() bool {
 // with an ICMP error: every reject but a TCP reset.
 func (pf *nftProof) icmpRejects() []*nftRule {
 	return pf.l.rules(func(r *nftRule) bool {
-		return r.chain.table != pf.kp && strings.Contains(" "+r.text+" ", " reject ") && !strings.Contains(r.text, "reject with tcp reset")
+		return r.chain.table != pf.kp && ipv4(r.chain.table) && strings.Contains(" "+r.text+" ", " reject ") && !strings.Contains(r.text, "reject with tcp reset")
 	})
 }

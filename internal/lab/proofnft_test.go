@@ -8,8 +8,9 @@ import (
 )
 
 // nftListingSample is nft 1.0.6's `nft -a list ruleset` of a trimmed
-// kube-proxy table and a counting lab policy: elements wrapped over lines,
-// element comments with a comma, a chain comment, a counter.
+// kube-proxy table, its IPv6 proxier's reject (which no IPv4 packet meets)
+// and a counting lab policy: elements wrapped over lines, element comments
+// with a comma, a chain comment, a counter.
 const nftListingSample = `table ip kube-proxy { # handle 1
 	comment "rules for kube-proxy"
 	set cluster-ips { # handle 1
@@ -39,6 +40,12 @@ const nftListingSample = `table ip kube-proxy { # handle 1
 	chain reject-chain { # handle 5
 		comment "helper for @no-endpoint-services / @no-endpoint-nodeports"
 		reject # handle 8
+	}
+}
+table ip6 kube-proxy { # handle 4
+	chain reject-chain { # handle 42
+		comment "helper for @no-endpoint-services / @no-endpoint-nodeports"
+		reject # handle 43
 	}
 }
 table inet lab-policy { # handle 2
@@ -105,10 +112,12 @@ func TestCompareNFTRule(t *testing.T) {
 		t.Fatalf("the same rule differs: %v", w)
 	}
 	for name, bad := range map[string]func(*trace.Rule){
-		"handle":    func(r *trace.Rule) { r.Handle = 9 },
-		"family":    func(r *trace.Rule) { r.Family = "inet" },
-		"backend":   func(r *trace.Rule) { r.Backend = "" },
-		"comment":   func(r *trace.Rule) { r.Element = &trace.RuleElement{Map: "no-endpoint-services", Key: "10.96.0.70 . tcp . 80"} },
+		"handle":  func(r *trace.Rule) { r.Handle = 9 },
+		"family":  func(r *trace.Rule) { r.Family = "inet" },
+		"backend": func(r *trace.Rule) { r.Backend = "" },
+		"comment": func(r *trace.Rule) {
+			r.Element = &trace.RuleElement{Map: "no-endpoint-services", Key: "10.96.0.70 . tcp . 80"}
+		},
 		"element":   func(r *trace.Rule) { r.Element = nil },
 		"uncertain": func(r *trace.Rule) { r.Uncertain = "2 rules could have" },
 	} {
