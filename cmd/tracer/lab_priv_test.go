@@ -166,7 +166,25 @@ var brokenVariants = []brokenVariant{
 			return one(f)
 		},
 		anyResult(func(r lab.Result) bool {
-			return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Chain != "PREROUTING" && r.Proof.Rule.Chain != "OUTPUT"
+			return flowChecked(r) && r.Proof.Rule != nil && !r.Proof.Rule.BaseChain && r.Proof.Rule.Chain != "PREROUTING" && r.Proof.Rule.Chain != "OUTPUT"
+		})},
+	{"wrong-handle", "names the native rule after the deciding one (its handle plus one)",
+		func(f *trace.Flow) []*trace.Flow {
+			if f.Rule.NFTables() {
+				f.Rule.Handle++
+			}
+			return one(f)
+		},
+		anyResult(func(r lab.Result) bool { return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Backend == trace.BackendNFTables })},
+	{"no-element-comment", "loses the comment of the map element that led to the native rule",
+		func(f *trace.Flow) []*trace.Flow {
+			if f.Rule.NFTables() && f.Rule.Element != nil {
+				f.Rule.Element.Comment = ""
+			}
+			return one(f)
+		},
+		anyResult(func(r lab.Result) bool {
+			return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Element != nil && r.Proof.Rule.Element.Comment != ""
 		})},
 	{"wrong-pod", "names the source pod as the destination",
 		func(f *trace.Flow) []*trace.Flow { f.DstPod = f.SrcPod; return one(f) },

@@ -126,7 +126,11 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 		}
 		differ("rule table", r.Table, p.Rule.Table)
 		differ("rule chain", r.Chain, p.Rule.Chain)
-		differ("rule", r.Text, p.Rule.Text)
+		if p.Rule.Backend == backendNFT {
+			wrong = append(wrong, compareNFTRule(r, *p.Rule)...)
+		} else {
+			differ("rule", r.Text, p.Rule.Text)
+		}
 		mention("the rule's chain", p.Rule.Chain)
 	}
 	if p.Owner != "" {
@@ -163,11 +167,48 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 		need(hasEvent(f, trace.KindReset, trace.ResetByStack), "the node's stack reset (the node's Tcp OutRsts went up)")
 	case ReturnPath:
 		need(hasEvent(f, trace.KindReset, trace.ResetByStack), "the client's reset (its Tcp OutRsts went up)")
-	case FilterReject:
+	case FilterReject, ClusterIPReject, NoEndpointReject:
 		need(hasEvent(f, trace.KindReject, ""), "the ICMP error the node sent (its Icmp OutDestUnreachs went up)")
 	}
 	return wrong
 }
+
+// compareNFTRule compares a native rule beyond table and chain: backend,
+// family, handle (both read from the same namespace's `nft -a list
+// ruleset`), text and the map element that led to it.
+func compareNFTRule(r trace.Rule, want RuleHit) []string {
+	var wrong []string
+	differ := func(what, tracer, node string) {
+		if tracer != node {
+			wrong = append(wrong, fmt.Sprintf("%s: tracer %q, nft %q", what, tracer, node))
+		}
+	}
+	differ("rule backend", r.Backend, want.Backend)
+	differ("rule family", r.Family, want.Family)
+	differ("rule handle", fmt.Sprint(r.Handle), fmt.Sprint(want.Handle))
+	differ("rule", withoutCounts(r.Text), withoutCounts(want.Text))
+	var got, node ElementHit
+	if r.Element != nil {
+		got = ElementHit{Map: r.Element.Map, Key: r.Element.Key, Comment: r.Element.Comment}
+	}
+	if want.Element != nil {
+		node = *want.Element
+	}
+	differ("rule element map", got.Map, node.Map)
+	differ("rule element key", got.Key, node.Key)
+	differ("rule element comment", got.Comment, node.Comment)
+	if r.Uncertain != "" {
+		// The node's effects single the rule out: a doubt is a rule the
+		// tracer could not read.
+		wrong = append(wrong, "rule uncertain where the node shows one rule: "+r.Uncertain)
+	}
+	return wrong
+}
+
+// withoutCounts drops a counter's numbers: the tracer lists the ruleset
+// when it changes, the lab after each attempt, so a counting rule's text
+// differs by the packets counted in between.
+func withoutCounts(text string) string { return nftCounter.ReplaceAllString(text, "counter") }
 
 func compareIPVS(want *IPVSHit, f *trace.Flow) []string {
 	kind := trace.KindIPVS

@@ -46,10 +46,22 @@ type node struct {
 	ip      string // on the LAN
 	podCIDR string
 	kp      *kubeProxy
+	// kpNFT is kube-proxy in nftables mode, instead of kp.
+	kpNFT *kubeProxyNFT
+	// portmapNFT is the portmap release whose nftables backend writes the
+	// hostPorts ("v1.10.0", "v1.8.0"); "" runs Debian's portmap 1.1.1 with
+	// iptables.
+	portmapNFT string
+	// policyNFT: the lab's own network policy is a native table.
+	policyNFT bool
 	// portmapFirst reproduces portmap ≤ 0.7.4, which prepended its jump to
 	// CNI-HOSTPORT-DNAT ahead of kube-proxy's KUBE-SERVICES.
 	portmapFirst bool
 }
+
+// nftables says the node's kube-proxy, portmap or policy writes native
+// nftables tables: the lab proves what they did from `nft -a list ruleset`.
+func (n *node) nftables() bool { return n.kpNFT != nil || n.portmapNFT != "" || n.policyNFT }
 
 // host is a machine outside the cluster on the LAN.
 type host struct {
@@ -181,15 +193,7 @@ func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Bu
 	if err != nil {
 		return nil, err
 	}
-	mode := "no kube-proxy"
-	for _, n := range c.nodes {
-		if n.kp != nil {
-			mode = "ipvs"
-			if !n.kp.ipvs {
-				mode = "iptables stand-in for IPVS"
-			}
-		}
-	}
+	mode := c.mode()
 	return &Built{
 		Node:         n.ns,
 		Observe:      append([]netlab.Namespace{n.ns}, extra...),
@@ -200,6 +204,28 @@ func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Bu
 		Close:        c.close,
 		cluster:      c,
 	}, nil
+}
+
+// mode says how kube-proxy's service handling ran, and with nftables
+// which portmap backend wrote the hostPorts.
+func (c *cluster) mode() string {
+	mode := "no kube-proxy"
+	for _, n := range c.nodes {
+		switch {
+		case n.kp != nil && n.kp.ipvs:
+			mode = "ipvs"
+		case n.kp != nil:
+			mode = "iptables stand-in for IPVS"
+		case n.kpNFT != nil:
+			mode = "nftables (kube-proxy v1.37.2)"
+		}
+	}
+	for _, n := range c.nodes {
+		if n.portmapNFT != "" {
+			return mode + ", portmap " + n.portmapNFT + " nftables backend"
+		}
+	}
+	return mode
 }
 
 func randomHex(n int) string {

@@ -22,6 +22,7 @@ type containerPort struct {
 	Proto    string // tcp or udp
 	Port     int
 	HostPort int
+	HostIP   string // the hostPort only on this node address
 }
 
 // pod is a Kubernetes pod: its own namespace wired by the CNI plugins, or
@@ -68,10 +69,15 @@ func (c *cluster) addPod(n *node, namespace, name string, ports ...containerPort
 	if p.ip, err = sandboxIP(result); err != nil {
 		return nil, fmt.Errorf("pod %s: %w", name, err)
 	}
-	if len(p.hostPorts()) > 0 {
-		if err := c.portmapAdd(n, p, result); err != nil {
-			return nil, err
-		}
+	switch {
+	case len(p.hostPorts()) == 0:
+	case n.portmapNFT != "":
+		err = c.portmapNFTAdd(n, p)
+	default:
+		err = c.portmapAdd(n, p, result)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if err := c.serve(ns, name, ports); err != nil {
 		return nil, err

@@ -487,10 +487,14 @@ func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) er
 func (c *cluster) addService(s *service) error {
 	s.uid = newUID()
 	for _, n := range c.nodes {
-		if n.kp == nil {
-			continue
+		var err error
+		switch {
+		case n.kp != nil:
+			err = n.kp.addService(s)
+		case n.kpNFT != nil:
+			err = n.kpNFT.addService(s)
 		}
-		if err := n.kp.addService(s); err != nil {
+		if err != nil {
 			return err
 		}
 	}

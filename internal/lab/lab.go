@@ -3,7 +3,10 @@
 // made by the real CNI plugins (bridge, host-local, portmap), kube-proxy's
 // IPVS-mode state (kube-ipvs0, ipsets, iptables, IPVS virtual servers where
 // the kernel has IPVS), Go servers in the pods that answer with the pod's
-// name, and Go clients that report what they really saw.
+// name, and Go clients that report what they really saw. The nft-*
+// scenarios run the same incidents on nftables nodes: kube-proxy v1.37.2's
+// nftables mode and portmap v1.10.0's or v1.8.0's nftables backend, whose
+// tables the lab writes in exactly the shape those programs write.
 //
 // Around every attempt the lab reads what the node did with the node's own
 // tools (rule counters, IPVS's connection table, the conntrack tool, SNMP
@@ -51,6 +54,20 @@ const (
 // by the named pod.
 func Connected(pod string) string { return "connected to " + pod }
 
+// connectedToOneOf is the outcome of an attempt any of pods may answer,
+// until one has.
+func connectedToOneOf(pods []string) string { return "connected to one of " + strings.Join(pods, ", ") }
+
+// narrow settles an OneOf attempt's outcome on the pod that answered, if
+// it is one of them.
+func (e *Expectation) narrow() {
+	for _, p := range e.OneOf {
+		if e.Saw == Connected(p) {
+			e.Outcome = e.Saw
+		}
+	}
+}
+
 // Scenario is one incident rebuilt in namespaces.
 type Scenario struct {
 	Name  string // stable identifier, e.g. "hostport-hijack-clusterip"
@@ -60,7 +77,10 @@ type Scenario struct {
 	NeedsIPVS bool
 	// NoIPVS says how the scenario degrades on a kernel without IPVS.
 	NoIPVS string
-	Build  func(ctx context.Context, env *Env) (*Built, error)
+	// Healthy: the scenario has no incident, only traffic the tracer must
+	// call ok (it shows that a healthy path raises no alarm).
+	Healthy bool
+	Build   func(ctx context.Context, env *Env) (*Built, error)
 }
 
 // Built is a scenario standing in its namespaces.
@@ -73,7 +93,9 @@ type Built struct {
 	MetadataJSON []byte
 	NodeName     string
 	// Mode says how kube-proxy's service handling ran: "ipvs", "iptables
-	// stand-in for IPVS" (kernel without IPVS), or "no kube-proxy".
+	// stand-in for IPVS" (kernel without IPVS), "nftables (kube-proxy
+	// v1.37.2)" or "no kube-proxy", and which portmap nftables backend
+	// wrote the hostPorts when one did.
 	Mode string
 	// Traffic makes the scenario's traffic and proves what the node did
 	// with each attempt; call it once tracing is attached.
@@ -92,9 +114,12 @@ type Expectation struct {
 	Src     string `json:"src"`   // as the client sent it: "IP:PORT" (ICMP: "IP")
 	Dst     string `json:"dst"`
 	Verdict string `json:"verdict"`
-	Outcome string `json:"outcome"`        // what the client should see if the incident is reproduced
-	Saw     string `json:"saw"`            // what the client really saw
-	Note    string `json:"note,omitempty"` // one line: why this outcome
+	Outcome string `json:"outcome"` // what the client should see if the incident is reproduced
+	// OneOf are the pods any of which may answer (a Service whose kube-proxy
+	// picks an endpoint at random): Outcome becomes the one that did.
+	OneOf []string `json:"one_of,omitempty"`
+	Saw   string   `json:"saw"`            // what the client really saw
+	Note  string   `json:"note,omitempty"` // one line: why this outcome
 	// Mechanism is how the node must have handled the attempt.
 	Mechanism Mechanism `json:"mechanism"`
 	Proof     Proof     `json:"proof"`

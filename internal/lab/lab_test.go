@@ -249,7 +249,7 @@ func testScenario(t *testing.T, e *Env, s Scenario) {
 	if err != nil {
 		t.Fatalf("traffic: %v", err)
 	}
-	checkExpectations(t, exps)
+	checkExpectations(t, exps, s.Healthy)
 
 	closed = true
 	if err := b.Close(); err != nil {
@@ -407,6 +407,10 @@ func checkPortmapRules(t *testing.T, b *Built) {
 		if len(hps) == 0 {
 			continue
 		}
+		if p.node.portmapNFT != "" {
+			checkPortmapNFTRules(t, p)
+			continue
+		}
 		out, err := p.node.ns.Run("iptables-save", "-t", "nat")
 		if err != nil {
 			t.Fatalf("iptables-save on %s: %v", p.node.name, err)
@@ -423,6 +427,22 @@ func checkPortmapRules(t *testing.T, b *Built) {
 		}
 		if p.node.portmapFirst && !firstRule(out, "PREROUTING", "-j CNI-HOSTPORT-DNAT") {
 			t.Errorf("node %s: portmap's jump is not first in PREROUTING", p.node.name)
+		}
+	}
+}
+
+// checkPortmapNFTRules finds, for a hostPort pod on a node with portmap's
+// nftables backend, its DNAT commented with its sandbox id in cni_hostport.
+func checkPortmapNFTRules(t *testing.T, p *pod) {
+	t.Helper()
+	out, err := p.node.ns.Run("nft", "list", "table", "ip", "cni_hostport")
+	if err != nil {
+		t.Fatalf("nft list table ip cni_hostport on %s: %v", p.node.name, err)
+	}
+	for _, hp := range p.hostPorts() {
+		dnat := fmt.Sprintf("%s dport %d dnat to %s:%d comment %q", hp.Proto, hp.HostPort, p.ip, hp.Port, p.sandboxID)
+		if !hasLine(out, dnat) {
+			t.Errorf("pod %s: cni_hostport has no %q in:\n%s", p.name, dnat, out)
 		}
 	}
 }
@@ -452,7 +472,7 @@ func firstRule(out, chain, want string) bool {
 // checkExpectations insists every attempt really happened as its scenario
 // claims: the client saw the outcome and the node's own counters and tables
 // (Proof) show the mechanism.
-func checkExpectations(t *testing.T, exps []Expectation) {
+func checkExpectations(t *testing.T, exps []Expectation, healthy bool) {
 	t.Helper()
 	var baseline, incident int
 	for _, e := range exps {
@@ -469,7 +489,10 @@ func checkExpectations(t *testing.T, exps []Expectation) {
 			incident++
 		}
 	}
-	if baseline == 0 || incident == 0 {
+	switch {
+	case healthy && incident > 0:
+		t.Errorf("a healthy scenario has %d incident attempts", incident)
+	case baseline == 0 || incident == 0 && !healthy:
 		t.Errorf("want incident and baseline traffic, have %d and %d", incident, baseline)
 	}
 }

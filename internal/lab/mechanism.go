@@ -37,6 +37,17 @@ const (
 	// ReturnPath: kube-proxy DNAT'd it without SNAT, conntrack never saw a
 	// reply, and the client reset the reply it did not expect.
 	ReturnPath Mechanism = "return-path"
+	// ClusterIPReject and ClusterIPDrop: kube-proxy nftables mode's
+	// cluster-ips-check rejected a ClusterIP's port no Service has, or
+	// dropped an address of the service CIDR no Service has.
+	ClusterIPReject Mechanism = "cluster-ips-check-reject"
+	ClusterIPDrop   Mechanism = "cluster-ips-check-drop"
+	// NoEndpointReject and NoEndpointDrop: an element of kube-proxy
+	// nftables mode's no-endpoint-services or no-endpoint-nodeports sent
+	// it to reject-chain (no endpoint) or dropped it (Local policy, no
+	// local endpoint).
+	NoEndpointReject Mechanism = "no-endpoint-reject"
+	NoEndpointDrop   Mechanism = "no-endpoint-drop"
 )
 
 // prove fills e.Proof from the counters around the attempt and the node's
@@ -63,6 +74,10 @@ func (c *cluster) prove(e *Expectation, before, after counters, ct *CTEntry) {
 	}
 	if p.DstPod == "" {
 		p.DstPod = c.podAt(hostOf(e.Dst))
+	}
+	if after.nft != nil {
+		e.Unproven = c.proveNFT(e, before, after)
+		return
 	}
 	var missing []string
 	need := func(ok bool, what string, args ...any) {

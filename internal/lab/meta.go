@@ -46,6 +46,9 @@ func podObject(p *pod) obj {
 		if cp.HostPort > 0 {
 			port["hostPort"] = cp.HostPort
 		}
+		if cp.HostIP != "" {
+			port["hostIP"] = cp.HostIP
+		}
 		if p.hostNetwork {
 			// The API server defaults hostPort to containerPort for hostNetwork pods.
 			port["hostPort"] = cp.Port

@@ -41,13 +41,38 @@ type Proof struct {
 	ClientResets int64 `json:"client_resets,omitempty"`
 }
 
-// RuleHit is a rule of the node as iptables-save prints it.
+// RuleHit is a rule of the node as iptables-save prints it, or a native
+// nftables rule as `nft -a list ruleset` prints it.
 type RuleHit struct {
-	Table   string `json:"table"`
-	Chain   string `json:"chain"`
-	Text    string `json:"text"`
-	Packets uint64 `json:"packets"` // counted during the attempt
+	// Backend is "nftables" for a native rule; Family and Handle identify
+	// it, Element is the map element that sent the packet to it (or whose
+	// verdict it applied).
+	Backend string      `json:"backend,omitempty"`
+	Family  string      `json:"family,omitempty"`
+	Table   string      `json:"table"`
+	Chain   string      `json:"chain"`
+	Handle  uint64      `json:"handle,omitempty"`
+	Text    string      `json:"text"`
+	Element *ElementHit `json:"element,omitempty"`
+	// Packets the rule's counter counted during the attempt; a native
+	// rule has a counter only where its program writes one.
+	Packets uint64 `json:"packets,omitempty"`
+	// BaseChain: the rule is in a chain netfilter runs itself (nftables)
+	// rather than one jumped to.
+	BaseChain bool `json:"base_chain,omitempty"`
+	// ProvenBy says how the node's effects single this rule out when no
+	// counter of it could.
+	ProvenBy string `json:"proven_by,omitempty"`
 }
+
+// ElementHit is a verdict map element as nft lists it.
+type ElementHit struct {
+	Map     string `json:"map"`
+	Key     string `json:"key"`
+	Comment string `json:"comment,omitempty"`
+}
+
+const backendNFT = "nftables"
 
 // IPVSHit is a virtual server and the real server it chose.
 type IPVSHit struct {
@@ -78,15 +103,18 @@ type counters struct {
 	ipvsConns    []ipvsConn
 	snmp         map[string]int64 // "Tcp:OutRsts", "Icmp:OutDestUnreachs"
 	clientResets int64
+	// nft is the node's native ruleset, on a node whose kube-proxy or
+	// portmap writes nftables.
+	nft *nftListing
 }
 
 type ruleKey struct{ table, text string }
 
 var proofTables = []string{"nat", "filter"}
 
-// readCounters reads the rule and SNMP counters, and with ipvs IPVS's
-// virtual servers and connection table.
-func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
+// readCounters reads the rule and SNMP counters, with ipvs IPVS's
+// virtual servers and connection table, and with nft the native ruleset.
+func readCounters(node, client netlab.Namespace, ipvs, nft bool) (counters, error) {
 	c := counters{rules: map[ruleKey]uint64{}}
 	for _, table := range proofTables {
 		out, err := node.Run("iptables-save", "-c", "-t", table)
@@ -107,6 +135,15 @@ func readCounters(node, client netlab.Namespace, ipvs bool) (counters, error) {
 			return c, fmt.Errorf("list ipvs connections: %w", err)
 		}
 		c.ipvsConns = parseIPVSConns(out)
+	}
+	if nft {
+		out, err := node.Run("nft", "-a", "list", "ruleset")
+		if err != nil {
+			return c, fmt.Errorf("list nftables ruleset: %w", err)
+		}
+		if c.nft, err = parseNFTListing(out); err != nil {
+			return c, err
+		}
 	}
 	var err error
 	if c.snmp, err = node.SNMP(); err != nil {

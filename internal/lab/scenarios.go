@@ -19,6 +19,10 @@ func Scenarios() []Scenario {
 }
 
 func scenarios() []Scenario {
+	return append(iptablesScenarios(), nftScenarios()...)
+}
+
+func iptablesScenarios() []Scenario {
 	return []Scenario{
 		{
 			Name:  "hostport-hijack-clusterip",

@@ -54,13 +54,14 @@ func (h *host) addr() string            { return h.ip }
 func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectation, error) {
 	var out []Expectation
 	ipvs := n.kp != nil && n.kp.ipvs
+	nft := n.nftables()
 	for _, a := range atts {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
 		// IPVS's tables are only read after: the attempt's own connection
 		// is found by its source port, not by a difference.
-		before, err := readCounters(n.ns, a.from, false)
+		before, err := readCounters(n.ns, a.from, false, nft)
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
@@ -80,7 +81,8 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
-		after, err := readCounters(n.ns, a.from, ipvs)
+		e.narrow()
+		after, err := readCounters(n.ns, a.from, ipvs, nft)
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
