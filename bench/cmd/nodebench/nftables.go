@@ -109,7 +109,11 @@ func (r *report) nftMarkdown(p printer) {
 	}
 	p("| what | time | B/op | allocs/op |\n|---|---|---|---|\n")
 	for _, b := range n.benches {
-		p("| %s | %s | %.0f | %.0f |\n", benchLabel(b.Name), time.Duration(b.NsOp), b.BytesOp, b.Allocs)
+		mem := "| – | –"
+		if b.BytesOp > 0 || b.Allocs > 0 {
+			mem = fmt.Sprintf("| %.0f | %.0f", b.BytesOp, b.Allocs)
+		}
+		p("| %s | %s %s |\n", benchLabel(b.Name), time.Duration(b.NsOp), mem)
 	}
 	p("| `nft -f` of the table (load, once) | %s | | |\n", n.load.Round(time.Millisecond))
 	p("| `nft -j list ruleset` (median of 3, %.1f MB) | %s | | |\n", float64(n.jsonBytes)/1e6, n.listJSON.Round(time.Millisecond))

@@ -61,6 +61,7 @@ func BenchmarkNFTGeneration(b *testing.B) {
 	if os.Geteuid() != 0 || !moduleReady("nf_tables") {
 		b.Skip("needs root and nf_tables loaded")
 	}
+	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := nftGeneration(0); err != nil {
 			b.Fatal(err)
