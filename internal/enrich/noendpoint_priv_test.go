@@ -14,6 +14,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live/livetest"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -136,23 +137,23 @@ var attempts = []attempt{
 // as they leave the node, is run too where the kernel has it.
 func TestPrivServiceNoEndpoint(t *testing.T) {
 	requirePrivileged(t, "iptables-restore", "iptables-save")
-	for _, tier := range tiers {
-		t.Run(tier.name, func(t *testing.T) {
-			tier.skipWithoutLinks(t)
+	for _, tier := range livetest.Tiers {
+		t.Run(tier.Name, func(t *testing.T) {
+			tier.SkipWithoutLinks(t)
 			k := newKubeProxyNode(t)
-			tr := startTracing(t, k.n, tier.only, kubeProxyMetadata())
-			if v := tr.via(event.HookICMPSend); tier.only != nil && v != event.ViaNetfilter {
+			tr := livetest.Start(t, k.n, livetest.Config{Only: tier.Only, Metadata: kubeProxyMetadata()})
+			if v := tr.Via(event.HookICMPSend); tier.Only != nil && v != event.ViaNetfilter {
 				t.Skipf("icmp_send cannot attach via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
 			}
 			srcs := map[string]string{} // attempt name -> the client's endpoint
 			for _, a := range attempts {
-				if a.needsDrops && (tr.via(event.HookKfreeSkb) == event.ViaNone || !tr.p.Plan().DropReasons()) {
-					t.Logf("%s: not tried, kfree_skb gives no drop reason here (tier %s)", a.name, tier.name)
+				if a.needsDrops && (tr.Via(event.HookKfreeSkb) == event.ViaNone || !tr.P.Plan().DropReasons()) {
+					t.Logf("%s: not tried, kfree_skb gives no drop reason here (tier %s)", a.name, tier.Name)
 					continue
 				}
 				srcs[a.name] = connect(t, k, a)
 			}
-			tr.stop(t)
+			tr.Stop(t)
 			for _, a := range attempts {
 				if src, ok := srcs[a.name]; ok {
 					checkFlow(t, k, tr, a, src)
@@ -185,13 +186,13 @@ func connect(t *testing.T, k *kubeProxyNode, a attempt) string {
 	return local
 }
 
-func checkFlow(t *testing.T, k *kubeProxyNode, tr *tracing, a attempt, src string) {
+func checkFlow(t *testing.T, k *kubeProxyNode, tr *livetest.Tracing, a attempt, src string) {
 	t.Helper()
-	f := tr.flowOf(t, src, a.dst)
+	f := tr.FlowOf(t, "", src, a.dst)
 	if f == nil {
 		return
 	}
-	t.Logf("%s: events %s; %s", a.name, eventList(f.Events), f.Explanation)
+	t.Logf("%s: events %s; %s", a.name, livetest.EventList(f.Events), f.Explanation)
 	text, _ := savedRule(t, k.n, a.comment, a.match)
 	if f.Verdict != trace.VerdictServiceNoEndpoint {
 		t.Errorf("%s: verdict %s, want %s: %s", a.name, f.Verdict, trace.VerdictServiceNoEndpoint, f.Explanation)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live/livetest"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/tests/cni"
@@ -96,9 +97,9 @@ func TestPrivPortmapNFTHijack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, tier := range tiers {
-				t.Run(tier.name, func(t *testing.T) {
-					tier.skipWithoutLinks(t)
+			for _, tier := range livetest.Tiers {
+				t.Run(tier.Name, func(t *testing.T) {
+					tier.SkipWithoutLinks(t)
 					testPortmapNFT(t, bin, shape.path, shape.localOnly, tier)
 				})
 			}
@@ -113,13 +114,13 @@ func TestPrivPortmapNFTHijack(t *testing.T) {
 	}
 }
 
-func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tier tier) {
+func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tier livetest.Tier) {
 	c, n := newPortmapNode(t, bin)
 	rule := hostPortRule(t, n)
 	t.Logf("portmap's rule: chain %s handle %d: %s", rule.chain, rule.handle, rule.text)
 
-	tr := startTracing(t, n, tier.only, portmapMetadata())
-	if v := tr.via(event.HookNFNat); tier.only != nil && v != event.ViaNetfilter {
+	tr := livetest.Start(t, n, livetest.Config{Only: tier.Only, Metadata: portmapMetadata()})
+	if v := tr.Via(event.HookNFNat); tier.Only != nil && v != event.ViaNetfilter {
 		t.Skipf("NAT cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
 	}
 	srcs := map[string]string{} // attempt name -> the client's endpoint
@@ -148,7 +149,7 @@ func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tie
 		}
 		t.Logf("%s: %s → %s:%d read %q; the node's conntrack has the reply from %s", a.name, src, a.dst, hpPort, answer, reply)
 	}
-	tr.stop(t)
+	tr.Stop(t)
 
 	for _, a := range hpAttempts {
 		src, ok := srcs[a.name]
@@ -162,10 +163,10 @@ func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tie
 		}
 		// The locality check kept the hostPort out of it: the tracer may
 		// report the forwarded connection, but not as the hostPort's.
-		fs := tr.flowsOf(src, dst)
-		t.Logf("%s: not the hostPort's; the tracer reported %d flows: %s", a.name, len(fs), flowList(fs))
+		fs := tr.FlowsOf("", src, dst)
+		t.Logf("%s: not the hostPort's; the tracer reported %d flows: %s", a.name, len(fs), livetest.FlowList(fs))
 		if len(fs) > 1 {
-			t.Errorf("%s: %d flows for %s → %s, want at most one: %s", a.name, len(fs), src, dst, flowList(fs))
+			t.Errorf("%s: %d flows for %s → %s, want at most one: %s", a.name, len(fs), src, dst, livetest.FlowList(fs))
 		}
 		for _, f := range fs {
 			if f.Verdict != trace.VerdictOK || (f.Rule != nil && f.Rule.Table == hpTable) {
@@ -174,7 +175,7 @@ func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tie
 		}
 	}
 	// No false alarm: nothing else happened in the node.
-	for _, f := range tr.all() {
+	for _, f := range tr.All() {
 		if f.Verdict != trace.VerdictOK && f.Verdict != trace.VerdictHostportHijack {
 			t.Errorf("flow %s %s → %s: verdict %s: %s", f.Proto, f.Orig.Src, f.Orig.Dst, f.Verdict, f.Explanation)
 		}
@@ -182,13 +183,13 @@ func testPortmapNFT(t *testing.T, bin string, path []string, localOnly bool, tie
 }
 
 // checkPortmapFlow checks the one flow of a connection the hostPort took.
-func checkPortmapFlow(t *testing.T, tr *tracing, a hpAttempt, src, dst string, want nftRule, path []string) {
+func checkPortmapFlow(t *testing.T, tr *livetest.Tracing, a hpAttempt, src, dst string, want nftRule, path []string) {
 	t.Helper()
-	f := tr.flowOf(t, src, dst)
+	f := tr.FlowOf(t, "", src, dst)
 	if f == nil {
 		return
 	}
-	t.Logf("%s: events %s; %s", a.name, eventList(f.Events), f.Explanation)
+	t.Logf("%s: events %s; %s", a.name, livetest.EventList(f.Events), f.Explanation)
 	r := f.Rule
 	if r == nil || r.Backend != trace.BackendNFTables || r.Family != "ip" || r.Table != hpTable ||
 		r.Chain != want.chain || r.Handle != want.handle || r.Text != want.text || r.EntryChain != "prerouting" ||
@@ -215,7 +216,7 @@ func checkPortmapFlow(t *testing.T, tr *tracing, a hpAttempt, src, dst string, w
 		}
 	}
 	if !slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindDNAT }) {
-		t.Errorf("%s: no dnat event in %s", a.name, eventList(f.Events))
+		t.Errorf("%s: no dnat event in %s", a.name, livetest.EventList(f.Events))
 	}
 }
 

@@ -246,8 +246,14 @@ func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
 }
 
 func buildHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "hostnetwork-vs-hostport", func(c *cluster) (*Built, error) {
-		n1, _, err := c.twoNodes(false)
+	return hostNetworkVsHostPort(ctx, env, "hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) { return c.twoNodes(false) })
+}
+
+// hostNetworkVsHostPort is seed 002 on nodes made by twoNodes: the same
+// pods and traffic whichever rule source portmap writes to.
+func hostNetworkVsHostPort(ctx context.Context, env *Env, name string, twoNodes func(c *cluster) (*node, *node, error)) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		n1, _, err := twoNodes(c)
 		if err != nil {
 			return nil, err
 		}

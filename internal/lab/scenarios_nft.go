@@ -260,33 +260,8 @@ func buildNFTHostportNodePort(ctx context.Context, env *Env, restart bool) (*Bui
 }
 
 func buildNFTHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-hostnetwork-vs-hostport", func(c *cluster) (*Built, error) {
-		n1, _, err := c.twoNodesNFT(false, PortmapV1100)
-		if err != nil {
-			return nil, err
-		}
-		outside, err := c.addOutside("outside", outsideIP, node1IP)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := c.addHostNetworkPod(n1, "ingress", "ingress-agent", tcpPort("http", 80, 0), tcpPort("metrics", 9100, 0)); err != nil {
-			return nil, err
-		}
-		webHP, err := c.addPod(n1, "shop", "web-hp", tcpPort("http", 8080, 80))
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n1, "shop", "client")
-		if err != nil {
-			return nil, err
-		}
-		return c.built(n1, []attempt{
-			tcp(outside, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
-				Note: "the hostNetwork listener on :80 is bypassed"}),
-			tcp(client, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
-				Note: "from a pod too"}),
-			tcp(outside, node1IP+":9100", NoDecision, Expectation{Outcome: Connected("ingress-agent")}),
-		})
+	return hostNetworkVsHostPort(ctx, env, "nft-hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) {
+		return c.twoNodesNFT(false, PortmapV1100)
 	})
 }
 

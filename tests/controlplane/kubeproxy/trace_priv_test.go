@@ -29,6 +29,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/live/livetest"
 	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -94,7 +95,7 @@ type traceCluster struct {
 	kp     *KubeProxy
 	node   netlab.Namespace
 	client netlab.Namespace
-	md     metadataSource
+	md     livetest.Config
 
 	listing string
 	rules   []nftRule
@@ -131,9 +132,9 @@ func TestPrivTraceKubeProxyNFT(t *testing.T) {
 	t.Logf("cluster, kube-proxy rules and metadata ready in %s", time.Since(t0).Round(time.Millisecond))
 	t.Logf("web/echo tcp: chain %s handle %d: %s", c.echoDNAT.chain, c.echoDNAT.handle, c.echoDNAT.text)
 	t.Logf("web/echo udp: chain %s handle %d: %s", c.dnsDNAT.chain, c.dnsDNAT.handle, c.dnsDNAT.text)
-	for _, tier := range tiers {
-		t.Run(tier.name, func(t *testing.T) {
-			tier.skipWithoutLinks(t)
+	for _, tier := range livetest.Tiers {
+		t.Run(tier.Name, func(t *testing.T) {
+			tier.SkipWithoutLinks(t)
 			testTraceTier(t, c, tier)
 		})
 	}
@@ -154,17 +155,17 @@ type attemptResult struct {
 	answer string // the server that answered (its pod's ns/name)
 }
 
-func testTraceTier(t *testing.T, c *traceCluster, tier tier) {
-	tr := startTracing(t, c.node, DefaultNodeName, tier.only, c.md)
-	if tier.only != nil {
-		if v := tr.via(event.HookNFNat); v != event.ViaNetfilter {
+func testTraceTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
+	tr := livetest.Start(t, c.node, c.traceConfig(tier.Only))
+	if tier.Only != nil {
+		if v := tr.Via(event.HookNFNat); v != event.ViaNetfilter {
 			t.Skipf("NAT cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
 		}
-		if v := tr.via(event.HookICMPSend); v != event.ViaNetfilter {
+		if v := tr.Via(event.HookICMPSend); v != event.ViaNetfilter {
 			t.Skipf("icmp_send cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
 		}
 	}
-	for _, hp := range tr.p.Plan() {
+	for _, hp := range tr.P.Plan() {
 		t.Logf("hook %s via %s", hp.Hook, hp.Via)
 	}
 
@@ -203,7 +204,7 @@ func testTraceTier(t *testing.T, c *traceCluster, tier tier) {
 
 	// (3) ping to the ClusterIP: cluster-ips-check rejects it.
 	before := icmpDestUnreachs(t, c.client)
-	typ, code, err := pingOnce(c.client, e2eClientIP, echoIP, uint16(40000+len(tier.name)))
+	typ, code, err := pingOnce(c.client, e2eClientIP, echoIP, uint16(40000+len(tier.Name)))
 	if err != nil {
 		t.Errorf("ping %s: %v", echoIP, err)
 	} else if typ != 3 || code != 3 {
@@ -231,7 +232,7 @@ func testTraceTier(t *testing.T, c *traceCluster, tier tier) {
 	}
 	wrong := refused("wrong port", net.JoinHostPort(echoIP, strconv.Itoa(wrongPort)))
 	noEP := refused("no endpoint", net.JoinHostPort(emptyIP, strconv.Itoa(echoPort)))
-	tr.stop(t)
+	tr.Stop(t)
 
 	// The tracer's flows.
 	for _, a := range ok["clusterip"] {
@@ -260,12 +261,12 @@ func testTraceTier(t *testing.T, c *traceCluster, tier tier) {
 	for _, a := range []attemptResult{ping, wrong, noEP} {
 		expected[a.proto+" "+a.src+" "+a.dst] = true
 	}
-	for _, f := range tr.all() {
+	for _, f := range tr.All() {
 		if f.Verdict != trace.VerdictOK && !expected[f.Proto+" "+f.Orig.Src+" "+f.Orig.Dst] {
 			t.Errorf("false alarm: flow %s %s → %s: verdict %s: %s", f.Proto, f.Orig.Src, f.Orig.Dst, f.Verdict, f.Explanation)
 		}
 	}
-	t.Logf("%d flows in all", len(tr.all()))
+	t.Logf("%d flows in all", len(tr.All()))
 }
 
 // checkReply checks the node's truth for a connection the client got an
@@ -288,13 +289,13 @@ func (c *traceCluster) checkReply(t *testing.T, what, proto, src, dst, answer st
 // checkServiceFlow checks the one flow of a connection a Service's DNAT
 // took: ok, the Service chain's DNAT rule, the map element that led there,
 // and the endpoint that answered named as the destination pod.
-func (c *traceCluster) checkServiceFlow(t *testing.T, tr *tracing, a attemptResult, rule nftRule, elemMap, elemKey string, via []string, target int) {
+func (c *traceCluster) checkServiceFlow(t *testing.T, tr *livetest.Tracing, a attemptResult, rule nftRule, elemMap, elemKey string, via []string, target int) {
 	t.Helper()
-	f := tr.flowOf(t, a.proto, a.src, a.dst)
+	f := tr.FlowOf(t, a.proto, a.src, a.dst)
 	if f == nil {
 		return
 	}
-	t.Logf("%s %s: events %s; %s", a.what, a.src, eventList(f.Events), f.Explanation)
+	t.Logf("%s %s: events %s; %s", a.what, a.src, livetest.EventList(f.Events), f.Explanation)
 	r := f.Rule
 	if r == nil || !r.NFTables() || r.Family != "ip" || r.Table != "kube-proxy" || r.Chain != rule.chain ||
 		r.Handle != rule.handle || r.Text != rule.text || r.EntryChain != "nat-prerouting" || r.Uncertain != "" ||
@@ -326,20 +327,20 @@ func (c *traceCluster) checkServiceFlow(t *testing.T, tr *tracing, a attemptResu
 		t.Errorf("%s %s: explanation does not name %s: %s", a.what, a.src, ep, f.Explanation)
 	}
 	if !slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindDNAT }) {
-		t.Errorf("%s %s: no dnat event in %s", a.what, a.src, eventList(f.Events))
+		t.Errorf("%s %s: no dnat event in %s", a.what, a.src, livetest.EventList(f.Events))
 	}
 }
 
 // checkRejectFlow checks the one flow of a refused attempt: the rule that
 // refused it (from filter-forward), its element if one named the Service,
 // the verdict and the facts its explanation must give.
-func (c *traceCluster) checkRejectFlow(t *testing.T, tr *tracing, a attemptResult, rule nftRule, verdict string, elem *trace.RuleElement, service string, facts ...string) {
+func (c *traceCluster) checkRejectFlow(t *testing.T, tr *livetest.Tracing, a attemptResult, rule nftRule, verdict string, elem *trace.RuleElement, service string, facts ...string) {
 	t.Helper()
-	f := tr.flowOf(t, a.proto, a.src, a.dst)
+	f := tr.FlowOf(t, a.proto, a.src, a.dst)
 	if f == nil {
 		return
 	}
-	t.Logf("%s: events %s; %s", a.what, eventList(f.Events), f.Explanation)
+	t.Logf("%s: events %s; %s", a.what, livetest.EventList(f.Events), f.Explanation)
 	r := f.Rule
 	if r == nil || !r.NFTables() || r.Family != "ip" || r.Table != "kube-proxy" || r.Chain != rule.chain ||
 		r.Handle != rule.handle || r.Text != rule.text || r.EntryChain != "filter-forward" || r.Uncertain != "" {
@@ -360,7 +361,7 @@ func (c *traceCluster) checkRejectFlow(t *testing.T, tr *tracing, a attemptResul
 		}
 	}
 	if !slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindReject }) {
-		t.Errorf("%s: no reject event in %s", a.what, eventList(f.Events))
+		t.Errorf("%s: no reject event in %s", a.what, livetest.EventList(f.Events))
 	}
 }
 
@@ -476,7 +477,7 @@ func startTraceCluster(t *testing.T) *traceCluster {
 	}
 
 	c := &traceCluster{kp: kp, node: node, client: pods["client"],
-		md: metadataSource{metadata: enrich.NewIndexMetadata(idx), snapshot: idx.Snapshot, warnings: idx.Warnings}}
+		md: livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}}
 	c.readRules(t)
 	return c
 }
@@ -600,4 +601,12 @@ func createTraceObjects(ctx context.Context, c kubernetes.Interface) error {
 		return fmt.Errorf("create endpointslice web/%s: %w", slice.Name, err)
 	}
 	return nil
+}
+
+// traceConfig is the cluster's metadata as `tracer trace --kubeconfig`
+// passes it, on the given tier.
+func (c *traceCluster) traceConfig(only []event.Via) livetest.Config {
+	cfg := c.md
+	cfg.Only = only
+	return cfg
 }
