@@ -155,7 +155,7 @@ type labRun struct {
 func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOptions, emit func(*trace.Flow)) (*labRun, error) {
 	run := &labRun{result: labResult{Type: "lab", Scenario: sc.Name}}
 	built, err := sc.Build(ctx, env)
-	if errors.Is(err, lab.ErrNeedsIPVS) {
+	if errors.Is(err, lab.ErrNeedsIPVS) || errors.Is(err, lab.ErrNeedsBridgeNetfilter) {
 		run.result.Skipped = err.Error()
 		run.result.OK = true
 		return run, nil

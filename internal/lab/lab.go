@@ -41,6 +41,15 @@ const stateRoot = "/run/trlab"
 // incident without the kernel's IPVS.
 var ErrNeedsIPVS = errors.New("scenario needs IPVS")
 
+// ErrNeedsBridgeNetfilter is wrapped by Build when the kernel does not pass
+// bridged traffic through netfilter (br_netfilter not loaded). A
+// Kubernetes node always does; without it a pod's reply to another pod on
+// its bridge skips conntrack, so the DNATs of portmap's and kube-proxy's
+// nftables rules, which masquerade only a pod's traffic to itself, cannot
+// be undone and the scenario's connections time out. The lab does not
+// load the module.
+var ErrNeedsBridgeNetfilter = errors.New("scenario needs br_netfilter (bridged traffic through netfilter, as on every Kubernetes node)")
+
 // Outcomes a client reports.
 const (
 	OutcomeRefused     = "refused"

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strings"
 
+	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -110,6 +112,9 @@ func (c *cluster) twoNodesNFT(kubeProxy bool, pm string) (*node, *node, error) {
 	}
 	n1, n2, err := c.twoNodes(false)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := bridgeNetfilter(n1.ns); err != nil {
 		return nil, nil, err
 	}
 	for _, n := range c.nodes {
@@ -427,5 +432,18 @@ func policyNFT(n *node, apiIP string) error {
 		return fmt.Errorf("policy on %s: %w", n.name, err)
 	}
 	n.policyNFT = true
+	return nil
+}
+
+// bridgeNetfilter checks that ns's bridges pass their traffic through
+// netfilter (net.bridge.bridge-nf-call-iptables, per namespace since 5.3).
+func bridgeNetfilter(ns netlab.Namespace) error {
+	out, err := ns.Run("cat", "/proc/sys/net/bridge/bridge-nf-call-iptables")
+	if err != nil {
+		return fmt.Errorf("%w: /proc/sys/net/bridge/bridge-nf-call-iptables is not there (modprobe br_netfilter)", ErrNeedsBridgeNetfilter)
+	}
+	if strings.TrimSpace(out) != "1" {
+		return fmt.Errorf("%w: net.bridge.bridge-nf-call-iptables is %s in the node's namespace", ErrNeedsBridgeNetfilter, strings.TrimSpace(out))
+	}
 	return nil
 }

@@ -234,6 +234,11 @@ mount -t devpts devpts /dev/pts 2>/dev/null
 mount -t tmpfs tmpfs /dev/shm 2>/dev/null
 ip link set lo up
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp
+# A Kubernetes node loads br_netfilter (kubeadm checks for it; bridge CNIs
+# rely on it): bridged pod-to-pod replies then pass conntrack, which
+# portmap's and kube-proxy's nftables rules count on for pods on one
+# bridge. The build host has it built in; Debian's kernels have a module.
+modprobe br_netfilter || echo "vmrun: modprobe br_netfilter failed"
 `)
 	fmt.Fprintf(&b, "export TRACER_VM=1 TRACER_VM_KERNEL=%s\n", shellQuote(series))
 	for _, kv := range o.env {
