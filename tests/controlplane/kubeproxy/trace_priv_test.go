@@ -39,10 +39,11 @@ import (
 // The cluster of TestPrivTraceKubeProxyNFT. The node is the harness's
 // kube-proxy namespace (198.51.100.10 on kp0, pod CIDR 10.180.0.0/24);
 // three pod namespaces hang off it on veths, each a /32 routed through
-// the node's 10.180.0.1:
+// the node's 10.180.0.1, and its default route leads to an uplink that
+// drops everything it would have to forward:
 //
 //	shop/client 10.180.0.2 --- veth-c ┐
-//	web/echo-a  10.180.0.3 --- veth-a ├ node 198.51.100.10 (kp0), default via 198.51.100.1
+//	web/echo-a  10.180.0.3 --- veth-a ├ node 198.51.100.10 (kp0) --- (kp1) 198.51.100.1 uplink
 //	web/echo-b  10.180.0.4 --- veth-b ┘
 //
 // Services, in the service CIDR 172.30.0.0/16:
@@ -64,10 +65,16 @@ const (
 	dnsNodePort  = 30053
 	// wrongPort is a port no Service has on echo's ClusterIP.
 	wrongPort = 81
-	// uplinkGW is the node's default gateway. Nothing answers there: the
-	// route only lets traffic to a ClusterIP that no DNAT took reach
-	// filter-forward (without a route the node's routing would refuse it
-	// first, as "network unreachable").
+	// uplinkGW is the node's default gateway, on kp1 in a namespace of
+	// its own (the uplink) that answers ARP and forwards nothing: it
+	// stands for a router that has no route for the Service CIDR and
+	// drops what it gets, without an ICMP error. The route lets traffic
+	// to a ClusterIP that no DNAT took leave the node (nftables mode
+	// rejects it in filter-forward before that; iptables mode has no such
+	// rule). Without a route the node's routing would refuse it first, as
+	// "network unreachable"; without an uplink that answers ARP the node
+	// would send its own ICMP host unreachable three seconds later, which
+	// is the test's doing, not kube-proxy's.
 	uplinkGW = "198.51.100.1"
 )
 
@@ -96,6 +103,7 @@ type traceCluster struct {
 	kp     *KubeProxy
 	node   netlab.Namespace
 	client netlab.Namespace
+	uplink netlab.Namespace
 	md     livetest.Config
 
 	// nftables mode: what `nft -a list table ip kube-proxy` printed.
@@ -457,7 +465,7 @@ func (kp *KubeProxy) listTable(t *testing.T) string {
 // startTraceCluster starts the control plane with the tracer's RBAC, the
 // Node, pods, Services and EndpointSlices, then kube-proxy in mode (so its
 // first sync writes them all), the pod namespaces and their servers, the
-// metadata index, and reads the identities of the rules to
+// uplink, the metadata index, and reads the identities of the rules to
 // expect from the node's own listing: `nft -a list table ip kube-proxy`
 // or iptables-save.
 func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
@@ -500,6 +508,21 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 		pods[p.netns] = ns
 		podLink(t, ns, node, p.veth, p.ip)
 	}
+	// The uplink: the harness's kp1 (the peer of the node's kp0) moves to
+	// a namespace of its own with the gateway's address. Its forwarding is
+	// switched off explicitly (a new namespace takes the host's IPv4
+	// setting), so it drops what the node routes to it, without an ICMP
+	// error (see uplinkGW).
+	uplink, err := lab.Namespace("uplink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := uplink.Sysctl("net.ipv4.ip_forward", "0"); err != nil {
+		t.Fatal(err)
+	}
+	nsRun(t, node, "ip", "link", "set", "kp1", "netns", uplink.Name)
+	nsRun(t, uplink, "ip", "addr", "add", uplinkGW+"/24", "dev", "kp1")
+	nsRun(t, uplink, "ip", "link", "set", "kp1", "up")
 	if err := node.Sysctl("net.ipv4.ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}
@@ -534,7 +557,7 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 		}
 	}
 
-	c := &traceCluster{kp: kp, node: node, client: pods["client"],
+	c := &traceCluster{kp: kp, node: node, client: pods["client"], uplink: uplink,
 		md: livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}}
 	if mode != NFTables {
 		t.Fatalf("the trace cluster reads kube-proxy's rules in %s mode only, not %s", NFTables, mode)
