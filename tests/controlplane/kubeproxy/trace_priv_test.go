@@ -36,7 +36,8 @@ import (
 	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
 )
 
-// The cluster of TestPrivTraceKubeProxyNFT. The node is the harness's
+// The cluster of TestPrivTraceKubeProxyNFT and TestPrivTraceKubeProxyIPTables
+// (the same but for kube-proxy's mode). The node is the harness's
 // kube-proxy namespace (198.51.100.10 on kp0, pod CIDR 10.180.0.0/24);
 // three pod namespaces hang off it on veths, each a /32 routed through
 // the node's 10.180.0.1, and its default route leads to an uplink that
@@ -105,6 +106,9 @@ type traceCluster struct {
 	client netlab.Namespace
 	uplink netlab.Namespace
 	md     livetest.Config
+
+	// iptables mode: what iptables-save printed (see readIPTablesRules).
+	ipt *iptRules
 
 	// nftables mode: what `nft -a list table ip kube-proxy` printed.
 	listing string
@@ -559,17 +563,29 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 
 	c := &traceCluster{kp: kp, node: node, client: pods["client"], uplink: uplink,
 		md: livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}}
-	if mode != NFTables {
-		t.Fatalf("the trace cluster reads kube-proxy's rules in %s mode only, not %s", NFTables, mode)
+	if mode == IPTables {
+		c.readIPTablesRules(t)
+	} else {
+		c.readRules(t)
 	}
-	c.readRules(t)
 	return c
 }
 
-// traceSynced are what the node's ruleset (Ruleset) shows once kube-proxy has written all of the test's
+// traceSynced are what the node's ruleset (Ruleset: nft list ruleset or
+// iptables-save) shows once kube-proxy has written all of the test's
 // Services: both endpoints of both of web/echo's ports, its NodePort and
 // web/empty's rejection.
 func traceSynced(mode Mode) []string {
+	if mode == IPTables {
+		return []string{
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, echoTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, echoTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, dnsTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, dnsTarget),
+			fmt.Sprintf("--dport %d -j KUBE-EXT-", echoNodePort),
+			`"web/empty:http has no endpoints"`,
+		}
+	}
 	return []string{
 		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, echoTarget, e2eEchoB, echoTarget),
 		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, dnsTarget, e2eEchoB, dnsTarget),
