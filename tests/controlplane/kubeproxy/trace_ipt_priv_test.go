@@ -327,6 +327,7 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 	if !isTimeout(err) {
 		t.Errorf("%s: %s → %s: %v, want no answer (a timeout)", what, src, dst, err)
 	}
+	var seen []string
 	for _, ch := range []struct {
 		ns      netlab.Namespace
 		before  map[string]int64
@@ -339,9 +340,11 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 		{c.node, node, "Ip:ForwDatagrams", func(d int64) bool { return d >= 1 }, "datagrams the node forwarded (want at least one: out through its default route)"},
 		{c.uplink, uplink, "Ip:InAddrErrors", func(d int64) bool { return d >= 1 }, "datagrams the uplink dropped as not its own (want at least one)"},
 	} {
-		if d := snmp(t, ch.ns)[ch.counter] - ch.before[ch.counter]; !ch.want(d) {
+		d := snmp(t, ch.ns)[ch.counter] - ch.before[ch.counter]
+		if !ch.want(d) {
 			t.Errorf("%s: %s → %s: %d %s (%s)", what, src, dst, d, ch.says, ch.counter)
 		}
+		seen = append(seen, fmt.Sprintf("%s %s %+d", ch.ns.Name, ch.counter, d))
 	}
 	after := packetCounts(t, c.iptablesSave(t, "nat", true))
 	for text, n := range after {
@@ -354,7 +357,7 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 	} else if r != dst {
 		t.Errorf("%s: %s → %s: the node's conntrack has the reply from %s: translated", what, src, dst, r)
 	}
-	t.Logf("%s: %s → %s: no answer (%v); the node forwarded it untranslated, the uplink dropped it", what, src, dst, err)
+	t.Logf("%s: %s → %s: %v; %s", what, src, dst, err, strings.Join(seen, ", "))
 	return attemptResult{what, proto, src, dst, ""}
 }
 
