@@ -36,13 +36,15 @@ import (
 	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
 )
 
-// The cluster of TestPrivTraceKubeProxyNFT. The node is the harness's
+// The cluster of TestPrivTraceKubeProxyNFT and TestPrivTraceKubeProxyIPTables
+// (the same but for kube-proxy's mode). The node is the harness's
 // kube-proxy namespace (198.51.100.10 on kp0, pod CIDR 10.180.0.0/24);
 // three pod namespaces hang off it on veths, each a /32 routed through
-// the node's 10.180.0.1:
+// the node's 10.180.0.1, and its default route leads to an uplink that
+// drops everything it would have to forward:
 //
 //	shop/client 10.180.0.2 --- veth-c ┐
-//	web/echo-a  10.180.0.3 --- veth-a ├ node 198.51.100.10 (kp0), default via 198.51.100.1
+//	web/echo-a  10.180.0.3 --- veth-a ├ node 198.51.100.10 (kp0) --- (kp1) 198.51.100.1 uplink
 //	web/echo-b  10.180.0.4 --- veth-b ┘
 //
 // Services, in the service CIDR 172.30.0.0/16:
@@ -64,10 +66,16 @@ const (
 	dnsNodePort  = 30053
 	// wrongPort is a port no Service has on echo's ClusterIP.
 	wrongPort = 81
-	// uplinkGW is the node's default gateway. Nothing answers there: the
-	// route only lets traffic to a ClusterIP that no DNAT took reach
-	// filter-forward (without a route the node's routing would refuse it
-	// first, as "network unreachable").
+	// uplinkGW is the node's default gateway, on kp1 in a namespace of
+	// its own (the uplink) that answers ARP and forwards nothing: it
+	// stands for a router that has no route for the Service CIDR and
+	// drops what it gets, without an ICMP error. The route lets traffic
+	// to a ClusterIP that no DNAT took leave the node (nftables mode
+	// rejects it in filter-forward before that; iptables mode has no such
+	// rule). Without a route the node's routing would refuse it first, as
+	// "network unreachable"; without an uplink that answers ARP the node
+	// would send its own ICMP host unreachable three seconds later, which
+	// is the test's doing, not kube-proxy's.
 	uplinkGW = "198.51.100.1"
 )
 
@@ -90,13 +98,19 @@ func podByIP(ip string) string {
 }
 
 // traceCluster is the running cluster, its namespaces, the tracer's
-// metadata index and the identities read from the node's own nft listing.
+// metadata index and the identities read from the node's own listing of
+// kube-proxy's rules (nft or iptables-save, by mode).
 type traceCluster struct {
 	kp     *KubeProxy
 	node   netlab.Namespace
 	client netlab.Namespace
+	uplink netlab.Namespace
 	md     livetest.Config
 
+	// iptables mode: what iptables-save printed (see readIPTablesRules).
+	ipt *iptRules
+
+	// nftables mode: what `nft -a list table ip kube-proxy` printed.
 	listing string
 	rules   []nftRule
 	// Chains kube-proxy named for web/echo's ports (their hash is kube-proxy's).
@@ -128,7 +142,7 @@ func TestPrivTraceKubeProxyNFT(t *testing.T) {
 	requireTools(t, "conntrack", "sysctl")
 	checkHostUnchanged(t)
 	t0 := time.Now()
-	c := startTraceCluster(t)
+	c := startTraceCluster(t, NFTables)
 	t.Logf("cluster, kube-proxy rules and metadata ready in %s", time.Since(t0).Round(time.Millisecond))
 	t.Logf("web/echo tcp: chain %s handle %d: %s", c.echoDNAT.chain, c.echoDNAT.handle, c.echoDNAT.text)
 	t.Logf("web/echo udp: chain %s handle %d: %s", c.dnsDNAT.chain, c.dnsDNAT.handle, c.dnsDNAT.text)
@@ -156,50 +170,23 @@ type attemptResult struct {
 }
 
 func testTraceTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
-	tr := livetest.Start(t, c.node, c.traceConfig(tier.Only))
-	if tier.Only != nil {
-		if v := tr.Via(event.HookNFNat); v != event.ViaNetfilter {
-			t.Skipf("NAT cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
-		}
-		if v := tr.Via(event.HookICMPSend); v != event.ViaNetfilter {
-			t.Skipf("icmp_send cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
-		}
-	}
-	for _, hp := range tr.P.Plan() {
-		t.Logf("hook %s via %s", hp.Hook, hp.Via)
-	}
-
+	tr := c.startTierTracing(t, tier)
 	clusterIP := net.JoinHostPort(echoIP, strconv.Itoa(echoPort))
 	nodePort := net.JoinHostPort(DefaultNodeIP, strconv.Itoa(echoNodePort))
 	ok := map[string][]attemptResult{}
 	// (1) and (2): numgen picks an endpoint per connection; go on until
 	// both have answered, so the check covers the choice itself.
 	for _, a := range []struct{ key, dst string }{{"clusterip", clusterIP}, {"nodeport", nodePort}} {
-		seen := map[string]bool{}
-		for i := 0; i < 20 && (i < 4 || len(seen) < 2); i++ {
-			src, answer, err := fetchTCP(c.client, e2eClientIP, a.dst)
-			if err != nil {
-				t.Errorf("%s: %v", a.key, err)
-				continue
-			}
-			seen[answer] = true
-			ok[a.key] = append(ok[a.key], attemptResult{a.key, "tcp", src, a.dst, answer})
-			c.checkReply(t, a.key, "tcp", src, a.dst, answer, echoTarget)
-		}
-		if len(seen) < 2 {
-			t.Errorf("%s: only %v answered %d connections: numgen should spread them over both endpoints", a.key, seen, len(ok[a.key]))
-		}
+		ok[a.key] = untilBothAnswered(t, a.key, func() (attemptResult, bool) {
+			return c.serviceAttempt(t, a.key, "tcp", a.dst, echoTarget)
+		})
 	}
 	// A UDP question to the ClusterIP's dns port.
 	dnsAddr := net.JoinHostPort(echoIP, strconv.Itoa(dnsPort))
 	for i := 0; i < 3; i++ {
-		src, answer, err := askUDP(c.client, e2eClientIP, dnsAddr)
-		if err != nil {
-			t.Errorf("udp: %v", err)
-			continue
+		if a, good := c.serviceAttempt(t, "udp", "udp", dnsAddr, dnsTarget); good {
+			ok["udp"] = append(ok["udp"], a)
 		}
-		ok["udp"] = append(ok["udp"], attemptResult{"udp", "udp", src, dnsAddr, answer})
-		c.checkReply(t, "udp", "udp", src, dnsAddr, answer, dnsTarget)
 	}
 
 	// (3) ping to the ClusterIP: cluster-ips-check rejects it.
@@ -218,20 +205,8 @@ func testTraceTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 
 	// (4) a port no Service has on the ClusterIP, (5) the Service without
 	// endpoints: both refused.
-	refused := func(what, dst string) attemptResult {
-		before := icmpDestUnreachs(t, c.client)
-		src, answer, err := fetchTCP(c.client, e2eClientIP, dst)
-		if !isRefused(err) {
-			t.Errorf("%s: connect %s from %s: %v (read %q), want connection refused", what, dst, src, err, answer)
-		}
-		if d := icmpDestUnreachs(t, c.client) - before; d < 1 {
-			t.Errorf("%s: the client counted %d ICMP destination unreachable errors, want one", what, d)
-		}
-		t.Logf("%s: %s → %s refused (%v)", what, src, dst, err)
-		return attemptResult{what, "tcp", src, dst, ""}
-	}
-	wrong := refused("wrong port", net.JoinHostPort(echoIP, strconv.Itoa(wrongPort)))
-	noEP := refused("no endpoint", net.JoinHostPort(emptyIP, strconv.Itoa(echoPort)))
+	wrong := c.refusedAttempt(t, "wrong port", net.JoinHostPort(echoIP, strconv.Itoa(wrongPort)))
+	noEP := c.refusedAttempt(t, "no endpoint", net.JoinHostPort(emptyIP, strconv.Itoa(echoPort)))
 	tr.Stop(t)
 
 	// The tracer's flows.
@@ -257,8 +232,92 @@ func testTraceTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	// No false alarm: whatever else the node did (kube-proxy's own API
 	// connections through the relay) is ok, and the refused attempts are
 	// the only flows with another verdict.
+	checkNoFalseAlarm(t, tr, ping, wrong, noEP)
+}
+
+// startTierTracing starts the live pipeline on the node for tier. The
+// netfilter tier is skipped where NAT or icmp_send cannot be seen through
+// BPF netfilter links: it would test nothing of what it is meant to.
+func (c *traceCluster) startTierTracing(t *testing.T, tier livetest.Tier) *livetest.Tracing {
+	t.Helper()
+	tr := livetest.Start(t, c.node, c.traceConfig(tier.Only))
+	if tier.Only != nil {
+		if v := tr.Via(event.HookNFNat); v != event.ViaNetfilter {
+			t.Skipf("NAT cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
+		}
+		if v := tr.Via(event.HookICMPSend); v != event.ViaNetfilter {
+			t.Skipf("icmp_send cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
+		}
+	}
+	for _, hp := range tr.P.Plan() {
+		t.Logf("hook %s via %s", hp.Hook, hp.Via)
+	}
+	return tr
+}
+
+// untilBothAnswered makes attempts to a Service with two endpoints until
+// both have answered (at least 4, at most 20): kube-proxy picks an
+// endpoint per connection, at random, and the check should cover both
+// choices. try makes one attempt and checks the node's truth for it; it
+// returns false when the attempt failed (already reported).
+func untilBothAnswered(t *testing.T, what string, try func() (attemptResult, bool)) []attemptResult {
+	t.Helper()
+	var done []attemptResult
+	seen := map[string]bool{}
+	for i := 0; i < 20 && (i < 4 || len(seen) < 2); i++ {
+		a, ok := try()
+		if !ok {
+			continue
+		}
+		seen[a.answer] = true
+		done = append(done, a)
+	}
+	if len(seen) < 2 {
+		t.Errorf("%s: only %v answered %d connections: kube-proxy should spread them over both endpoints", what, seen, len(done))
+	}
+	return done
+}
+
+// serviceAttempt makes one connection (tcp) or question (udp) from the
+// client to dst and checks the node's conntrack has the reply from the
+// endpoint whose server answered.
+func (c *traceCluster) serviceAttempt(t *testing.T, what, proto, dst string, target int) (attemptResult, bool) {
+	t.Helper()
+	ask := fetchTCP
+	if proto == "udp" {
+		ask = askUDP
+	}
+	src, answer, err := ask(c.client, e2eClientIP, dst)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+		return attemptResult{}, false
+	}
+	c.checkReply(t, what, proto, src, dst, answer, target)
+	return attemptResult{what, proto, src, dst, answer}, true
+}
+
+// refusedAttempt connects to dst, which must refuse: ECONNREFUSED, and an
+// ICMP destination unreachable counted by the client.
+func (c *traceCluster) refusedAttempt(t *testing.T, what, dst string) attemptResult {
+	t.Helper()
+	before := icmpDestUnreachs(t, c.client)
+	src, answer, err := fetchTCP(c.client, e2eClientIP, dst)
+	if !isRefused(err) {
+		t.Errorf("%s: connect %s from %s: %v (read %q), want connection refused", what, dst, src, err, answer)
+	}
+	if d := icmpDestUnreachs(t, c.client) - before; d < 1 {
+		t.Errorf("%s: the client counted %d ICMP destination unreachable errors, want one", what, d)
+	}
+	t.Logf("%s: %s → %s refused (%v)", what, src, dst, err)
+	return attemptResult{what, "tcp", src, dst, ""}
+}
+
+// checkNoFalseAlarm: every flow but those of the attempts expected to
+// fail has verdict ok.
+func checkNoFalseAlarm(t *testing.T, tr *livetest.Tracing, failing ...attemptResult) {
+	t.Helper()
 	expected := map[string]bool{}
-	for _, a := range []attemptResult{ping, wrong, noEP} {
+	for _, a := range failing {
 		expected[a.proto+" "+a.src+" "+a.dst] = true
 	}
 	for _, f := range tr.All() {
@@ -310,6 +369,14 @@ func (c *traceCluster) checkServiceFlow(t *testing.T, tr *livetest.Tracing, a at
 	if r != nil && (r.Element == nil || r.Element.Map != elemMap || r.Element.Key != elemKey) {
 		t.Errorf("%s %s: element %+v, want %s key %q", a.what, a.src, r.Element, elemMap, elemKey)
 	}
+	checkServiceFlowFacts(t, f, a, target)
+}
+
+// checkServiceFlowFacts checks what a Service connection's flow must say
+// in either mode: ok, the endpoint that answered named as the destination
+// pod and in the explanation, the client pod, the Service, a dnat event.
+func checkServiceFlowFacts(t *testing.T, f *trace.Flow, a attemptResult, target int) {
+	t.Helper()
 	if f.Verdict != trace.VerdictOK {
 		t.Errorf("%s %s: verdict %s, want %s: %s", a.what, a.src, f.Verdict, trace.VerdictOK, f.Explanation)
 	}
@@ -349,6 +416,14 @@ func (c *traceCluster) checkRejectFlow(t *testing.T, tr *livetest.Tracing, a att
 	if elem != nil && (r == nil || r.Element == nil || *r.Element != *elem) {
 		t.Errorf("%s: element %+v, want %+v", a.what, ruleElement(r), *elem)
 	}
+	checkRejectFlowFacts(t, f, a, verdict, service, facts...)
+}
+
+// checkRejectFlowFacts checks what a refused attempt's flow must say in
+// either mode: the verdict, the Service, the facts of its explanation, a
+// reject event.
+func checkRejectFlowFacts(t *testing.T, f *trace.Flow, a attemptResult, verdict, service string, facts ...string) {
+	t.Helper()
 	if f.Verdict != verdict {
 		t.Errorf("%s: verdict %s, want %s: %s", a.what, f.Verdict, verdict, f.Explanation)
 	}
@@ -392,11 +467,12 @@ func (kp *KubeProxy) listTable(t *testing.T) string {
 }
 
 // startTraceCluster starts the control plane with the tracer's RBAC, the
-// Node, pods, Services and EndpointSlices, then kube-proxy (so its first
-// sync writes them all), the pod namespaces and their servers, the
-// metadata index, and reads the identities of the rules to expect from
-// the node's nft listing.
-func startTraceCluster(t *testing.T) *traceCluster {
+// Node, pods, Services and EndpointSlices, then kube-proxy in mode (so its
+// first sync writes them all), the pod namespaces and their servers, the
+// uplink, the metadata index, and reads the identities of the rules to
+// expect from the node's own listing: `nft -a list table ip kube-proxy`
+// or iptables-save.
+func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 	t.Helper()
 	cp := cphelper.StartWith(t, cphelper.Options{ServiceCIDR: FixtureServiceCIDR})
 	admin, err := kubernetes.NewForConfig(cp.AdminConfig())
@@ -414,7 +490,7 @@ func startTraceCluster(t *testing.T) *traceCluster {
 	if err := createTraceObjects(ctx, admin); err != nil {
 		t.Fatal(err)
 	}
-	kp := Start(t, cp, Options{Mode: NFTables})
+	kp := Start(t, cp, Options{Mode: mode})
 	node := netlab.Namespace{Name: kp.Netns}
 
 	// The pods' namespaces, linked to the node.
@@ -436,6 +512,21 @@ func startTraceCluster(t *testing.T) *traceCluster {
 		pods[p.netns] = ns
 		podLink(t, ns, node, p.veth, p.ip)
 	}
+	// The uplink: the harness's kp1 (the peer of the node's kp0) moves to
+	// a namespace of its own with the gateway's address. Its forwarding is
+	// switched off explicitly (a new namespace takes the host's IPv4
+	// setting), so it drops what the node routes to it, without an ICMP
+	// error (see uplinkGW).
+	uplink, err := lab.Namespace("uplink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := uplink.Sysctl("net.ipv4.ip_forward", "0"); err != nil {
+		t.Fatal(err)
+	}
+	nsRun(t, node, "ip", "link", "set", "kp1", "netns", uplink.Name)
+	nsRun(t, uplink, "ip", "addr", "add", uplinkGW+"/24", "dev", "kp1")
+	nsRun(t, uplink, "ip", "link", "set", "kp1", "up")
 	if err := node.Sysctl("net.ipv4.ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}
@@ -447,13 +538,7 @@ func startTraceCluster(t *testing.T) *traceCluster {
 	}
 
 	// kube-proxy's rules for all of it.
-	if _, err := kp.WaitSynced(ctx,
-		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, echoTarget, e2eEchoB, echoTarget),
-		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, dnsTarget, e2eEchoB, dnsTarget),
-		fmt.Sprintf("tcp . %d : goto external-", echoNodePort),
-		`comment "web/empty:http" : goto reject-chain`,
-		"ip daddr 172.30.0.0/16 drop",
-	); err != nil {
+	if _, err := kp.WaitSynced(ctx, traceSynced(mode)...); err != nil {
 		t.Fatal(err)
 	}
 
@@ -476,10 +561,38 @@ func startTraceCluster(t *testing.T) *traceCluster {
 		}
 	}
 
-	c := &traceCluster{kp: kp, node: node, client: pods["client"],
+	c := &traceCluster{kp: kp, node: node, client: pods["client"], uplink: uplink,
 		md: livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}}
-	c.readRules(t)
+	if mode == IPTables {
+		c.readIPTablesRules(t)
+	} else {
+		c.readRules(t)
+	}
 	return c
+}
+
+// traceSynced are what the node's ruleset (Ruleset: nft list ruleset or
+// iptables-save) shows once kube-proxy has written all of the test's
+// Services: both endpoints of both of web/echo's ports, its NodePort and
+// web/empty's rejection.
+func traceSynced(mode Mode) []string {
+	if mode == IPTables {
+		return []string{
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, echoTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, echoTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, dnsTarget),
+			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, dnsTarget),
+			fmt.Sprintf("--dport %d -j KUBE-EXT-", echoNodePort),
+			`"web/empty:http has no endpoints"`,
+		}
+	}
+	return []string{
+		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, echoTarget, e2eEchoB, echoTarget),
+		fmt.Sprintf("%s . %d, 1 : %s . %d }", e2eEchoA, dnsTarget, e2eEchoB, dnsTarget),
+		fmt.Sprintf("tcp . %d : goto external-", echoNodePort),
+		`comment "web/empty:http" : goto reject-chain`,
+		"ip daddr 172.30.0.0/16 drop",
+	}
 }
 
 // readRules reads the rules the checks expect from the node's own

@@ -1,7 +1,7 @@
 package kubeproxy
 
-// Helpers of TestPrivTraceKubeProxyNFT: pod namespaces routed through the
-// kube-proxy namespace, servers that name themselves, real connections
+// Helpers of TestPrivTraceKubeProxyNFT and TestPrivTraceKubeProxyIPTables:
+// pod namespaces routed through the kube-proxy namespace, servers that name themselves, real connections
 // from a fixed source port, the node's own truth (conntrack, ICMP
 // counters). The live tracer itself is internal/live/livetest's, shared
 // with internal/enrich's privileged tests.
@@ -321,14 +321,29 @@ func conntrackReplySource(ns netlab.Namespace, proto, src, dst string) (string, 
 	if err != nil {
 		return "", fmt.Errorf("destination %q: %w", dst, err)
 	}
-	out, err := ns.Run("conntrack", "-L", "-p", proto, "--orig-src", shost, "--orig-port-src", sport,
+	return conntrackReply(ns, proto, src+" → "+dst, "", "--orig-src", shost, "--orig-port-src", sport,
 		"--orig-dst", dhost, "--orig-port-dst", dport)
+}
+
+// conntrackICMPReply is where the node's conntrack entry of the ICMP echo
+// with id from src to dst says the reply comes from (an address).
+func conntrackICMPReply(ns netlab.Namespace, src, dst string, id uint16) (string, error) {
+	return conntrackReply(ns, "icmp", fmt.Sprintf("%s → %s id %d", src, dst, id), fmt.Sprintf(" id=%d ", id),
+		"--orig-src", src, "--orig-dst", dst)
+}
+
+// conntrackReply reads the one entry of `conntrack -L -p proto filter...`
+// in ns (whose line contains has, when given) and returns its reply
+// tuple's source: address:port, or the address alone for a protocol
+// without ports.
+func conntrackReply(ns netlab.Namespace, proto, what, has string, filter ...string) (string, error) {
+	out, err := ns.Run("conntrack", append([]string{"-L", "-p", proto}, filter...)...)
 	if err != nil {
 		return "", fmt.Errorf("read the node's conntrack: %w", err)
 	}
 	var replies []string
 	for _, line := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(line, proto+" ") {
+		if !strings.HasPrefix(line, proto+" ") || !strings.Contains(line+" ", has) {
 			continue // conntrack's "N flow entries have been shown"
 		}
 		// The second src= and sport= are the reply tuple's.
@@ -340,13 +355,17 @@ func conntrackReplySource(ns netlab.Namespace, proto, src, dst string) (string, 
 				sports = append(sports, v)
 			}
 		}
-		if len(srcs) != 2 || len(sports) != 2 {
+		switch {
+		case len(srcs) == 2 && len(sports) == 2:
+			replies = append(replies, net.JoinHostPort(srcs[1], sports[1]))
+		case len(srcs) == 2 && len(sports) == 0:
+			replies = append(replies, srcs[1])
+		default:
 			return "", fmt.Errorf("conntrack entry %q: want an original and a reply tuple", line)
 		}
-		replies = append(replies, net.JoinHostPort(srcs[1], sports[1]))
 	}
 	if len(replies) != 1 {
-		return "", fmt.Errorf("%d conntrack entries for %s %s → %s in the node, want one:\n%s", len(replies), proto, src, dst, out)
+		return "", fmt.Errorf("%d conntrack entries for %s %s in the node, want one:\n%s", len(replies), proto, what, out)
 	}
 	return replies[0], nil
 }
