@@ -175,7 +175,9 @@ var brokenVariants = []brokenVariant{
 			}
 			return one(f)
 		},
-		anyResult(func(r lab.Result) bool { return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Backend == trace.BackendNFTables })},
+		anyResult(func(r lab.Result) bool {
+			return flowChecked(r) && r.Proof.Rule != nil && r.Proof.Rule.Backend == trace.BackendNFTables
+		})},
 	{"no-element-comment", "loses the comment of the map element that led to the native rule",
 		func(f *trace.Flow) []*trace.Flow {
 			if f.Rule.NFTables() && f.Rule.Element != nil {
