@@ -114,7 +114,9 @@ func (p *Pipeline) buildHeader() trace.Header {
 		Started: time.Now().UTC(), Command: p.cfg.Command, Filter: p.cfg.Filter, Hooks: HookRecords(p.tracer.Plan)}
 	h.Snapshot = p.snapshot()
 	h.Warnings = append(h.Warnings, p.warnings...)
-	if env, err := enrich.NewNodeEnv(p.cfg.NodeName, h.Snapshot, nil); err == nil {
+	// The env the first flows are diagnosed with has already read the
+	// snapshot's rulesets; its warnings are the header's.
+	if env, ok := p.currentEnv().(interface{ Warnings() []string }); ok {
 		h.Warnings = append(h.Warnings, env.Warnings()...)
 	}
 	if p.cfg.MetadataWarnings != nil {

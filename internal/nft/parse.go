@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -321,6 +322,16 @@ func (p *parser) rule(j *jRule, texts map[textKey]string) {
 	}
 	c.Rules = append(c.Rules, r)
 }
+
+// ListedRules is how many rules a `nft -a list ruleset` listing shows, to
+// check it against a JSON listing taken apart from it without parsing
+// either.
+func ListedRules(listing []byte) int { return len(ruleTexts(listing)) }
+
+// JSONRules is how many rule objects `nft -j list ruleset` output holds.
+func JSONRules(js []byte) int { return len(jsonRuleRe.FindAllIndex(js, -1)) }
+
+var jsonRuleRe = regexp.MustCompile(`\{"rule":\s*\{`)
 
 // textKey names a rule in the text listing.
 type textKey struct {

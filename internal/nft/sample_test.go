@@ -76,3 +76,24 @@ func TestSampleNoEndpoint(t *testing.T) {
 		t.Fatalf("got %s", at.Outcome.String())
 	}
 }
+
+// The watcher checks its two listings against each other by counting:
+// the counts must agree on what nft printed, and tell a rule missing from
+// one of them.
+func TestListedRulesCounts(t *testing.T) {
+	for _, name := range []string{"sample", "portmap-v1.10.0", "kube-proxy-v1.37.2"} {
+		js, _ := os.ReadFile("testdata/" + name + ".json")
+		listing, _ := os.ReadFile("testdata/" + name + ".nft")
+		rs, err := Parse(js, listing, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, l := JSONRules(js), ListedRules(listing); j != rs.Rules() || l != rs.Rules() {
+			t.Errorf("%s: json %d, listing %d, parsed %d rules", name, j, l, rs.Rules())
+		}
+		cut := listing[:len(listing)/2]
+		if ListedRules(cut) == JSONRules(js) {
+			t.Errorf("%s: half a listing counts as many rules as the JSON", name)
+		}
+	}
+}

@@ -262,11 +262,8 @@ func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT boo
 		if iptablesIsNFT {
 			snap.IPTables = compatTableList()
 		}
-		rs, err := nft.Parse(js, listing, snap.Skip)
-		if err != nil {
-			return nil, nil, fmt.Errorf("read nftables ruleset: %w", err)
-		}
-		if missingTexts(rs) == 0 || attempt == 1 {
+		// Counting, not parsing: the snapshot's reader parses it once.
+		if nft.JSONRules(js) == nft.ListedRules(listing) || attempt == 1 {
 			return tables, snap, nil
 		}
 	}
@@ -279,20 +276,6 @@ func compatTableList() []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func missingTexts(rs *nft.Ruleset) int {
-	n := 0
-	for _, t := range rs.Tables {
-		for _, c := range t.Order {
-			for _, r := range c.Rules {
-				if r.Text == "" {
-					n++
-				}
-			}
-		}
-	}
-	return n
 }
 
 func splitNFT(out string, iptablesIsNFT bool) []NFTable {
