@@ -63,22 +63,9 @@ func TestPrivTraceKubeProxyIPTables(t *testing.T) {
 
 func testIPTablesTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	tr := c.startTierTracing(t, tier)
-	clusterIP := net.JoinHostPort(echoIP, strconv.Itoa(echoPort))
-	nodePort := net.JoinHostPort(DefaultNodeIP, strconv.Itoa(echoNodePort))
-	ok := map[string][]attemptResult{}
 	// (1) and (2): a KUBE-SVC chain's statistic matches pick an endpoint
-	// per connection; go on until both have answered.
-	for _, a := range []struct{ key, dst string }{{"clusterip", clusterIP}, {"nodeport", nodePort}} {
-		ok[a.key] = untilBothAnswered(t, a.key, func() (attemptResult, bool) {
-			return c.iptServiceAttempt(t, a.key, "tcp", a.dst, echoTarget)
-		})
-	}
-	dnsAddr := net.JoinHostPort(echoIP, strconv.Itoa(dnsPort))
-	for i := 0; i < 3; i++ {
-		if a, good := c.iptServiceAttempt(t, "udp", "udp", dnsAddr, dnsTarget); good {
-			ok["udp"] = append(ok["udp"], a)
-		}
-	}
+	// per connection.
+	ok := c.serviceAttempts(t, c.iptServiceAttempt)
 
 	// (3) ping and (4) a wrong port to the ClusterIP: nothing on the node
 	// takes them; they leave through the default route and the uplink

@@ -171,23 +171,8 @@ type attemptResult struct {
 
 func testTraceTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	tr := c.startTierTracing(t, tier)
-	clusterIP := net.JoinHostPort(echoIP, strconv.Itoa(echoPort))
-	nodePort := net.JoinHostPort(DefaultNodeIP, strconv.Itoa(echoNodePort))
-	ok := map[string][]attemptResult{}
-	// (1) and (2): numgen picks an endpoint per connection; go on until
-	// both have answered, so the check covers the choice itself.
-	for _, a := range []struct{ key, dst string }{{"clusterip", clusterIP}, {"nodeport", nodePort}} {
-		ok[a.key] = untilBothAnswered(t, a.key, func() (attemptResult, bool) {
-			return c.serviceAttempt(t, a.key, "tcp", a.dst, echoTarget)
-		})
-	}
-	// A UDP question to the ClusterIP's dns port.
-	dnsAddr := net.JoinHostPort(echoIP, strconv.Itoa(dnsPort))
-	for i := 0; i < 3; i++ {
-		if a, good := c.serviceAttempt(t, "udp", "udp", dnsAddr, dnsTarget); good {
-			ok["udp"] = append(ok["udp"], a)
-		}
-	}
+	// (1) and (2): numgen picks an endpoint per connection.
+	ok := c.serviceAttempts(t, c.serviceAttempt)
 
 	// (3) ping to the ClusterIP: cluster-ips-check rejects it.
 	before := icmpDestUnreachs(t, c.client)
@@ -722,4 +707,26 @@ func (c *traceCluster) traceConfig(only []event.Via) livetest.Config {
 	cfg := c.md
 	cfg.Only = only
 	return cfg
+}
+
+// serviceAttempts connects to the ClusterIP and the NodePort until both
+// endpoints have answered, so the check covers the kernel's choice itself,
+// and asks the ClusterIP's dns port three times over UDP. attempt is the
+// mode's own connection and truth check.
+func (c *traceCluster) serviceAttempts(t *testing.T, attempt func(t *testing.T, what, proto, dst string, target int) (attemptResult, bool)) map[string][]attemptResult {
+	clusterIP := net.JoinHostPort(echoIP, strconv.Itoa(echoPort))
+	nodePort := net.JoinHostPort(DefaultNodeIP, strconv.Itoa(echoNodePort))
+	ok := map[string][]attemptResult{}
+	for _, a := range []struct{ key, dst string }{{"clusterip", clusterIP}, {"nodeport", nodePort}} {
+		ok[a.key] = untilBothAnswered(t, a.key, func() (attemptResult, bool) {
+			return attempt(t, a.key, "tcp", a.dst, echoTarget)
+		})
+	}
+	dnsAddr := net.JoinHostPort(echoIP, strconv.Itoa(dnsPort))
+	for i := 0; i < 3; i++ {
+		if a, good := attempt(t, "udp", "udp", dnsAddr, dnsTarget); good {
+			ok["udp"] = append(ok["udp"], a)
+		}
+	}
+	return ok
 }
