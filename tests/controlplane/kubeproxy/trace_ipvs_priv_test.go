@@ -61,6 +61,7 @@ func TestPrivTraceKubeProxyIPVS(t *testing.T) {
 }
 
 func testIPVSTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
+	c.ipvs.retried = nil
 	tr := c.startTierTracing(t, tier)
 	ok := c.serviceAttempts(t, c.ipvsServiceAttempt)
 	pingID := uint16(40000 + len(tier.Name))
@@ -76,13 +77,13 @@ func testIPVSTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 			t.Errorf("ping %s: the client counted %d ICMP destination unreachable errors, want one", echoIP, d)
 		}
 		return attemptResult{"ping", "icmp", e2eClientIP, echoIP, ""}
-	}, 1)
+	}, 1, false)
 	wrongDst := net.JoinHostPort(echoIP, strconv.Itoa(wrongPort))
-	wrong := c.ipvsFilterAttempt(t, "wrong port", func() attemptResult { return c.refusedAttempt(t, "wrong port", wrongDst) }, 1)
+	wrong := c.ipvsFilterAttempt(t, "wrong port", func() attemptResult { return c.refusedAttempt(t, "wrong port", wrongDst) }, 1, true)
 	// web/empty's port is in KUBE-CLUSTER-IP: the filter lets it through
 	// (its REJECT counts nothing) and IPVS itself refuses.
 	emptyDst := net.JoinHostPort(emptyIP, strconv.Itoa(echoPort))
-	noEP := c.ipvsFilterAttempt(t, "no endpoint", func() attemptResult { return c.refusedAttempt(t, "no endpoint", emptyDst) }, 0)
+	noEP := c.ipvsFilterAttempt(t, "no endpoint", func() attemptResult { return c.refusedAttempt(t, "no endpoint", emptyDst) }, 0, true)
 	tr.Stop(t)
 
 	for _, key := range []string{"clusterip", "nodeport", "udp"} {
@@ -96,7 +97,7 @@ func testIPVSTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	c.checkIPVSFilterFlow(t, tr, ping, append(accepts, "ICMP (ping)")...)
 	c.checkIPVSFilterFlow(t, tr, wrong, append(accepts, fmt.Sprintf("tcp port %d", wrongPort))...)
 	c.checkIPVSNoEndpointFlow(t, tr, noEP)
-	checkNoFalseAlarm(t, tr, ping, wrong, noEP)
+	checkNoFalseAlarm(t, tr, append([]attemptResult{ping, wrong, noEP}, c.ipvs.retried...)...)
 }
 
 // ipvsState is what the node's own tools showed after kube-proxy's sync.
@@ -106,6 +107,9 @@ type ipvsState struct {
 	// filter is the filter table's rules; filterReject KUBE-IPVS-FILTER's
 	// REJECT among them.
 	filter, filterReject string
+	// retried are the refused attempts made again (see ipvsFilterAttempt):
+	// their flows are refused too.
+	retried []attemptResult
 }
 
 // ipvsTraceSynced are what Ruleset (`ipvsadm -Ln` and iptables-save)
@@ -298,21 +302,29 @@ func (c *traceCluster) ipvsServiceAttempt(t *testing.T, what, proto, dst string,
 // it: it sent an ICMP destination unreachable, and KUBE-IPVS-FILTER's
 // REJECT counted rejects more packets (1: it refused; 0: IPVS did).
 // kube-proxy's periodic sync (every 30 s in ipvs mode) restores the filter
-// table, which resets its counters: an attempt during which kube-proxy
-// synced tells nothing about them and is made again, at most three times.
-func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() attemptResult, rejects int64) attemptResult {
+// table, which resets its counters (a VM run saw the REJECT's count go
+// back to 0 between two attempts). So the attempt waits until kube-proxy
+// has synced less than 20 s ago, and one during which it synced all the
+// same is made again (tcp, each try its own source port) or fails (the
+// ping: the tracer keys ICMP flows by address, so a second ping would be
+// the same flow).
+func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() attemptResult, rejects int64, again bool) attemptResult {
 	t.Helper()
 	r := c.ipvs.filterReject
 	for i := 1; ; i++ {
+		c.kp.waitRecentSync(t, 20*time.Second)
 		syncs := c.kp.syncCount(t)
 		before, node := packetCounts(t, c.iptablesSave(t, "filter", true))[r], snmp(t, c.node)
 		a := try()
 		counted := packetCounts(t, c.iptablesSave(t, "filter", true))[r] - before
-		if now := c.kp.syncCount(t); now != syncs && i < 3 {
-			t.Logf("%s: kube-proxy synced during the attempt (%d syncs, then %d): its counters were reset, again", what, syncs, now)
-			continue
-		}
-		if counted != rejects {
+		if now := c.kp.syncCount(t); now != syncs {
+			if again && i < 3 {
+				c.ipvs.retried = append(c.ipvs.retried, a)
+				t.Logf("%s: kube-proxy synced during the attempt (%d syncs, then %d): its counters were reset, again", what, syncs, now)
+				continue
+			}
+			t.Errorf("%s: kube-proxy synced during the attempt (%d syncs, then %d), which resets the REJECT's counter: the count cannot be checked", what, syncs, now)
+		} else if counted != rejects {
 			t.Errorf("%s: %s → %s: %s counted %d packets, want %d", what, a.src, a.dst, r, counted, rejects)
 		}
 		if d := snmp(t, c.node)["Icmp:OutDestUnreachs"] - node["Icmp:OutDestUnreachs"]; d < 1 {
@@ -322,26 +334,48 @@ func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() a
 	}
 }
 
+// waitRecentSync waits (at most 40 s) until kube-proxy's last IPv4 sync
+// finished less than within ago, by its
+// sync_proxy_rules_last_timestamp_seconds and the clock it shares with
+// the test.
+func (kp *KubeProxy) waitRecentSync(t *testing.T, within time.Duration) {
+	t.Helper()
+	for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
+		last := kp.metric(t, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`)
+		age := time.Since(time.Unix(0, int64(last*1e9)))
+		if age < within {
+			return
+		}
+		if time.Since(start) > 40*time.Second {
+			t.Fatalf("kube-proxy's last sync is %s old after waiting 40 s: it syncs every 30 s", age.Round(time.Second))
+		}
+	}
+}
+
 // syncCount is how many IPv4 syncs kube-proxy has finished: the count of
-// its sync_proxy_rules_duration_seconds histogram, from its metrics
-// endpoint in the node.
+// its sync_proxy_rules_duration_seconds histogram.
 func (kp *KubeProxy) syncCount(t *testing.T) int64 {
+	t.Helper()
+	return int64(kp.metric(t, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`))
+}
+
+// metric is one sample of kube-proxy's metrics endpoint in the node.
+func (kp *KubeProxy) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	out, err := kp.Exec("curl", "-sS", "--max-time", "10", "http://127.0.0.1:10249/metrics")
 	if err != nil {
 		t.Fatalf("read kube-proxy's metrics: %v", err)
 	}
-	const name = `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} `
 	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, name); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err != nil {
-				t.Fatalf("kube-proxy's sync count %q: %v", line, err)
+				t.Fatalf("kube-proxy's metric %q: %v", line, err)
 			}
 			return n
 		}
 	}
-	t.Fatalf("kube-proxy's metrics have no %s:\n%s", strings.TrimSpace(name), out)
+	t.Fatalf("kube-proxy's metrics have no %s:\n%s", name, out)
 	return 0
 }
 

@@ -466,7 +466,9 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 	if err != nil {
 		t.Fatalf("admin client: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// Generous: under TCG on a loaded machine kube-proxy's first ipvs-mode
+	// sync alone took over a minute (its iptables-restore 5 s).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := cphelper.ApplyFile(ctx, admin, rbacManifest(t)); err != nil {
 		t.Fatalf("apply deploy/rbac.yaml: %v", err)
