@@ -6,9 +6,10 @@
 #   TRACER_VM_SELFTEST_FAIL=1 make test-vm KERNEL=6.1   must fail (self-test)
 #
 # Kernels and apt lists are cached in $(TRACER_VM_CACHE) (default tests/vm/cache).
-# With 6.12 in the list, cp-bin runs first: that guest runs the control-plane
-# tests of tests/controlplane/kubeproxy with the binaries the host built
-# (the guest has no network, and linking kube-apiserver under TCG would take
+# When tests/controlplane/kubeproxy is among the packages, cp-bin runs first:
+# every guest runs its ipvs-mode test (6.12 also its nftables- and
+# iptables-mode tests) with the control-plane binaries the host built (the
+# guest has no network, and linking kube-apiserver under TCG would take
 # longer than the tests).
 VM_KERNELS ?= 5.10 6.1 6.12
 VM_TIMEOUT ?= 30m
@@ -26,9 +27,7 @@ test-vm:
 		echo "test-vm: SKIPPED the VM kernel matrix: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"; \
 		exit 0; \
 	fi; \
-	case " $(or $(KERNEL),$(VM_KERNELS)) " in \
-	*" 6.12 "*) $(MAKE) --no-print-directory cp-bin || exit 1;; \
-	esac; \
+	$(if $(filter ./tests/controlplane/kubeproxy,$(VM_PKGS)),$(MAKE) --no-print-directory cp-bin || exit 1;) \
 	$(VMRUN) -test -kernels "$(or $(KERNEL),$(VM_KERNELS))" -timeout $(VM_TIMEOUT) $(VM_PKGS)
 
 # Download and cache the kernels only (for example before going offline).
