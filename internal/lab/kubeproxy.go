@@ -139,13 +139,24 @@ COMMIT
 // installKubeProxy writes kube-proxy's IPVS-mode state into n: kube-ipvs0,
 // the ipsets, the rules and (with IPVS) its sysctls.
 func (c *cluster) installKubeProxy(n *node) error {
-	kp := &kubeProxy{n: n, ipvs: c.env.IPVS}
+	kp, err := startKubeProxy(n, c.env, clusterCIDR)
+	if err != nil {
+		return err
+	}
+	n.kp = kp
+	return nil
+}
+
+// startKubeProxy is installKubeProxy for a cluster whose pods are in cidr
+// (the rule that masquerades ClusterIP traffic from outside it).
+func startKubeProxy(n *node, env *Env, cidr string) (*kubeProxy, error) {
+	kp := &kubeProxy{n: n, ipvs: env.IPVS}
 	kind := "bridge" // left down, it gives the same local routes as dummy
-	if c.env.Dummy {
+	if env.Dummy {
 		kind = "dummy"
 	}
 	if _, err := n.ns.Run("ip", "link", "add", "kube-ipvs0", "type", kind); err != nil {
-		return fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
+		return nil, fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
 	}
 	var sets strings.Builder
 	for _, s := range kubeProxyIPSets {
@@ -157,26 +168,25 @@ func (c *cluster) installKubeProxy(n *node) error {
 		fmt.Fprintf(&sets, "create %s %s %s -exist\n", name, typ, opts)
 	}
 	if err := runStdin(n.ns, sets.String(), "ipset", "restore"); err != nil {
-		return fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
+		return nil, fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
 	}
-	rules := strings.ReplaceAll(kubeProxyRules, "CLUSTERCIDR", clusterCIDR)
+	rules := strings.ReplaceAll(kubeProxyRules, "CLUSTERCIDR", cidr)
 	if err := runStdin(n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
-		return fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
+		return nil, fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
 	}
 	for _, j := range kubeProxyJumps {
 		if _, err := n.ns.Run("iptables", "-w", "-t", j[0], "-I", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]); err != nil {
-			return fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
+			return nil, fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
 		}
 	}
 	if kp.ipvs {
 		if err := kp.ipvsSysctls(); err != nil {
-			return err
+			return nil, err
 		}
 	} else if err := kp.installStandIn(); err != nil {
-		return err
+		return nil, err
 	}
-	n.kp = kp
-	return nil
+	return kp, nil
 }
 
 func (kp *kubeProxy) ipvsSysctls() error {
