@@ -1,0 +1,421 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tracer-dev/tracer/internal/lab"
+	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/rules"
+)
+
+// The lab's kube-proxy stand-ins (internal/lab: kubeproxy.go for IPVS
+// mode and its no-IPVS substitute, kubeproxynft.go for nftables mode) are
+// held against the real kube-proxy v1.37.2 given the same Services: the
+// fixture's, read back from the API server, written by the stand-in into
+// a namespace of its own (trks-<pid>-node) and by kube-proxy into the
+// harness's. Both sides are read by the same commands and normalised by
+// the same code (model.go, modelbuild.go) into what the tracer reads;
+// every difference fails the test by name unless it is listed, exactly,
+// with its reason.
+
+// standInServices reads every Service and EndpointSlice from the API
+// server and returns them as kube-proxy names them (for the chain hashes)
+// and as the lab's stand-in takes them. An endpoint is Local when it runs
+// on node; only ready endpoints count, as for kube-proxy.
+func standInServices(ctx context.Context, c kubernetes.Interface, node string) ([]ServicePortID, []lab.StandInService, error) {
+	svcs, err := c.CoreV1().Services(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list services: %w", err)
+	}
+	slices, err := c.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list endpointslices: %w", err)
+	}
+	var ids []ServicePortID
+	var out []lab.StandInService
+	for _, svc := range svcs.Items {
+		s, portIDs := standInService(&svc, slicesOf(slices.Items, &svc), node)
+		ids = append(ids, portIDs...)
+		out = append(out, s)
+	}
+	return ids, out, nil
+}
+
+func slicesOf(all []discoveryv1.EndpointSlice, svc *corev1.Service) []discoveryv1.EndpointSlice {
+	var out []discoveryv1.EndpointSlice
+	for _, sl := range all {
+		if sl.Namespace == svc.Namespace && sl.Labels[discoveryv1.LabelServiceName] == svc.Name {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+
+func standInService(svc *corev1.Service, eps []discoveryv1.EndpointSlice, node string) (lab.StandInService, []ServicePortID) {
+	s := lab.StandInService{
+		Namespace: svc.Namespace, Name: svc.Name, Type: string(svc.Spec.Type), ClusterIP: svc.Spec.ClusterIP,
+		ExternalLocal:       svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
+		HealthCheckNodePort: int(svc.Spec.HealthCheckNodePort),
+	}
+	if in := svc.Status.LoadBalancer.Ingress; len(in) > 0 {
+		s.LoadBalancerIP = in[0].IP
+	}
+	var ids []ServicePortID
+	for _, p := range svc.Spec.Ports {
+		proto := strings.ToLower(string(p.Protocol))
+		id := ServicePortID{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Proto: proto}
+		target := int(p.TargetPort.IntVal)
+		for _, sl := range eps {
+			for _, sp := range sl.Ports {
+				if sp.Name != nil && *sp.Name == p.Name && sp.Port != nil {
+					target = int(*sp.Port)
+				}
+			}
+			for _, ep := range sl.Endpoints {
+				if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+					continue
+				}
+				for _, a := range ep.Addresses {
+					id.Endpoints = append(id.Endpoints, fmt.Sprintf("%s:%d", a, target))
+					if len(ids) == 0 { // one endpoint list per Service; ports share it
+						s.Endpoints = append(s.Endpoints, lab.StandInEndpoint{IP: a, Local: ep.NodeName != nil && *ep.NodeName == node})
+					}
+				}
+			}
+		}
+		s.Ports = append(s.Ports, lab.StandInPort{Name: p.Name, Proto: proto, Port: int(p.Port), TargetPort: target, NodePort: int(p.NodePort)})
+		ids = append(ids, id)
+	}
+	return s, ids
+}
+
+// standInNetns is a fresh namespace for the stand-in, removed when the
+// test ends.
+func standInNetns(t *testing.T) netlab.Namespace {
+	t.Helper()
+	l, err := netlab.New(fmt.Sprintf("trks-%d", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("remove stand-in namespace: %v", err)
+		}
+	})
+	ns, err := l.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func standInNode() lab.StandInNode {
+	return lab.StandInNode{Name: DefaultNodeName, IP: DefaultNodeIP, ClusterCIDR: DefaultClusterCIDR, ServiceCIDR: FixtureServiceCIDR}
+}
+
+// checkModels fails t naming every difference between real and got that
+// known does not list, and every listed one that did not occur.
+func checkModels(t *testing.T, real, got *Model, known []KnownDifference) {
+	t.Helper()
+	diffs := Diff(real, got)
+	unexplained, unused := Unexplained(diffs, known)
+	t.Logf("model: kube-proxy %d facts and %d chains, stand-in %d facts and %d chains; %d differences, %d of them listed as intended",
+		len(real.Facts), len(real.Chains), len(got.Facts), len(got.Chains), len(diffs), len(diffs)-len(unexplained))
+	for _, d := range unexplained {
+		t.Errorf("stand-in differs from kube-proxy v1.37.2: %s", d)
+	}
+	for _, k := range unused {
+		t.Errorf("listed difference did not occur (correct the list): %s (reason given: %s)", k.Difference, k.Reason)
+	}
+}
+
+func execIn(t *testing.T, ns netlab.Namespace, args ...string) string {
+	t.Helper()
+	out, err := ns.Run(args[0], args[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func kpExec(t *testing.T, kp *KubeProxy, args ...string) string {
+	t.Helper()
+	out, err := kp.Exec(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestStandInNFTablesMatchesKubeProxy: the lab's nftables-mode stand-in
+// against kube-proxy v1.37.2 --proxy-mode=nftables, both tables (ip and
+// ip6 kube-proxy) whole: base chains' hooks and priorities, every
+// chain's rules in order, chain names with their hashes, sets and maps
+// with their types, elements with their comments and verdicts. No
+// difference is intended.
+func TestStandInNFTablesMatchesKubeProxy(t *testing.T) {
+	skipShort(t)
+	SkipUnlessPrivileged(t)
+	checkHostUnchanged(t)
+	kp, admin := startFixture(t, NFTables)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
+		t.Fatal(err)
+	}
+	real, err := NFTablesModel([]byte(kpExec(t, kp, "nft", "-j", "list", "ruleset")), []byte(kpExec(t, kp, "nft", "-a", "list", "ruleset")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, svcs, err := standInServices(ctx, admin, DefaultNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := standInNetns(t)
+	t0 := time.Now()
+	if err := lab.WriteKubeProxyStandIn(ns, lab.StandInNFTables, standInNode(), svcs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stand-in wrote %d Services in %s", len(svcs), time.Since(t0).Round(time.Millisecond))
+	got, err := NFTablesModel([]byte(execIn(t, ns, "nft", "-j", "list", "ruleset")), []byte(execIn(t, ns, "nft", "-a", "list", "ruleset")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkModels(t, real, got, nil)
+}
+
+// serviceChain says whether a chain is one of iptables mode's per-Service
+// or per-endpoint chains.
+func serviceChain(chain string) bool {
+	for _, p := range []string{"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"} {
+		if strings.HasPrefix(chain, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// substituteView is the part of the state the stand-in's no-IPVS
+// substitute claims to share with iptables mode: the per-Service and
+// per-endpoint chains and the jumps into them from nat KUBE-SERVICES and
+// KUBE-NODEPORTS.
+var substituteView = IPTablesView{
+	Chain: func(table, chain string) bool { return table == "nat" && serviceChain(chain) },
+	Jump: func(r *rules.Rule) bool {
+		return r.Table == "nat" && (r.Chain == "KUBE-SERVICES" || r.Chain == "KUBE-NODEPORTS") && serviceChain(r.Target.Chain)
+	},
+}
+
+// TestStandInSubstituteMatchesIPTablesMode: without IPVS the lab's
+// IPVS-mode stand-in stands in for the virtual servers with iptables
+// mode's KUBE-SVC/KUBE-SEP chains; that part is held against kube-proxy
+// v1.37.2 --proxy-mode=iptables (substituteView). The rest of the
+// stand-in is IPVS mode's, not iptables mode's, and is not compared here.
+// The stand-in refuses a Service without endpoints on a kernel without
+// IPVS (no virtual server without real servers to stand in for), so
+// ns6/svc6 is not given to it; iptables mode writes no chain of this view
+// for it either (its REJECT is in filter KUBE-SERVICES).
+func TestStandInSubstituteMatchesIPTablesMode(t *testing.T) {
+	skipShort(t)
+	SkipUnlessPrivileged(t)
+	if _, err := os.Stat("/usr/sbin/ipset"); err != nil {
+		t.Skipf("the IPVS-mode stand-in writes ipsets: needs the ipset command: %v", err)
+	}
+	checkHostUnchanged(t)
+	kp, admin := startFixture(t, IPTables)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := kp.WaitSynced(ctx, FixtureSyncedIPTables...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, svcs, err := standInServices(ctx, admin, DefaultNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idents := NewIdents(ids)
+	real, err := IPTablesModel(out, idents, substituteView)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs = slices.DeleteFunc(svcs, func(s lab.StandInService) bool { return len(s.Endpoints) == 0 })
+	ns := standInNetns(t)
+	if err := lab.WriteKubeProxyStandIn(ns, lab.StandInIPVS, standInNode(), svcs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := IPTablesModel(execIn(t, ns, "iptables-save"), idents, substituteView)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkModels(t, real, got, substituteDifferences)
+}
+
+// substituteDifferences are where the substitute follows IPVS mode, which
+// it stands in for, rather than iptables mode, whose chain shapes it
+// borrows.
+var substituteDifferences = append(clusterMasqDifferences(
+	[4]string{"default/kubernetes:https", "172.30.0.1", "tcp", "443"},
+	[4]string{"ns4/svc4:p80", "172.30.0.44", "tcp", "80"},
+	[4]string{"ns7/svc7:p80", "172.30.0.47", "tcp", "80"},
+	[4]string{"ns8/svc8:p53", "172.30.0.48", "udp", "53"},
+),
+	KnownDifference{`chain nat KUBE-EXT-{ns7/svc7:p80}: only in kube-proxy (3 rules)`, nodePortReason},
+	KnownDifference{`iptables chain nat KUBE-EXT-{ns7/svc7:p80}: only in kube-proxy: policy -`, nodePortReason},
+	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-EXT-{ns7/svc7:p80} "ns7/svc7:p80" #2: only in kube-proxy: -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -j KUBE-EXT-{ns7/svc7:p80}`, nodePortReason},
+	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-SVC-{ns7/svc7:p80} "ns7/svc7:p80": only in the stand-in: -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -j KUBE-SVC-{ns7/svc7:p80}`, nodePortReason},
+	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-EXT-{ns7/svc7:p80} "ns7/svc7:p80": only in kube-proxy: -d 127.0.0.0/8 -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-{ns7/svc7:p80}`,
+		"iptables mode accepts NodePorts on 127.0.0.0/8 (route_localnet); IPVS mode has no virtual server on loopback, so the stand-in has no such jump"},
+)
+
+// nodePortReason: IPVS mode has no KUBE-EXT chain (NodePort masquerading
+// is KUBE-NODE-PORT's ipset rules, which the stand-in writes), and since
+// 1.24 (PR 97081) an externalTrafficPolicy=Local virtual server on a node
+// without a local endpoint lists every endpoint, so the stand-in's
+// NodePort jumps to the Service's KUBE-SVC chain; iptables mode would drop
+// in filter KUBE-EXTERNAL-SERVICES instead.
+const nodePortReason = "IPVS mode: no KUBE-EXT chain (KUBE-NODE-PORT's ipset rules masquerade NodePorts); an externalTrafficPolicy=Local virtual server without a local endpoint has all endpoints since 1.24, so the NodePort leads to KUBE-SVC"
+
+// clusterMasqDifferences: iptables mode's KUBE-SVC chains start by marking
+// ClusterIP traffic from outside the cluster CIDR for masquerade; IPVS
+// mode does that once for every ClusterIP, in KUBE-SERVICES' rule on the
+// KUBE-CLUSTER-IP ipset, which the stand-in writes. Each is (port name,
+// ClusterIP, protocol, port).
+func clusterMasqDifferences(svcs ...[4]string) []KnownDifference {
+	var out []KnownDifference
+	for _, s := range svcs {
+		out = append(out, KnownDifference{
+			Difference: fmt.Sprintf(`chain nat KUBE-SVC-{%s} rule 1: only in kube-proxy: ! -s %s -d %s/32 -p %s -m comment --comment "%s cluster IP" -m %s --dport %s -j KUBE-MARK-MASQ`,
+				s[0], DefaultClusterCIDR, s[1], s[2], s[0], s[2], s[3]),
+			Reason: "IPVS mode marks ClusterIP traffic from outside the cluster CIDR in KUBE-SERVICES (-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s CIDR -j KUBE-MARK-MASQ), not per Service",
+		})
+	}
+	return out
+}
+
+// harnessModes are the proxy modes Start runs.
+var harnessModes = []Mode{NFTables, IPTables}
+
+// ipvsMode is kube-proxy's --proxy-mode=ipvs.
+const ipvsMode Mode = "ipvs"
+
+// skipUnlessIPVS skips, with the reason, unless the harness runs IPVS
+// mode and the kernel has IPVS. In a tests/vm guest ip_vs is a module and
+// is loaded first (the guest is the test's own machine); on the host
+// nothing is loaded.
+func skipUnlessIPVS(t *testing.T) {
+	t.Helper()
+	if !slices.Contains(harnessModes, ipvsMode) {
+		t.Skipf("the kube-proxy harness runs only %v: no IPVS mode to compare the IPVS-mode stand-in with", harnessModes)
+	}
+	if os.Getenv("TRACER_VM") != "" {
+		if _, err := run("modprobe", "ip_vs"); err != nil {
+			t.Fatalf("load ip_vs in the VM guest: %v", err)
+		}
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		t.Skipf("this kernel has no IPVS (/proc/net/ip_vs: %v): kube-proxy's IPVS mode cannot run here", err)
+	}
+	for _, c := range []string{"ipvsadm", "ipset"} {
+		if _, err := run("sh", "-c", "command -v "+c); err != nil {
+			t.Skipf("needs the %s command: %v", c, err)
+		}
+	}
+}
+
+// ipvsState is IPVS mode's whole state in a namespace: every iptables
+// chain, every ipset, every IPVS server and kube-ipvs0.
+func ipvsState(t *testing.T, exec func(args ...string) (string, error), id *Idents) *Model {
+	t.Helper()
+	get := func(args ...string) string {
+		out, err := exec(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	m, err := IPTablesModel(get("iptables-save"), id, IPTablesView{Chain: func(string, string) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	IPVSModel(m, get("ipset", "save"), get("ipvsadm", "-Sn"),
+		get("ip", "-d", "-o", "link", "show", "kube-ipvs0"), get("ip", "-4", "-o", "addr", "show", "dev", "kube-ipvs0"))
+	return m
+}
+
+// waitIPVSSynced polls until kube-proxy has a virtual server for every
+// ClusterIP port and its KUBE-IPVS-FILTER chain.
+func waitIPVSSynced(ctx context.Context, kp *KubeProxy, svcs []lab.StandInService) error {
+	var want []string
+	for _, s := range svcs {
+		for _, p := range s.Ports {
+			want = append(want, fmt.Sprintf("%s:%d", s.ClusterIP, p.Port))
+		}
+	}
+	for {
+		vs, err1 := kp.Exec("ipvsadm", "-Sn")
+		save, err2 := kp.Exec("iptables-save")
+		if err1 == nil && err2 == nil && len(missingOf(vs, want)) == 0 && strings.Contains(save, "KUBE-IPVS-FILTER") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-proxy (ipvs mode) not synced: %w (virtual servers missing: %q)", ctx.Err(), missingOf(vs, want))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// probeDummy reports whether ns can have a dummy link (kube-ipvs0's kind).
+func probeDummy(ns netlab.Namespace) bool {
+	if _, err := ns.Run("ip", "link", "add", "trks-probe", "type", "dummy"); err != nil {
+		return false
+	}
+	_, _ = ns.Run("ip", "link", "del", "trks-probe")
+	return true
+}
+
+// TestStandInIPVSMatchesIPVSMode: the lab's IPVS-mode stand-in, with real
+// IPVS, against kube-proxy v1.37.2 --proxy-mode=ipvs for the fixture
+// Services: every iptables chain and rule, every ipset and entry, every
+// virtual and real server, kube-ipvs0's kind, state and addresses.
+func TestStandInIPVSMatchesIPVSMode(t *testing.T) {
+	skipShort(t)
+	SkipUnlessPrivileged(t)
+	skipUnlessIPVS(t)
+	checkHostUnchanged(t)
+	kp, admin := startFixture(t, ipvsMode)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	ids, svcs, err := standInServices(ctx, admin, DefaultNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitIPVSSynced(ctx, kp, svcs); err != nil {
+		t.Fatal(err)
+	}
+	idents := NewIdents(ids)
+	real := ipvsState(t, kp.Exec, idents)
+	ns := standInNetns(t)
+	node := standInNode()
+	node.IPVS, node.Dummy = true, probeDummy(ns)
+	if err := lab.WriteKubeProxyStandIn(ns, lab.StandInIPVS, node, svcs); err != nil {
+		t.Fatal(err)
+	}
+	got := ipvsState(t, func(args ...string) (string, error) { return ns.Run(args[0], args[1:]...) }, idents)
+	checkModels(t, real, got, ipvsDifferences)
+}
+
+// ipvsDifferences are where the IPVS-mode stand-in differs from IPVS mode
+// on purpose.
+var ipvsDifferences []KnownDifference
