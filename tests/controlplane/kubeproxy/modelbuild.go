@@ -151,7 +151,7 @@ func nftSet(m *Model, t *nft.Table, s *nft.Set) {
 }
 
 // IPVSModel adds IPVS mode's other state to m: every ipset (`ipset save`:
-// its type and options, each entry), every IPVS virtual and real server
+// its type and options but the hash seed, each entry), every IPVS virtual and real server
 // (`ipvsadm -Sn`: scheduler, forwarding method, weight) and kube-ipvs0
 // (`ip -d -o link show` and `ip -4 -o addr show` of it: kind, state,
 // addresses).
@@ -160,7 +160,7 @@ func IPVSModel(m *Model, ipsetSave, ipvsadmSave, link, addrs string) {
 		f := strings.Fields(l)
 		switch {
 		case len(f) >= 3 && f[0] == "create":
-			m.Facts["ipset "+f[1]] = strings.Join(f[2:], " ")
+			m.Facts["ipset "+f[1]] = strings.Join(withoutInitval(f[2:]), " ")
 		case len(f) >= 3 && f[0] == "add":
 			m.Facts["ipset "+f[1]+" entry "+f[2]] = strings.Join(append([]string{"present"}, f[3:]...), " ")
 		}
@@ -183,6 +183,20 @@ func IPVSModel(m *Model, ipsetSave, ipvsadmSave, link, addrs string) {
 			}
 		}
 	}
+}
+
+// withoutInitval drops a hash set's "initval 0x…": the random seed the
+// kernel picks for its hash, not anything kube-proxy chose.
+func withoutInitval(opts []string) []string {
+	var out []string
+	for i := 0; i < len(opts); i++ {
+		if opts[i] == "initval" {
+			i++
+			continue
+		}
+		out = append(out, opts[i])
+	}
+	return out
 }
 
 // linkShape is the kind and state words of `ip -d -o link show`: "dummy
