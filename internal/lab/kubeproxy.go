@@ -57,6 +57,8 @@ type kubeProxy struct {
 	cidr    string
 	filled  map[string]bool
 	portals []string
+	// seps are the substitute's KUBE-SEP chains written so far.
+	seps map[string]bool
 }
 
 // Stand-in chain for the NodePort virtual servers, and its jump's comment.
@@ -193,7 +195,7 @@ func (c *cluster) installKubeProxy(n *node) error {
 // startKubeProxy is installKubeProxy for a cluster whose pods are in cidr
 // (the rule that masquerades ClusterIP traffic from outside it).
 func startKubeProxy(n *node, env *Env, cidr string) (*kubeProxy, error) {
-	kp := &kubeProxy{n: n, ipvs: env.IPVS, cidr: cidr, filled: map[string]bool{}}
+	kp := &kubeProxy{n: n, ipvs: env.IPVS, cidr: cidr, filled: map[string]bool{}, seps: map[string]bool{}}
 	kind := "bridge" // left down, it gives the same local routes as dummy
 	if env.Dummy {
 		kind = "dummy"
@@ -465,7 +467,8 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 }
 
 // svcChain writes a KUBE-SVC-style chain spreading over eps, one KUBE-SEP
-// chain each, and returns its name.
+// chain each, and returns its name. A KUBE-SVL chain jumps to the KUBE-SEP
+// chains its KUBE-SVC chain made, as in kube-proxy's iptables mode.
 func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*pod) (string, error) {
 	name := s.portName(p)
 	chain := prefix + portProtoHash(name, p.Proto)
@@ -475,13 +478,7 @@ func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*p
 	for i, ep := range eps {
 		dest := net4(ep.ip, p.TargetPort)
 		sep := "KUBE-SEP-" + portProtoHash(name, p.Proto+dest)
-		if err := kp.nat("-N", sep); err != nil {
-			return "", err
-		}
-		if err := kp.nat("-A", sep, "-s", ep.ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
-			return "", err
-		}
-		if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
+		if err := kp.sepChain(sep, name, p, ep.ip, dest); err != nil {
 			return "", err
 		}
 		jump := []string{"-A", chain, "-m", "comment", "--comment", name + " -> " + dest}
@@ -493,6 +490,25 @@ func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*p
 		}
 	}
 	return chain, nil
+}
+
+// sepChain writes endpoint chain sep (masquerade the endpoint's own
+// traffic, DNAT to dest) unless it exists already.
+func (kp *kubeProxy) sepChain(sep, name string, p servicePort, ip, dest string) error {
+	if kp.seps[sep] {
+		return nil
+	}
+	if err := kp.nat("-N", sep); err != nil {
+		return err
+	}
+	if err := kp.nat("-A", sep, "-s", ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
+		return err
+	}
+	if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
+		return err
+	}
+	kp.seps[sep] = true
+	return nil
 }
 
 func (kp *kubeProxy) nat(args ...string) error {
