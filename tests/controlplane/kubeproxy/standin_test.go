@@ -12,7 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -100,6 +102,63 @@ func standInService(svc *corev1.Service, eps []discoveryv1.EndpointSlice, node s
 	return s, ids
 }
 
+// createLoadBalancer adds what the fixture lacks and the stand-ins model:
+// ns10/lb10, type LoadBalancer with ingress IP 203.0.113.10 (written to
+// its status, as a cloud controller would), ClusterIP 172.30.0.60,
+// externalTrafficPolicy Local, tcp 80 "http" -> 8080 (NodePort 30080) and
+// udp 53 "dns" -> 5353 (NodePort 30053), with one endpoint on this node
+// (10.180.0.10) and one on OtherNode (10.180.1.10). It returns strings
+// the ruleset of mode holds once kube-proxy has written it.
+func createLoadBalancer(ctx context.Context, c kubernetes.Interface, mode Mode) ([]string, error) {
+	const ns, name = "ns10", "lb10"
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, ClusterIP: "172.30.0.60", ClusterIPs: []string{"172.30.0.60"},
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			Ports: []corev1.ServicePort{
+				{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080},
+				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(5353), NodePort: 30053},
+			},
+		},
+	}
+	created, err := c.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create service %s/%s: %w", ns, name, err)
+	}
+	created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.10"}}
+	if _, err := c.CoreV1().Services(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return nil, fmt.Errorf("write load balancer ingress of %s/%s: %w", ns, name, err)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "tracer-test"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)},
+			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](5353)},
+		},
+	}
+	for _, ep := range [][2]string{{"10.180.0.10", DefaultNodeName}, {"10.180.1.10", OtherNode}} {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ep[0]},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To(ep[1])})
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create endpointslice %s/%s: %w", ns, slice.Name, err)
+	}
+	switch mode {
+	case NFTables:
+		return []string{"203.0.113.10 . tcp . 80 : goto external-", "udp . 30053 : goto external-", "dnat to 10.180.0.10:5353"}, nil
+	case IPTables:
+		return []string{`"ns10/lb10:http loadbalancer IP"`, `"ns10/lb10:dns loadbalancer IP"`, "10.180.0.10:5353"}, nil
+	}
+	return nil, nil
+}
+
 // standInNetns is a fresh namespace for the stand-in, removed when the
 // test ends.
 func standInNetns(t *testing.T) netlab.Namespace {
@@ -171,7 +230,11 @@ func TestStandInNFTablesMatchesKubeProxy(t *testing.T) {
 	kp, admin := startFixture(t, NFTables)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
+	lb, err := createLoadBalancer(ctx, admin, NFTables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kp.WaitSynced(ctx, append(FixtureSynced, lb...)...); err != nil {
 		t.Fatal(err)
 	}
 	real, err := NFTablesModel([]byte(kpExec(t, kp, "nft", "-j", "list", "ruleset")), []byte(kpExec(t, kp, "nft", "-a", "list", "ruleset")))
@@ -236,7 +299,11 @@ func TestStandInSubstituteMatchesIPTablesMode(t *testing.T) {
 	kp, admin := startFixture(t, IPTables)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := kp.WaitSynced(ctx, FixtureSyncedIPTables...)
+	lb, err := createLoadBalancer(ctx, admin, IPTables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := kp.WaitSynced(ctx, append(FixtureSyncedIPTables, lb...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,27 +333,61 @@ func TestStandInSubstituteMatchesIPTablesMode(t *testing.T) {
 // substituteDifferences are where the substitute follows IPVS mode, which
 // it stands in for, rather than iptables mode, whose chain shapes it
 // borrows.
-var substituteDifferences = append(clusterMasqDifferences(
-	[4]string{"default/kubernetes:https", "172.30.0.1", "tcp", "443"},
-	[4]string{"ns4/svc4:p80", "172.30.0.44", "tcp", "80"},
-	[4]string{"ns7/svc7:p80", "172.30.0.47", "tcp", "80"},
-	[4]string{"ns8/svc8:p53", "172.30.0.48", "udp", "53"},
-),
-	KnownDifference{`chain nat KUBE-EXT-{ns7/svc7:p80}: only in kube-proxy (3 rules)`, nodePortReason},
-	KnownDifference{`iptables chain nat KUBE-EXT-{ns7/svc7:p80}: only in kube-proxy: policy -`, nodePortReason},
-	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-EXT-{ns7/svc7:p80} "ns7/svc7:p80" #2: only in kube-proxy: -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -j KUBE-EXT-{ns7/svc7:p80}`, nodePortReason},
-	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-SVC-{ns7/svc7:p80} "ns7/svc7:p80": only in the stand-in: -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -j KUBE-SVC-{ns7/svc7:p80}`, nodePortReason},
-	KnownDifference{`iptables rule nat KUBE-NODEPORTS -j KUBE-EXT-{ns7/svc7:p80} "ns7/svc7:p80": only in kube-proxy: -d 127.0.0.0/8 -p tcp -m comment --comment "ns7/svc7:p80" -m tcp --dport 30007 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-{ns7/svc7:p80}`,
-		"iptables mode accepts NodePorts on 127.0.0.0/8 (route_localnet); IPVS mode has no virtual server on loopback, so the stand-in has no such jump"},
+var substituteDifferences = slices.Concat(
+	clusterMasqDifferences(
+		[4]string{"default/kubernetes:https", "172.30.0.1", "tcp", "443"},
+		[4]string{"ns4/svc4:p80", "172.30.0.44", "tcp", "80"},
+		[4]string{"ns7/svc7:p80", "172.30.0.47", "tcp", "80"},
+		[4]string{"ns8/svc8:p53", "172.30.0.48", "udp", "53"},
+		[4]string{"ns10/lb10:http", "172.30.0.60", "tcp", "80"},
+		[4]string{"ns10/lb10:dns", "172.30.0.60", "udp", "53"},
+	),
+	// ns7/svc7: Local, no endpoint on this node.
+	externalDifferences(externalPort{"ns7/svc7:p80", "tcp", "30007", "", "", "KUBE-SVC", 3}),
+	// ns10/lb10: Local, one endpoint on this node.
+	externalDifferences(externalPort{"ns10/lb10:http", "tcp", "30080", "203.0.113.10", "80", "KUBE-SVL", 4}),
+	externalDifferences(externalPort{"ns10/lb10:dns", "udp", "30053", "203.0.113.10", "53", "KUBE-SVL", 4}),
 )
 
-// nodePortReason: IPVS mode has no KUBE-EXT chain (NodePort masquerading
-// is KUBE-NODE-PORT's ipset rules, which the stand-in writes), and since
-// 1.24 (PR 97081) an externalTrafficPolicy=Local virtual server on a node
-// without a local endpoint lists every endpoint, so the stand-in's
-// NodePort jumps to the Service's KUBE-SVC chain; iptables mode would drop
-// in filter KUBE-EXTERNAL-SERVICES instead.
-const nodePortReason = "IPVS mode: no KUBE-EXT chain (KUBE-NODE-PORT's ipset rules masquerade NodePorts); an externalTrafficPolicy=Local virtual server without a local endpoint has all endpoints since 1.24, so the NodePort leads to KUBE-SVC"
+// externalPort is a Service port reached from outside: its NodePort, its
+// load balancer IP and port ("" for none), the chain the stand-in sends
+// them to, and how many rules iptables mode's KUBE-EXT chain has.
+type externalPort struct {
+	name, proto, nodePort, lbIP, port, standIn string
+	extRules                                   int
+}
+
+// externalDifferences: IPVS mode has no KUBE-EXT chain. NodePorts are
+// masqueraded by KUBE-NODE-PORT's ipset rules (which the stand-in
+// writes) and pod or node traffic to a NodePort or load balancer IP is not
+// short-circuited to the cluster policy: the external virtual servers of
+// an externalTrafficPolicy=Local Service have the node's own endpoints
+// (the stand-in's KUBE-SVL), or, without one, since 1.24 every endpoint
+// (KUBE-SVC). And IPVS has no virtual server on 127.0.0.0/8, where
+// iptables mode accepts NodePorts (route_localnet).
+func externalDifferences(e externalPort) []KnownDifference {
+	ext := "KUBE-EXT-{" + e.name + "}"
+	to := e.standIn + "-{" + e.name + "}"
+	match := func(dst, comment, port string) string {
+		return fmt.Sprintf(`%s-p %s -m comment --comment "%s" -m %s --dport %s`, dst, e.proto, comment, e.proto, port)
+	}
+	const why = "IPVS mode: no KUBE-EXT chain, NodePorts masqueraded by KUBE-NODE-PORT's ipset rules, external virtual servers of an externalTrafficPolicy=Local Service with the local endpoints (or all of them since 1.24 when there is none)"
+	out := []KnownDifference{
+		{fmt.Sprintf("chain nat %s: only in kube-proxy (%d rules)", ext, e.extRules), why},
+		{fmt.Sprintf("iptables chain nat %s: only in kube-proxy: policy -", ext), why},
+		{fmt.Sprintf(`iptables rule nat KUBE-NODEPORTS -j %s "%s" #2: only in kube-proxy: %s -j %s`, ext, e.name, match("", e.name, e.nodePort), ext), why},
+		{fmt.Sprintf(`iptables rule nat KUBE-NODEPORTS -j %s "%s": only in the stand-in: %s -j %s`, to, e.name, match("", e.name, e.nodePort), to), why},
+		{fmt.Sprintf(`iptables rule nat KUBE-NODEPORTS -j %s "%s": only in kube-proxy: %s -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j %s`, ext, e.name, match("-d 127.0.0.0/8 ", e.name, e.nodePort), ext),
+			"iptables mode accepts NodePorts on 127.0.0.0/8 (route_localnet); IPVS mode has no virtual server on loopback"},
+	}
+	if e.lbIP != "" {
+		lb := e.name + " loadbalancer IP"
+		out = append(out,
+			KnownDifference{fmt.Sprintf(`iptables rule nat KUBE-SERVICES -j %s "%s": only in kube-proxy: %s -j %s`, ext, lb, match("-d "+e.lbIP+"/32 ", lb, e.port), ext), why},
+			KnownDifference{fmt.Sprintf(`iptables rule nat KUBE-SERVICES -j %s "%s": only in the stand-in: %s -j %s`, to, lb, match("-d "+e.lbIP+"/32 ", lb, e.port), to), why})
+	}
+	return out
+}
 
 // clusterMasqDifferences: iptables mode's KUBE-SVC chains start by marking
 // ClusterIP traffic from outside the cluster CIDR for masquerade; IPVS
@@ -405,6 +506,9 @@ func TestStandInIPVSMatchesIPVSMode(t *testing.T) {
 	kp, admin := startFixture(t, ipvsMode)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
+	if _, err := createLoadBalancer(ctx, admin, ipvsMode); err != nil {
+		t.Fatal(err)
+	}
 	ids, svcs, err := standInServices(ctx, admin, DefaultNodeName)
 	if err != nil {
 		t.Fatal(err)
