@@ -347,9 +347,8 @@ func ipvsLoaded() bool {
 	return err == nil
 }
 
-// dialIPVS creates the IPVS generic netlink client on a thread switched into
-// the namespace, so its socket belongs there. The thread is never switched
-// back: it exits with its goroutine, and no other goroutine runs on it.
+// dialIPVS creates the IPVS generic netlink client in the namespace (its
+// socket stays there for its whole life).
 func dialIPVS(nsPath string) (ipvs.Client, error) {
 	if nsPath == "" {
 		return ipvs.New()
@@ -360,22 +359,51 @@ func dialIPVS(nsPath string) (ipvs.Client, error) {
 	}
 	ch := make(chan res, 1)
 	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- res{err: fmt.Errorf("open namespace %s: %w", nsPath, err)}
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- res{err: fmt.Errorf("enter namespace %s: %w", nsPath, err)}
-			return
-		}
-		c, err := ipvs.New()
+		var c ipvs.Client
+		err := inNetns(nsPath, func() (err error) {
+			c, err = ipvs.New()
+			return err
+		})
 		ch <- res{c, err}
 	}()
 	r := <-ch
 	return r.c, r.err
+}
+
+// inNetns runs fn on the calling goroutine's thread switched into the
+// namespace at nsPath, then switches the thread back and releases it.
+// Retiring the thread instead (leaving it locked when the goroutine ends)
+// kills the process's children: the parent-death signal follows the
+// thread that started a child, and a process embedding the tracer (its
+// tests: kube-apiserver, etcd and kube-proxy run with Pdeathsig) loses
+// every child that thread happened to start. Only when switching back
+// fails does the thread stay locked, so that the runtime ends it when the
+// goroutine returns rather than reuse it in the wrong namespace: call it
+// on a goroutine of its own.
+func inNetns(nsPath string, fn func() error) error {
+	runtime.LockOSThread()
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open own namespace: %w", err)
+	}
+	defer unix.Close(orig)
+	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open namespace %s: %w", nsPath, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter namespace %s: %w", nsPath, err)
+	}
+	ferr := fn()
+	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("return from namespace %s: %w", nsPath, err) // still locked: the runtime ends this thread
+	}
+	runtime.UnlockOSThread()
+	return ferr
 }
 
 func readIPVS(c ipvs.Client) ([]IPVSService, error) {

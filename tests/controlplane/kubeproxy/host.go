@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"regexp"
 	"sort"
@@ -26,7 +27,23 @@ var hostFiles = []string{
 	"/sys/module/nf_conntrack/parameters/hashsize",
 	"/proc/sys/net/ipv4/conf/all/route_localnet",
 	"/proc/sys/net/ipv4/ip_forward",
+	// ipvs mode's: per namespace (the host's own values here), present
+	// once ip_vs is loaded. conn_tab_bits is the one ip_vs module
+	// parameter, global.
+	"/proc/sys/net/ipv4/vs/conntrack",
+	"/proc/sys/net/ipv4/vs/conn_reuse_mode",
+	"/proc/sys/net/ipv4/vs/expire_nodest_conn",
+	"/proc/sys/net/ipv4/vs/expire_quiescent_template",
+	"/proc/sys/net/ipv4/conf/all/arp_ignore",
+	"/proc/sys/net/ipv4/conf/all/arp_announce",
+	"/sys/module/ip_vs/parameters/conn_tab_bits",
+	// The host namespace's IPVS table, read without asking the IPVS
+	// generic netlink family (which would load ip_vs where it is absent).
+	"/proc/net/ip_vs",
 }
+
+// kubeIPVSLink is the dummy link ipvs mode binds Service addresses to.
+const kubeIPVSLink = "kube-ipvs0"
 
 // hostCommands print the host namespace's packet filter.
 var hostCommands = [][]string{
@@ -45,9 +62,10 @@ var (
 	nftCounter  = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 )
 
-// ReadHost reads the host's conntrack and forwarding settings and its
-// rulesets (nft, iptables-save, ip6tables-save), with timestamps and
-// packet counters removed. Run it from the test process, which is in the
+// ReadHost reads the host's conntrack, forwarding, IPVS and ARP settings,
+// its rulesets (nft, iptables-save, ip6tables-save, with timestamps and
+// packet counters removed), its IPVS table and ipsets, and whether it has
+// a kube-ipvs0 link. Run it from the test process, which is in the
 // host's network namespace.
 func ReadHost() (HostState, error) {
 	st := HostState{}
@@ -72,7 +90,35 @@ func ReadHost() (HostState, error) {
 		out = nftCounter.ReplaceAllString(out, "counter")
 		st[strings.Join(c, " ")] = out
 	}
+	sets, err := hostIPSets()
+	if err != nil {
+		return nil, err
+	}
+	st["ipset save"] = sets
+	st["link "+kubeIPVSLink] = hostLink(kubeIPVSLink)
 	return st, nil
+}
+
+// hostIPSets is `ipset save` of the host namespace, or a note that the
+// kernel has no ip_set: listing them would make the kernel load it.
+func hostIPSets() (string, error) {
+	if _, err := os.Stat("/sys/module/ip_set"); err != nil {
+		return "(ip_set not loaded)", nil
+	}
+	out, err := run("ipset", "save")
+	if err != nil {
+		return "", fmt.Errorf("read host ipsets: %w", err)
+	}
+	return out, nil
+}
+
+// hostLink says whether the host namespace has a link of that name.
+func hostLink(name string) string {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return "(absent)"
+	}
+	return fmt.Sprintf("index %d flags %s", ifc.Index, ifc.Flags)
 }
 
 // Diff lists what differs from before, one entry per setting or ruleset.

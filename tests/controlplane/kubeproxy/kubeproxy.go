@@ -1,6 +1,6 @@
 // Package kubeproxy runs the real kube-proxy (built by cphelper from
 // k8s.io/kubernetes, the version tests/controlplane/build pins) in
-// nftables or iptables mode against a test control plane, inside a network
+// nftables, iptables or ipvs mode against a test control plane, inside a network
 // namespace of its own, so tests can read the rulesets a real kube-proxy
 // writes without touching the host's.
 //
@@ -45,6 +45,23 @@
 //     the namespace's own) and only reads nf_conntrack_tcp_be_liberal.
 //   - The ipvs proxier's sysctls (net/ipv4/vs/*, ip_forward, arp_*) are
 //     never reached in nftables or iptables mode.
+//   - ipvs mode (pkg/proxy/ipvs: NewProxier, CanUseIPVSProxier,
+//     syncProxyRules) writes net/ipv4/vs/conntrack,
+//     vs/expire_nodest_conn, vs/expire_quiescent_template, ip_forward and,
+//     with strictARP, conf/all/arp_ignore and arp_announce
+//     (vs/conn_reuse_mode only on kernels before 5.9): all of them per
+//     network namespace, so the namespace's own. It creates the dummy link
+//     kube-ipvs0, its ipsets and its IPVS virtual servers (a probe server
+//     198.51.100.0:20000 first) there too: links, ipsets and the IPVS table
+//     are per namespace. The IPVS timeouts (ipvsadm --set) are left alone
+//     (tcpTimeout, tcpFinTimeout and udpTimeout 0s). It loads no module
+//     itself (no modprobe in v1.37.2's ipvs path), but the kernel
+//     autoloads ip_vs (generic netlink family IPVS), the scheduler's
+//     ip_vs_rr, dummy, ip_set and its set types: module loading is
+//     host-wide, which is why the tests load those before they read the
+//     host (preloadModulesInVM) and why ReadHost reads the host's IPVS
+//     table, ipsets, vs/* and arp_* sysctls, ip_vs's module parameter and
+//     whether a kube-ipvs0 appeared among the host's links.
 //   - oomScoreAdj writes kube-proxy's own /proc/self/oom_score_adj; the
 //     config sets 0.
 //
@@ -79,6 +96,8 @@ type Mode string
 const (
 	NFTables Mode = "nftables"
 	IPTables Mode = "iptables"
+	// IPVS needs a kernel with IPVS (the tests/vm guests; see SkipUnlessIPVS).
+	IPVS Mode = "ipvs"
 )
 
 // Defaults of Options.
@@ -156,6 +175,24 @@ func SkipUnlessPrivileged(tb testing.TB) {
 	}
 }
 
+// SkipUnlessIPVS skips tb on a kernel without IPVS, outside the tests/vm
+// guests: the build host's kernel has no CONFIG_IP_VS. It does not load
+// ip_vs to find out (loading a module changes the host). In a guest, where
+// the tests load ip_vs before they read the host, it never skips: a guest
+// kernel without IPVS must fail the test, not pass it by testing nothing.
+func SkipUnlessIPVS(tb testing.TB) {
+	tb.Helper()
+	if _, err := exec.LookPath("ipset"); err != nil {
+		tb.Skipf("kube-proxy's ipvs mode needs the ipset command: %v", err)
+	}
+	if os.Getenv("TRACER_VM") != "" {
+		return
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		tb.Skipf("kube-proxy's ipvs mode needs IPVS, which this kernel does not have loaded (%v); the tests/vm guests (5.10, 6.1, 6.12) run it", err)
+	}
+}
+
 // Start creates the Node object (or takes the existing one), a fresh
 // network namespace with the node IP on a veth pair inside it, a relay to
 // cp's API server and runs kube-proxy there. It returns once the process
@@ -165,8 +202,12 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 	tb.Helper()
 	SkipUnlessPrivileged(tb)
 	opts.defaults()
-	if opts.Mode != NFTables && opts.Mode != IPTables {
-		tb.Fatalf("kube-proxy mode %q: the harness runs %s and %s", opts.Mode, NFTables, IPTables)
+	switch opts.Mode {
+	case NFTables, IPTables:
+	case IPVS:
+		SkipUnlessIPVS(tb)
+	default:
+		tb.Fatalf("kube-proxy mode %q: the harness runs %s, %s and %s", opts.Mode, NFTables, IPTables, IPVS)
 	}
 	bin := opts.Binary
 	if bin == "" {
@@ -240,7 +281,12 @@ func EnsureNode(ctx context.Context, c kubernetes.Interface, name, ip, podCIDR s
 // configYAML is kube-proxy's config file. Every field that would make
 // kube-proxy write a global setting is set to leave it alone (see the
 // package comment); mode, clusterCIDR and hostnameOverride are here
-// because with --config the equivalent flags are ignored.
+// because with --config the equivalent flags are ignored. The ipvs
+// section (read in ipvs mode only) is a MetalLB-style node's: scheduler rr,
+// so that consecutive connections go to each endpoint in turn, and
+// strictARP true, which MetalLB and kube-vip require in ipvs mode (the
+// default, false, answers ARP for every kube-ipvs0 address on every
+// interface); the timeouts 0s keep the kernel's.
 func configYAML(o Options, kubeconfig string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -261,6 +307,12 @@ conntrack:
   tcpBeLiberal: false
   udpTimeout: 0s
   udpStreamTimeout: 0s
+ipvs:
+  scheduler: rr
+  strictARP: true
+  tcpTimeout: 0s
+  tcpFinTimeout: 0s
+  udpTimeout: 0s
 `, kubeconfig, o.Mode, o.NodeName, o.ClusterCIDR)
 }
 
@@ -343,10 +395,15 @@ func (kp *KubeProxy) Exec(args ...string) (string, error) {
 // Ruleset is the command that prints what kube-proxy writes in its mode:
 // `nft list ruleset` (tables ip kube-proxy and ip6 kube-proxy, which the
 // IPv4 and IPv6 proxiers write in separate transactions, one after the
-// other) or `iptables-save`.
+// other), `iptables-save`, or in ipvs mode the IPVS table (`ipvsadm -Ln`)
+// followed by `iptables-save`: kube-proxy creates the virtual servers
+// first and restores its iptables rules at the end of the same sync.
 func (kp *KubeProxy) Ruleset() []string {
-	if kp.opts.Mode == IPTables {
+	switch kp.opts.Mode {
+	case IPTables:
 		return []string{"iptables-save"}
+	case IPVS:
+		return []string{"sh", "-c", "ipvsadm -Ln && iptables-save"}
 	}
 	return []string{"nft", "list", "ruleset"}
 }

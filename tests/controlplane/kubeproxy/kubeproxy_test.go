@@ -40,50 +40,73 @@ func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real kube-apiserver, etcd and kube-proxy (built from Go modules on first use, minutes cold): skipped with -short")
 	}
-	skipOtherVMKernels(t)
 }
 
-// vmKernel is the kernel this package's privileged tests run on in the
-// tests/vm matrix.
+// vmKernel is the kernel this package's nftables- and iptables-mode
+// privileged tests run on in the tests/vm matrix; ipvs mode runs on every
+// guest kernel.
 const vmKernel = "6.12"
 
-// skipOtherVMKernels skips in a tests/vm guest other than vmKernel's.
-// Under TCG each control plane takes 20-30 s to start and the package
-// about two minutes; one kernel is enough to run the real kube-proxy and
-// the live tracer on a Debian kernel (6.12 also gives the tracer's fentry
-// tier, which this host lacks) without making the whole matrix slower.
-func skipOtherVMKernels(t *testing.T) {
+// skipOtherVMKernels skips a test of mode in a tests/vm guest that does
+// not run it. Under TCG each control plane takes 20-30 s to start and a
+// test a minute or more. ipvs mode runs on 5.10, 6.1 and 6.12: the build
+// host has no IPVS, so the guests are the only place it runs, and its
+// kernel side (ip_vs, its schedulers, kprobe vs fentry on ip_vs_conn_new
+// and ip_vs_leave) differs per kernel. nftables and iptables mode run on
+// the host already; 6.12 adds the tracer's fentry tier for them. kube-proxy
+// refuses nftables mode on kernels before 5.13 (pkg/proxy/nftables:
+// "kube-proxy in nftables mode requires kernel 5.13 or later"), which 5.10's
+// skip says.
+func skipOtherVMKernels(t *testing.T, mode Mode) {
 	t.Helper()
-	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" && k != vmKernel {
-		t.Skipf("the VM matrix runs the control-plane tests on %s only (each control plane takes 20-30 s to start under TCG); this guest runs %s", vmKernel, k)
+	k := os.Getenv("TRACER_VM_KERNEL")
+	switch {
+	case k == "" || mode == IPVS || k == vmKernel:
+	case mode == NFTables && k == "5.10":
+		t.Skipf("kube-proxy's nftables mode needs kernel 5.13 or later (pkg/proxy/nftables/supported.go); this guest runs %s", k)
+	default:
+		t.Skipf("the VM matrix runs the %s-mode control-plane tests on %s only (each control plane takes 20-30 s to start under TCG; the host runs them too); this guest runs %s", mode, vmKernel, k)
 	}
 }
 
-// preloadConntrackInVM loads nf_conntrack in a tests/vm guest before the
-// host is read. Its sysctls and /sys/module/nf_conntrack/parameters/hashsize
-// exist only once the module is loaded, and the guest's modular kernel
-// loads it on the first rule that needs conntrack (kube-proxy's `ct state
-// new`): that is the kernel's autoloading, which the host check would
-// otherwise report as kube-proxy changing the host (it did, on the first
-// test of the first VM run). The build host's kernel has nf_conntrack built
-// in, so nothing is loaded there.
-func preloadConntrackInVM(t *testing.T) {
+// preloadModulesInVM loads, in a tests/vm guest and before the host is
+// read, the modules whose loading would otherwise show as a change of the
+// host: nf_conntrack (its sysctls and
+// /sys/module/nf_conntrack/parameters/hashsize exist only once it is
+// loaded, and the guest's modular kernel loads it on the first rule that
+// needs conntrack, kube-proxy's `ct state new`: the kernel's autoloading,
+// which the host check reported as kube-proxy changing the host on the
+// first VM run) and ip_set (ReadHost lists the host's ipsets only when it
+// is loaded). In ipvs mode also ip_vs, whose net/ipv4/vs sysctls and
+// /proc/net/ip_vs appear with it and which the kernel loads when
+// kube-proxy opens the IPVS generic netlink family, and ip_vs_rr, the
+// scheduler the config names, which the kernel loads when kube-proxy adds
+// its first virtual server. The build host's kernel has nf_conntrack and
+// ip_set built in and no IPVS, so nothing is loaded there.
+func preloadModulesInVM(t *testing.T, mode Mode) {
 	t.Helper()
 	if os.Getenv("TRACER_VM") == "" {
 		return
 	}
-	if _, err := run("modprobe", "nf_conntrack"); err != nil {
-		t.Fatalf("load nf_conntrack in the VM guest before reading its state: %v", err)
+	mods := []string{"nf_conntrack", "ip_set"}
+	if mode == IPVS {
+		mods = append(mods, "ip_vs", "ip_vs_rr")
+	}
+	for _, m := range mods {
+		if _, err := run("modprobe", m); err != nil {
+			t.Fatalf("load %s in the VM guest before reading its state: %v", m, err)
+		}
 	}
 }
 
-// checkHostUnchanged reads the host's conntrack settings and rulesets now
-// and registers a cleanup, run after every later cleanup (kube-proxy
-// stopped, its namespace deleted, the control plane stopped), that fails
-// the test if any of them changed.
-func checkHostUnchanged(t *testing.T) {
+// checkHostUnchanged skips a test of mode in a guest that does not run it,
+// reads the host's state (ReadHost) now and registers a cleanup, run
+// after every later cleanup (kube-proxy stopped, its namespace deleted,
+// the control plane stopped), that fails the test if any of it changed.
+func checkHostUnchanged(t *testing.T, mode Mode) {
 	t.Helper()
-	preloadConntrackInVM(t)
+	skipOtherVMKernels(t, mode)
+	preloadModulesInVM(t, mode)
 	before, err := ReadHost()
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +161,7 @@ func startFixtureWith(t *testing.T, opts Options) (*KubeProxy, kubernetes.Interf
 func TestNFTablesRuleset(t *testing.T) {
 	skipShort(t)
 	SkipUnlessPrivileged(t)
-	checkHostUnchanged(t)
+	checkHostUnchanged(t, NFTables)
 	kp, admin := startFixture(t, NFTables)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -241,7 +264,7 @@ func createService9(ctx context.Context, c kubernetes.Interface) error {
 func TestIPTablesMode(t *testing.T) {
 	skipShort(t)
 	SkipUnlessPrivileged(t)
-	checkHostUnchanged(t)
+	checkHostUnchanged(t, IPTables)
 	kp, _ := startFixture(t, IPTables)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

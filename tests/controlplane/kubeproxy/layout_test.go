@@ -26,7 +26,7 @@ const layoutBase = "kube-proxy-v1.33-layout"
 // and checks it writes the same structure.
 func TestV133Layout(t *testing.T) {
 	SkipUnlessPrivileged(t)
-	skipOtherVMKernels(t)
+	skipOtherVMKernels(t, NFTables)
 	dir := testdataDir(t)
 	name := newNetnsName()
 	if _, err := run("ip", "netns", "add", name); err != nil {
@@ -79,7 +79,7 @@ func TestV133Layout(t *testing.T) {
 		t.Logf("not compared with a real kube-proxy v1.33: set %s to its binary (and run without -short)", V133Env)
 		return
 	}
-	checkHostUnchanged(t)
+	checkHostUnchanged(t, NFTables)
 	kp, _ := startFixtureWith(t, Options{Binary: bin})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

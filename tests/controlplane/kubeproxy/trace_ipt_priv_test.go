@@ -37,7 +37,7 @@ func TestPrivTraceKubeProxyIPTables(t *testing.T) {
 	skipShort(t)
 	SkipUnlessPrivileged(t)
 	requireTools(t, "conntrack", "sysctl")
-	checkHostUnchanged(t)
+	checkHostUnchanged(t, IPTables)
 	t0 := time.Now()
 	c := startTraceCluster(t, IPTables)
 	t.Logf("cluster, kube-proxy rules and metadata ready in %s", time.Since(t0).Round(time.Millisecond))

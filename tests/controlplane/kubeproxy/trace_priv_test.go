@@ -36,8 +36,8 @@ import (
 	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
 )
 
-// The cluster of TestPrivTraceKubeProxyNFT and TestPrivTraceKubeProxyIPTables
-// (the same but for kube-proxy's mode). The node is the harness's
+// The cluster of TestPrivTraceKubeProxyNFT, TestPrivTraceKubeProxyIPTables
+// and TestPrivTraceKubeProxyIPVS (the same but for kube-proxy's mode). The node is the harness's
 // kube-proxy namespace (198.51.100.10 on kp0, pod CIDR 10.180.0.0/24);
 // three pod namespaces hang off it on veths, each a /32 routed through
 // the node's 10.180.0.1, and its default route leads to an uplink that
@@ -109,6 +109,8 @@ type traceCluster struct {
 
 	// iptables mode: what iptables-save printed (see readIPTablesRules).
 	ipt *iptRules
+	// ipvs mode: the IPVS table and KUBE-IPVS-FILTER (see readIPVSState).
+	ipvs *ipvsState
 
 	// nftables mode: what `nft -a list table ip kube-proxy` printed.
 	listing string
@@ -140,7 +142,7 @@ func TestPrivTraceKubeProxyNFT(t *testing.T) {
 	skipShort(t)
 	SkipUnlessPrivileged(t)
 	requireTools(t, "conntrack", "sysctl")
-	checkHostUnchanged(t)
+	checkHostUnchanged(t, NFTables)
 	t0 := time.Now()
 	c := startTraceCluster(t, NFTables)
 	t.Logf("cluster, kube-proxy rules and metadata ready in %s", time.Since(t0).Round(time.Millisecond))
@@ -455,8 +457,8 @@ func (kp *KubeProxy) listTable(t *testing.T) string {
 // Node, pods, Services and EndpointSlices, then kube-proxy in mode (so its
 // first sync writes them all), the pod namespaces and their servers, the
 // uplink, the metadata index, and reads the identities of the rules to
-// expect from the node's own listing: `nft -a list table ip kube-proxy`
-// or iptables-save.
+// expect from the node's own listing: `nft -a list table ip kube-proxy`,
+// iptables-save, or in ipvs mode `ipvsadm -Ln` and iptables-save.
 func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 	t.Helper()
 	cp := cphelper.StartWith(t, cphelper.Options{ServiceCIDR: FixtureServiceCIDR})
@@ -548,9 +550,12 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 
 	c := &traceCluster{kp: kp, node: node, client: pods["client"], uplink: uplink,
 		md: livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}}
-	if mode == IPTables {
+	switch mode {
+	case IPTables:
 		c.readIPTablesRules(t)
-	} else {
+	case IPVS:
+		c.readIPVSState(t)
+	default:
 		c.readRules(t)
 	}
 	return c
@@ -561,6 +566,9 @@ func startTraceCluster(t *testing.T, mode Mode) *traceCluster {
 // Services: both endpoints of both of web/echo's ports, its NodePort and
 // web/empty's rejection.
 func traceSynced(mode Mode) []string {
+	if mode == IPVS {
+		return ipvsTraceSynced()
+	}
 	if mode == IPTables {
 		return []string{
 			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, echoTarget),

@@ -1,6 +1,7 @@
 package kubeproxy
 
-// Helpers of TestPrivTraceKubeProxyNFT and TestPrivTraceKubeProxyIPTables:
+// Helpers of TestPrivTraceKubeProxyNFT, TestPrivTraceKubeProxyIPTables and
+// TestPrivTraceKubeProxyIPVS:
 // pod namespaces routed through the kube-proxy namespace, servers that name themselves, real connections
 // from a fixed source port, the node's own truth (conntrack, ICMP
 // counters). The live tracer itself is internal/live/livetest's, shared

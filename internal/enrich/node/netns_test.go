@@ -1,0 +1,77 @@
+package node
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestInNetnsKeepsThread: a child started with Pdeathsig from the thread
+// inNetns ran on survives the goroutine's end, so inNetns handed the
+// thread back instead of retiring it. (Retiring it SIGKILLed the
+// kube-apiserver of tests/controlplane/kubeproxy's ipvs-mode test the
+// moment the tracer read the node's IPVS table.)
+func TestInNetnsKeepsThread(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("setns needs CAP_SYS_ADMIN: run as root")
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skipf("needs the sleep command for a child process: %v", err)
+	}
+	for tries := 0; ; tries++ {
+		cmd, onMain, err := childFromInNetnsThread(sleep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if onMain {
+			// The runtime never ends the main thread, retired or not:
+			// that run tells nothing.
+			cmd.Process.Kill()
+			cmd.Wait()
+			if tries == 5 {
+				t.Skip("every try ran on the process's main thread, which the runtime never ends")
+			}
+			continue
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		select {
+		case err := <-exited:
+			t.Fatalf("the child started from inNetns's thread died (%v): the thread was retired, not handed back", err)
+		case <-time.After(time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		return
+	}
+}
+
+// childFromInNetnsThread starts a child with Pdeathsig on a locked
+// thread, runs inNetns (into the process's own namespace) on that thread
+// and ends the goroutine. onMain: the thread was the main thread.
+func childFromInNetnsThread(bin string) (_ *exec.Cmd, onMain bool, _ error) {
+	type result struct {
+		cmd    *exec.Cmd
+		onMain bool
+		err    error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cmd := exec.Command(bin, "30")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		err := inNetns("/proc/self/ns/net", func() error { return nil })
+		ch <- result{cmd, syscall.Gettid() == os.Getpid(), err}
+	}()
+	r := <-ch
+	return r.cmd, r.onMain, r.err
+}
