@@ -16,7 +16,7 @@ func TestPortMappingsOf(t *testing.T) {
 		{Name: "a", Ports: []corev1.ContainerPort{
 			{Name: "http", ContainerPort: 80, HostPort: 8080, Protocol: corev1.ProtocolTCP},
 			{Name: "http", ContainerPort: 81, HostPort: 8081, Protocol: corev1.ProtocolTCP}, // same name: dropped
-			{Name: "metrics", ContainerPort: 9090},                                         // no hostPort
+			{Name: "metrics", ContainerPort: 9090},                                          // no hostPort
 			{ContainerPort: 53, HostPort: 5353, Protocol: corev1.ProtocolUDP, HostIP: "192.0.2.7"},
 			{ContainerPort: 3306, HostPort: 3306},
 		}},
