@@ -516,7 +516,12 @@ func (c *incCluster) checkHijack(t *testing.T, tr *livetest.Tracing, a attemptRe
 	if r := f.Rule; r == nil || r.Owner == nil || r.Owner.Pod == nil || r.Owner.Pod.Key() != a.answer {
 		t.Errorf("%s %s: rule owner %+v, want pod %s", a.what, a.src, ruleOwner(r), a.answer)
 	}
-	for _, fact := range append(facts, "pod "+a.answer, want.text) {
+	facts = append(facts, "pod "+a.answer, want.text)
+	if c.mode == NFTables && service != "" {
+		// Why portmap's DNAT came before kube-proxy's for a Service's address.
+		facts = append(facts, "priority dstnat")
+	}
+	for _, fact := range facts {
 		if !strings.Contains(f.Explanation, fact) {
 			t.Errorf("%s %s: explanation lacks %q: %s", a.what, a.src, fact, f.Explanation)
 		}
