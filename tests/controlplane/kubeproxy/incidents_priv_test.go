@@ -43,7 +43,7 @@ import (
 // default route leads to the uplink (198.51.100.1, forwarding off), which
 // also plays what lies beyond the node: the cloud load balancer's address
 // 203.0.113.50 (answering on 80 and 443 itself) and node 2's pod
-// 10.180.1.5, routed back to this node's PodCIDR:
+// 10.180.1.5; it routes this node's PodCIDR back to the node:
 //
 //	pods (cni0, 10.180.0.0/24) ─ node 198.51.100.10 (kp0) ─ (kp1) 198.51.100.1 uplink
 //	                                                               203.0.113.50 "outside"
@@ -55,7 +55,6 @@ const (
 	incRemotePodIP = "10.180.1.5"
 	incOutsideIP   = "203.0.113.50" // edge/lb's LoadBalancer ingress, and the load balancer itself
 	incLocalLBIP   = "203.0.113.51" // edge/local's LoadBalancer ingress
-	incBridgeIP    = "10.180.0.1"
 
 	mysqlClusterIP = "172.30.0.30"
 	mysqlPort      = 3306
@@ -213,19 +212,6 @@ func (c *incCluster) ip(key string) string {
 		panic("no pod " + key)
 	}
 	return p.ip
-}
-
-// podOf is the ns/name of the pod with address ip ("" when none).
-func (c *incCluster) podOf(ip string) string {
-	for k, p := range c.pods {
-		if p.ip == ip {
-			return k
-		}
-	}
-	if ip == incRemotePodIP {
-		return "edge/local-a"
-	}
-	return ""
 }
 
 func startIncidentCluster(t *testing.T, mode Mode, pm portmapFlavour) *incCluster {
