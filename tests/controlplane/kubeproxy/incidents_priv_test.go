@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/live/livetest"
 	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -131,12 +132,10 @@ func TestPrivIncidentsNFTPortmapV18(t *testing.T) {
 }
 
 // runIncidents starts one cluster (control plane, kube-proxy in mode, the
-// CNI pods with pm's portmap, the uplink, the tracer's metadata), then, on
-// one live pipeline (tier "best"), makes each incident's connections and
-// checks them against the node's and the clients' truth (subtests
-// truth/…), and after the flows' linger the tracer's report of each
-// (subtests tracer/…), and that no other flow has a verdict but ok. The
-// host's conntrack settings and rulesets must be unchanged.
+// CNI pods with pm's portmap, the uplink, the tracer's metadata), then
+// runs the incidents on each tier ("best", and "netfilter": BPF netfilter
+// links only) with runTier. The node's rules must be the same at the end,
+// and the host's conntrack settings and rulesets unchanged.
 func runIncidents(t *testing.T, mode Mode, pm portmapFlavour) {
 	skipShort(t)
 	skipIncidentsInVM(t)
@@ -147,25 +146,15 @@ func runIncidents(t *testing.T, mode Mode, pm portmapFlavour) {
 	c := startIncidentCluster(t, mode, pm)
 	t.Logf("cluster (%s mode, portmap %s), CNI pods, kube-proxy rules and metadata ready in %s", mode, pm.name, time.Since(t0).Round(time.Millisecond))
 	before := c.ruleset(t)
-
-	tr := c.startTracing(t)
-	incs := c.incidents()
-	t.Run("truth", func(t *testing.T) {
-		for _, inc := range incs {
-			t.Run(inc.name, func(t *testing.T) { inc.attempt(t) })
-		}
-	})
-	tr.Stop(t)
-	t.Run("tracer", func(t *testing.T) {
-		for _, inc := range incs {
-			t.Run(inc.name, func(t *testing.T) { inc.check(t, tr) })
-		}
-	})
-	var failing []attemptResult
-	for _, inc := range incs {
-		failing = append(failing, inc.failing()...)
+	for _, tier := range livetest.Tiers {
+		t.Run(tier.Name, func(t *testing.T) {
+			tier.SkipWithoutLinks(t)
+			if tier.Only != nil && os.Getenv("TRACER_VM") != "" {
+				t.Skip("a tests/vm guest runs the incidents on tier best only (minutes per tier under TCG)")
+			}
+			c.runTier(t, tier)
+		})
 	}
-	checkNoFalseAlarm(t, tr, failing...)
 	if now := c.ruleset(t); now != before {
 		t.Errorf("the node's rules changed during the test; the rules checked were read before:\nbefore:\n%s\nnow:\n%s", before, now)
 	}
@@ -569,10 +558,42 @@ func (c *incCluster) metadata(t *testing.T, cp *cphelper.ControlPlane) livetest.
 	return livetest.Config{NodeName: DefaultNodeName, Metadata: enrich.NewIndexMetadata(idx), MetadataSnapshot: idx.Snapshot, MetadataWarnings: idx.Warnings}
 }
 
-// startTracing starts the live pipeline on the node, tier "best".
-func (c *incCluster) startTracing(t *testing.T) *livetest.Tracing {
+// runTier makes each incident's connections on a fresh live pipeline
+// (subtests truth/…), and after the flows' linger checks the tracer's
+// report of each (subtests tracer/…) and that no other flow has a verdict
+// but ok.
+func (c *incCluster) runTier(t *testing.T, tier livetest.Tier) {
+	tr := c.startTracing(t, tier)
+	incs := c.incidents()
+	t.Run("truth", func(t *testing.T) {
+		for _, inc := range incs {
+			t.Run(inc.name, func(t *testing.T) { inc.attempt(t) })
+		}
+	})
+	tr.Stop(t)
+	t.Run("tracer", func(t *testing.T) {
+		for _, inc := range incs {
+			t.Run(inc.name, func(t *testing.T) { inc.check(t, tr) })
+		}
+	})
+	var failing []attemptResult
+	for _, inc := range incs {
+		failing = append(failing, inc.failing()...)
+	}
+	checkNoFalseAlarm(t, tr, failing...)
+}
+
+// startTracing starts the live pipeline on the node for tier. The
+// netfilter tier is skipped where NAT cannot be seen through BPF
+// netfilter links: every incident here is a NAT decision.
+func (c *incCluster) startTracing(t *testing.T, tier livetest.Tier) *livetest.Tracing {
 	t.Helper()
-	tr := livetest.Start(t, c.node, c.md)
+	cfg := c.md
+	cfg.Only = tier.Only
+	tr := livetest.Start(t, c.node, cfg)
+	if v := tr.Via(event.HookNFNat); tier.Only != nil && v != event.ViaNetfilter {
+		t.Skipf("NAT cannot be seen via the netfilter tier on this kernel (via %s): it needs 6.4+", v)
+	}
 	for _, hp := range tr.P.Plan() {
 		t.Logf("hook %s via %s", hp.Hook, hp.Via)
 	}
