@@ -138,6 +138,25 @@ func TestHostportHijackOfHostListener(t *testing.T) {
 	}
 }
 
+// On an nftables node a hostPort equal to a NodePort wins by hook order,
+// not by locality: portmap's chain and kube-proxy's share priority dstnat.
+func TestHostportHijackOfNodePortNFT(t *testing.T) {
+	f := flow("tcp", "10.180.0.2:40000", "192.168.1.10:30123", "10.180.0.6:8080", trace.KindDNAT)
+	f.Rule = &trace.Rule{Backend: trace.BackendNFTables, Family: "ip", Table: "cni_hostport", Chain: "hostports", Handle: 18,
+		EntryChain: "prerouting", Path: []string{"prerouting", "hostports_all", "hostports"},
+		Text:  `tcp dport 30123 dnat to 10.180.0.6:8080 comment "45cd2b"`,
+		Owner: &trace.Owner{ContainerID: "45cd2b", Pod: &trace.PodRef{Namespace: "web", Name: "hp-np"}}}
+	f.Service = &trace.ServiceRef{Namespace: "web", Name: "np", Port: "http"}
+	check(t, f, trace.VerdictHostportHijack, "bypassing Service web/np", "fib daddr type local",
+		"priority dstnat", "registered last runs first", "before kube-proxy's Service rules")
+	// A hostPort no Service shares: no word about kube-proxy's chains.
+	f.Service = nil
+	f.Orig.Dst = "192.168.1.10:80"
+	if r := Diagnose(f, newEnv()); strings.Contains(r.Explanation, "priority dstnat") {
+		t.Errorf("hook order explained where no Service was bypassed: %s", r.Explanation)
+	}
+}
+
 // Near miss: a hostPort on a port nobody else owns is the hostPort working.
 func TestHostportAsIntendedIsOK(t *testing.T) {
 	f := flow("tcp", "172.18.0.9:40000", "172.18.0.2:3306", "10.244.1.5:3306", trace.KindDNAT)

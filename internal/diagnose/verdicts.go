@@ -151,6 +151,9 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 		owner = "pod " + r.Owner.Pod.Key()
 	}
 	why := d.hijackWhy(onIPVS, localOnly)
+	if order := d.nftHookOrder(); order != "" {
+		why += "; " + order
+	}
 	landed := d.where(d.wentTo().String(), d.f.DstPod)
 	return Result{trace.VerdictHostportHijack, sentences(
 		fmt.Sprintf("hijacked: %s was DNAT'd to %s by the hostPort rule of %s in chain %s, bypassing %s",
@@ -179,6 +182,19 @@ func (d *diagnosis) hijackWhy(onIPVS, localOnly bool) string {
 		return "kube-ipvs0 makes every ClusterIP and LB IP local, so portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches them, and its DNAT runs before IPVS sees the packet"
 	}
 	return "portmap's `-m addrtype --dst-type LOCAL` jump to CNI-HOSTPORT-DNAT matches every address local to the node"
+}
+
+// nftHookOrder says why portmap's nftables DNAT came before kube-proxy's
+// for a Service's address: both base chains hook nat prerouting at
+// priority dstnat, the kernel runs equal priorities newest first
+// (nf_hook_entries_grow inserts a hook ahead of those with the same
+// priority), and NAT keeps a connection's first DNAT. kube-proxy's table
+// is usually the older one, so its Service rules never see the packet.
+func (d *diagnosis) nftHookOrder() string {
+	if !d.f.Rule.NFTables() || d.f.Service == nil {
+		return ""
+	}
+	return "kube-proxy's nat-prerouting and portmap's prerouting chain both hook prerouting at priority dstnat; of base chains with the same priority the one registered last runs first, and a connection keeps the first DNAT it gets, so portmap's rule took it before kube-proxy's Service rules could"
 }
 
 func (d *diagnosis) hijackFix(port uint16, owner string, listener bool) string {

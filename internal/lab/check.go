@@ -83,7 +83,7 @@ func checkOne(r *Result, f *trace.Flow, dropReasons bool) {
 	case f == nil && r.NoFlow():
 		r.OK, r.Explanation = true, "no kernel decision to report, and the node's counters show none"
 		return
-	case f == nil && r.Verdict == trace.VerdictDropped && !dropReasons:
+	case f == nil && r.Mechanism.silentDrop() && !dropReasons:
 		r.OK = true
 		r.Unobservable = "kfree_skb carries no drop reason on this kernel (before 5.17): a netfilter DROP looks like any other free"
 		return

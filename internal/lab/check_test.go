@@ -236,4 +236,20 @@ func TestCheckFalseAlarmAndUnobservableDrop(t *testing.T) {
 	if rep := Check([]Expectation{drop}, nil, true); rep.OK {
 		t.Errorf("a DROP the kernel could show must have its flow")
 	}
+	// kube-proxy nftables mode drops an unallocated ClusterIP silently: its
+	// verdict is clusterip-reject, but before 5.17 nothing shows the drop.
+	nftDrop := Expectation{Proto: "tcp", Src: "10.244.1.2:5", Dst: "10.96.0.99:80", Verdict: trace.VerdictClusterIPReject,
+		Outcome: OutcomeTimeout, Saw: OutcomeTimeout, Mechanism: ClusterIPDrop}
+	if rep := Check([]Expectation{nftDrop}, nil, false); !rep.OK || rep.Results[0].Unobservable == "" {
+		t.Errorf("a silent nftables drop on a kernel without drop reasons is unobservable, not failed: %+v", rep)
+	}
+	if rep := Check([]Expectation{nftDrop}, nil, true); rep.OK {
+		t.Errorf("a silent nftables drop the kernel could show must have its flow")
+	}
+	// A REJECT answers the client, so it is observable on every kernel.
+	reject := nftDrop
+	reject.Mechanism, reject.Outcome, reject.Saw = ClusterIPReject, OutcomeRefused, OutcomeRefused
+	if rep := Check([]Expectation{reject}, nil, false); rep.OK {
+		t.Errorf("a REJECT without its flow must fail on every kernel")
+	}
 }

@@ -51,6 +51,14 @@ type kubeProxy struct {
 	// before124 reproduces kube-proxy < 1.24: an externalTrafficPolicy=Local
 	// virtual server on a node without a local endpoint has no real server.
 	before124 bool
+	// cidr is the cluster CIDR, filled the ipsets that have entries and
+	// portals the substitute's KUBE-SERVICES jumps: what the nat rules are
+	// rendered from on each sync (natRules).
+	cidr    string
+	filled  map[string]bool
+	portals []string
+	// seps are the substitute's KUBE-SEP chains written so far.
+	seps map[string]bool
 }
 
 // Stand-in chain for the NodePort virtual servers, and its jump's comment.
@@ -93,30 +101,67 @@ var kubeProxyJumps = [][]string{
 	{"filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"},
 }
 
-// kubeProxyRules is kube-proxy's iptables-restore payload in IPVS mode.
-const kubeProxyRules = `*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:KUBE-LOAD-BALANCER - [0:0]
-:KUBE-MARK-MASQ - [0:0]
--A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN
--A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
--A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER
--A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN
--A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN
--A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s CLUSTERCIDR -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
--A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
--A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT
--A KUBE-POSTROUTING -m mark ! --mark 0x004000/0x004000 -j RETURN
--A KUBE-POSTROUTING -j MARK --xor-mark 0x004000
--A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
--A KUBE-MARK-MASQ -j MARK --or-mark 0x004000
-COMMIT
-*filter
+// kubeProxyNATChains are the nat chains kube-proxy's IPVS mode restores on
+// every sync (declaring them in iptables-restore flushes them).
+var kubeProxyNATChains = []string{"KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER", "KUBE-MARK-MASQ"}
+
+// ipsetRules are the nat rules kube-proxy v1.37.2 writes only while their
+// ipset is not empty, in its order (pkg/proxy/ipvs/proxier.go
+// ipsetWithIptablesChain and the ipset comments of ipset.go): set, chain,
+// the rule after "-A chain". The lab has no SCTP Services and no
+// LoadBalancer source ranges, whose rules are left out.
+var ipsetRules = [][3]string{
+	{"KUBE-LOOP-BACK", "KUBE-POSTROUTING", `-m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE`},
+	{"KUBE-LOAD-BALANCER", "KUBE-SERVICES", `-m comment --comment "Kubernetes service lb portal" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER`},
+	{"KUBE-LOAD-BALANCER-LOCAL", "KUBE-LOAD-BALANCER", `-m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN`},
+	{"KUBE-NODE-PORT-LOCAL-TCP", "KUBE-NODE-PORT", `-p tcp -m comment --comment "Kubernetes nodeport TCP port with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN`},
+	{"KUBE-NODE-PORT-TCP", "KUBE-NODE-PORT", `-p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ`},
+	{"KUBE-NODE-PORT-LOCAL-UDP", "KUBE-NODE-PORT", `-p udp -m comment --comment "Kubernetes nodeport UDP port with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-UDP dst -j RETURN`},
+	{"KUBE-NODE-PORT-UDP", "KUBE-NODE-PORT", `-p udp -m comment --comment "Kubernetes nodeport UDP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-UDP dst -j KUBE-MARK-MASQ`},
+}
+
+// natRules is the nat part of kube-proxy's iptables-restore payload in
+// IPVS mode (writeIptablesRules), for the ipsets that now have entries
+// and the cluster CIDR cidr. portals are the no-IPVS substitute's jumps to
+// its KUBE-SVC chains, which go where IPVS takes over: just before
+// KUBE-SERVICES' ACCEPTs.
+func natRules(cidr string, filled map[string]bool, portals []string) string {
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	for _, c := range kubeProxyNATChains {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	rule := func(chain, r string) { fmt.Fprintf(&b, "-A %s %s\n", chain, r) }
+	rule("KUBE-SERVICES", "-s 127.0.0.0/8 -j RETURN")
+	for _, r := range ipsetRules {
+		if filled[r[0]] {
+			rule(r[1], r[2])
+		}
+	}
+	if filled["KUBE-CLUSTER-IP"] {
+		rule("KUBE-SERVICES", `-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s `+cidr+" -j KUBE-MARK-MASQ")
+	}
+	rule("KUBE-SERVICES", "-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
+	rule("KUBE-LOAD-BALANCER", "-j KUBE-MARK-MASQ")
+	for _, p := range portals {
+		rule("KUBE-SERVICES", p)
+	}
+	for _, set := range []string{"KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER"} {
+		if filled[set] {
+			rule("KUBE-SERVICES", "-m set --match-set "+set+" dst,dst -j ACCEPT")
+		}
+	}
+	rule("KUBE-POSTROUTING", "-m mark ! --mark 0x004000/0x004000 -j RETURN")
+	rule("KUBE-POSTROUTING", "-j MARK --xor-mark 0x004000")
+	rule("KUBE-POSTROUTING", `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
+	rule("KUBE-MARK-MASQ", "-j MARK --or-mark 0x004000")
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// kubeProxyFilterRules is the filter part of the payload, the same on
+// every sync for the lab's Services.
+const kubeProxyFilterRules = `*filter
 :KUBE-FORWARD - [0:0]
 :KUBE-NODE-PORT - [0:0]
 :KUBE-PROXY-FIREWALL - [0:0]
@@ -139,13 +184,24 @@ COMMIT
 // installKubeProxy writes kube-proxy's IPVS-mode state into n: kube-ipvs0,
 // the ipsets, the rules and (with IPVS) its sysctls.
 func (c *cluster) installKubeProxy(n *node) error {
-	kp := &kubeProxy{n: n, ipvs: c.env.IPVS}
+	kp, err := startKubeProxy(n, c.env, clusterCIDR)
+	if err != nil {
+		return err
+	}
+	n.kp = kp
+	return nil
+}
+
+// startKubeProxy is installKubeProxy for a cluster whose pods are in cidr
+// (the rule that masquerades ClusterIP traffic from outside it).
+func startKubeProxy(n *node, env *Env, cidr string) (*kubeProxy, error) {
+	kp := &kubeProxy{n: n, ipvs: env.IPVS, cidr: cidr, filled: map[string]bool{}, seps: map[string]bool{}}
 	kind := "bridge" // left down, it gives the same local routes as dummy
-	if c.env.Dummy {
+	if env.Dummy {
 		kind = "dummy"
 	}
 	if _, err := n.ns.Run("ip", "link", "add", "kube-ipvs0", "type", kind); err != nil {
-		return fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
+		return nil, fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
 	}
 	var sets strings.Builder
 	for _, s := range kubeProxyIPSets {
@@ -157,26 +213,24 @@ func (c *cluster) installKubeProxy(n *node) error {
 		fmt.Fprintf(&sets, "create %s %s %s -exist\n", name, typ, opts)
 	}
 	if err := runStdin(n.ns, sets.String(), "ipset", "restore"); err != nil {
-		return fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
+		return nil, fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
 	}
-	rules := strings.ReplaceAll(kubeProxyRules, "CLUSTERCIDR", clusterCIDR)
-	if err := runStdin(n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
-		return fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
+	if err := runStdin(n.ns, natRules(cidr, nil, nil)+kubeProxyFilterRules, "iptables-restore", "-w", "--noflush"); err != nil {
+		return nil, fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
 	}
 	for _, j := range kubeProxyJumps {
 		if _, err := n.ns.Run("iptables", "-w", "-t", j[0], "-I", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]); err != nil {
-			return fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
+			return nil, fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
 		}
 	}
 	if kp.ipvs {
 		if err := kp.ipvsSysctls(); err != nil {
-			return err
+			return nil, err
 		}
 	} else if err := kp.installStandIn(); err != nil {
-		return err
+		return nil, err
 	}
-	n.kp = kp
-	return nil
+	return kp, nil
 }
 
 func (kp *kubeProxy) ipvsSysctls() error {
@@ -222,8 +276,14 @@ func (kp *kubeProxy) addService(s *service) error {
 	if err := kp.bindAddresses(s); err != nil {
 		return err
 	}
-	if err := runStdin(kp.n.ns, kp.ipsetEntries(s), "ipset", "restore"); err != nil {
+	entries := kp.ipsetEntries(s)
+	if err := runStdin(kp.n.ns, entries, "ipset", "restore"); err != nil {
 		return fmt.Errorf("kube-proxy on %s: ipset entries of %s: %w", kp.n.name, s.name, err)
+	}
+	for _, line := range strings.Split(entries, "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			kp.filled[f[1]] = true
+		}
 	}
 	for _, p := range s.ports {
 		var err error
@@ -235,6 +295,16 @@ func (kp *kubeProxy) addService(s *service) error {
 		if err != nil {
 			return fmt.Errorf("kube-proxy on %s: service %s: %w", kp.n.name, s.portName(p), err)
 		}
+	}
+	return kp.syncNAT()
+}
+
+// syncNAT rewrites kube-proxy's nat chains for the ipsets' contents now,
+// as each sync of the real one does: the rules of an empty ipset are not
+// written.
+func (kp *kubeProxy) syncNAT() error {
+	if err := runStdin(kp.n.ns, natRules(kp.cidr, kp.filled, kp.portals), "iptables-restore", "-w", "--noflush"); err != nil {
+		return fmt.Errorf("kube-proxy on %s: restore nat rules: %w", kp.n.name, err)
 	}
 	return nil
 }
@@ -381,22 +451,13 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 			return err
 		}
 	}
-	pos, err := kp.firstAccept()
-	if err != nil {
-		return err
-	}
 	name := s.portName(p)
-	portal := func(ip, what, chain string) []string {
-		return []string{"-d", ip + "/32", "-p", p.Proto, "-m", "comment", "--comment", name + " " + what,
-			"-m", p.Proto, "--dport", strconv.Itoa(p.Port), "-j", chain}
+	portal := func(ip, what, chain string) string {
+		return fmt.Sprintf("-d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j %s", ip, p.Proto, name+" "+what, p.Proto, p.Port, chain)
 	}
-	if err := kp.nat(append([]string{"-I", "KUBE-SERVICES", strconv.Itoa(pos)}, portal(s.clusterIP, "cluster IP", svcChain)...)...); err != nil {
-		return err
-	}
+	kp.portals = append(kp.portals, portal(s.clusterIP, "cluster IP", svcChain))
 	if s.lbIP != "" {
-		if err := kp.nat(append([]string{"-I", "KUBE-SERVICES", strconv.Itoa(pos + 1)}, portal(s.lbIP, "loadbalancer IP", extChain)...)...); err != nil {
-			return err
-		}
+		kp.portals = append(kp.portals, portal(s.lbIP, "loadbalancer IP", extChain))
 	}
 	if p.NodePort > 0 {
 		return kp.nat("-A", standInNodePorts, "-p", p.Proto, "-m", "comment", "--comment", name,
@@ -406,7 +467,8 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 }
 
 // svcChain writes a KUBE-SVC-style chain spreading over eps, one KUBE-SEP
-// chain each, and returns its name.
+// chain each, and returns its name. A KUBE-SVL chain jumps to the KUBE-SEP
+// chains its KUBE-SVC chain made, as in kube-proxy's iptables mode.
 func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*pod) (string, error) {
 	name := s.portName(p)
 	chain := prefix + portProtoHash(name, p.Proto)
@@ -416,13 +478,7 @@ func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*p
 	for i, ep := range eps {
 		dest := net4(ep.ip, p.TargetPort)
 		sep := "KUBE-SEP-" + portProtoHash(name, p.Proto+dest)
-		if err := kp.nat("-N", sep); err != nil {
-			return "", err
-		}
-		if err := kp.nat("-A", sep, "-s", ep.ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
-			return "", err
-		}
-		if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
+		if err := kp.sepChain(sep, name, p, ep.ip, dest); err != nil {
 			return "", err
 		}
 		jump := []string{"-A", chain, "-m", "comment", "--comment", name + " -> " + dest}
@@ -436,24 +492,23 @@ func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*p
 	return chain, nil
 }
 
-// firstAccept is the 1-based position of KUBE-SERVICES' first ACCEPT: IPVS
-// takes over exactly there.
-func (kp *kubeProxy) firstAccept() (int, error) {
-	out, err := kp.n.ns.Run("iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
-	if err != nil {
-		return 0, err
+// sepChain writes endpoint chain sep (masquerade the endpoint's own
+// traffic, DNAT to dest) unless it exists already.
+func (kp *kubeProxy) sepChain(sep, name string, p servicePort, ip, dest string) error {
+	if kp.seps[sep] {
+		return nil
 	}
-	pos := 0
-	for _, line := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(line, "-A ") {
-			continue
-		}
-		pos++
-		if strings.HasSuffix(line, "-j ACCEPT") {
-			return pos, nil
-		}
+	if err := kp.nat("-N", sep); err != nil {
+		return err
 	}
-	return 0, fmt.Errorf("KUBE-SERVICES has no ACCEPT rule")
+	if err := kp.nat("-A", sep, "-s", ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
+		return err
+	}
+	if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
+		return err
+	}
+	kp.seps[sep] = true
+	return nil
 }
 
 func (kp *kubeProxy) nat(args ...string) error {

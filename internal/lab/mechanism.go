@@ -50,6 +50,18 @@ const (
 	NoEndpointDrop   Mechanism = "no-endpoint-drop"
 )
 
+// silentDrop says the node frees the packet and answers nothing: no ICMP
+// error, no reset. Before 5.17 kfree_skb carries no reason, so such a drop
+// looks like any other free and leaves the tracer nothing to report,
+// whatever verdict its rule would have earned.
+func (m Mechanism) silentDrop() bool {
+	switch m {
+	case PolicyDrop, ClusterIPDrop, NoEndpointDrop:
+		return true
+	}
+	return false
+}
+
 // prove fills e.Proof from the counters around the attempt and the node's
 // conntrack entry, and lists in e.Unproven whatever the mechanism needs
 // that the node does not show.

@@ -115,6 +115,34 @@ func (m *matrix) counts() (pass, fail, skip int) {
 	return
 }
 
+// failures lists every failed cell as "kernel test: reason", sorted, so
+// the last lines of a run (all a CI excerpt may keep) name what failed.
+func (m *matrix) failures() []string {
+	var out []string
+	for row, byKernel := range m.cells {
+		for kernel, o := range byKernel {
+			if o.Status != "fail" {
+				continue
+			}
+			line := kernel + " " + row
+			if o.Reason != "" {
+				line += ": " + truncate(o.Reason, maxReason)
+			}
+			out = append(out, line)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// truncate cuts s to n bytes and marks the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // maxReason caps a reason printed under the table; the full text is in the
 // console output and the package log.
 const maxReason = 240
@@ -173,10 +201,7 @@ func (m *matrix) write(w io.Writer) {
 		}
 	}
 	for i, r := range reasons {
-		if len(r) > maxReason {
-			r = r[:maxReason] + "…"
-		}
-		fmt.Fprintf(w, "[%d] %s\n", i+1, r)
+		fmt.Fprintf(w, "[%d] %s\n", i+1, truncate(r, maxReason))
 	}
 	for _, n := range m.notes {
 		fmt.Fprintf(w, "!! %s\n", n)

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,5 +55,8 @@ func TestMatrixWrite(t *testing.T) {
 	}
 	if p, f, s := m.counts(); p != 1 || f != 1 || s != 2 {
 		t.Errorf("counts = %d passed, %d failed, %d skipped; want 1, 1, 2", p, f, s)
+	}
+	if got, want := m.failures(), []string{"5.10 pkg.TestB: boom"}; !slices.Equal(got, want) {
+		t.Errorf("failures = %q, want %q", got, want)
 	}
 }

@@ -153,6 +153,12 @@ func testMode(ctx context.Context, o options) (int, error) {
 	if fail > 0 {
 		failed = true
 	}
+	if f := m.failures(); len(f) > 0 {
+		fmt.Println("\nfailed:")
+		for _, line := range f {
+			fmt.Println("  " + line)
+		}
+	}
 	fmt.Printf("\nvm: %d passed, %d failed, %d skipped\n", pass, fail, skip)
 	if failed {
 		fmt.Println("vm: FAIL")
