@@ -13,7 +13,7 @@ PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/lab ./cmd/tr
 # Debian packages the build, the tests and the demo need (idempotent).
 DEB_PKGS := clang llvm libbpf-dev bpftool iptables ipset ipvsadm conntrack \
 	containernetworking-plugins qemu-system-x86 busybox-static kmod cpio tmux \
-	iproute2 nftables xz-utils
+	iproute2 nftables xz-utils procps curl
 
 all: build
 

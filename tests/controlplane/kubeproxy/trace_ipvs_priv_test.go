@@ -334,6 +334,20 @@ func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() a
 	}
 }
 
+// countedWindow prepares a check of counters kube-proxy's syncs reset: it
+// waits until the last sync is under 20 s old, so the periodic one (every
+// 30 s) is at least 10 s away, and returns a function that says whether
+// kube-proxy synced since. Every iptables-mode sync, partial ones included,
+// rewrites the top-level filter chains (KUBE-SERVICES,
+// KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, ...) and so zeroes their rules'
+// counters; ipvs mode restores the whole filter table.
+func (kp *KubeProxy) countedWindow(t *testing.T) (synced func() bool) {
+	t.Helper()
+	kp.waitRecentSync(t, 20*time.Second)
+	before := kp.syncCount(t)
+	return func() bool { return kp.syncCount(t) != before }
+}
+
 // waitRecentSync waits (at most 40 s) until kube-proxy's last IPv4 sync
 // finished less than within ago, by its
 // sync_proxy_rules_last_timestamp_seconds and the clock it shares with
