@@ -344,7 +344,7 @@ func (c *incCluster) droppedAttempt(t *testing.T, what string, ns netlab.Namespa
 	synced := func() bool { return false }
 	if c.mode == IPTables {
 		// The DROP sits in KUBE-EXTERNAL-SERVICES, which every sync
-		// rewrites, zeroing its counter; the attempt lasts seconds.
+		// rewrites, zeroing its counter.
 		synced = c.kp.countedWindow(t)
 		before = packetCounts(t, c.save(t, "filter", true))
 	}

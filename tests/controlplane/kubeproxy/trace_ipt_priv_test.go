@@ -350,8 +350,8 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 
 // iptNoEndpointAttempt is refusedAttempt with iptables' count of it: the
 // REJECT of web/empty counts one more packet. The REJECT sits in filter
-// KUBE-SERVICES, which every sync rewrites, so the count is read in a
-// window without one (countedWindow).
+// KUBE-SERVICES, which every sync rewrites: a sync during the attempt is
+// named as such (countedWindow) rather than taken for a wrong count.
 func (c *traceCluster) iptNoEndpointAttempt(t *testing.T, dst string) attemptResult {
 	t.Helper()
 	r := c.ipt.noEndpoint

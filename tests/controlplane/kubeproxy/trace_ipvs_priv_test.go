@@ -334,16 +334,17 @@ func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() a
 	}
 }
 
-// countedWindow prepares a check of counters kube-proxy's syncs reset: it
-// waits until the last sync is under 20 s old, so the periodic one (every
-// 30 s) is at least 10 s away, and returns a function that says whether
-// kube-proxy synced since. Every iptables-mode sync, partial ones included,
-// rewrites the top-level filter chains (KUBE-SERVICES,
-// KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, ...) and so zeroes their rules'
-// counters; ipvs mode restores the whole filter table.
+// countedWindow starts a check of counters that a kube-proxy sync resets
+// and returns a function that says whether kube-proxy synced since, so
+// the check can tell a reset from a wrong count. Every iptables-mode sync,
+// partial ones included, rewrites the top-level filter chains
+// (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, ...) and so
+// zeroes their rules' counters. It does not wait: iptables mode has no
+// periodic sync (its runner's maxInterval is FullSyncPeriod, an hour;
+// pkg/proxy/iptables/proxier.go), so with the objects unchanged none comes.
+// ipvs mode's does, every 30 s (ipvsFilterAttempt waits for it).
 func (kp *KubeProxy) countedWindow(t *testing.T) (synced func() bool) {
 	t.Helper()
-	kp.waitRecentSync(t, 20*time.Second)
 	before := kp.syncCount(t)
 	return func() bool { return kp.syncCount(t) != before }
 }
