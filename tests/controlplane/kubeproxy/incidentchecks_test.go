@@ -50,30 +50,75 @@ func (c *incCluster) incidents() []incident {
 // nftables node, so portmap's locality check (Debian's `--dst-type LOCAL`,
 // v1.9+'s `fib daddr type local`) lets it pass to kube-proxy and mysql-a
 // answers; v1.8.0's nftables backend checks nothing and mysql-b answers.
+// In ipvs mode kube-ipvs0 makes the ClusterIP local, so the locality
+// check matches, and which runs first decides (see ipvsPortmapFirst):
+// Debian's portmap appends its PREROUTING jump after kube-proxy's
+// KUBE-SERVICES, whose ACCEPT of the ClusterIP's exact ip,port (ipset
+// KUBE-CLUSTER-IP) ends nat prerouting, and mysql-a answers; but the
+// ClusterIP on a port that is no Service port (agentPort, web/hp-agent's
+// hostPort) falls through to CNI-HOSTPORT-DNAT and web/hp-agent answers
+// instead of KUBE-IPVS-FILTER refusing it (INCIDENTS.md: "Even with the
+// fixed order").
 func (c *incCluster) clusterIPHostPort() incident {
-	var a attemptResult
+	var a, other attemptResult
 	dst := net.JoinHostPort(mysqlClusterIP, strconv.Itoa(mysqlPort))
 	return incident{
 		name: "seed000-clusterip-hostport",
 		attempt: func(t *testing.T) {
 			a = c.connect(t, "clusterip", c.pods["shop/client"].netns, c.ip("shop/client"), dst)
 			want := "db/mysql-a"
-			if c.pm.anyDst {
+			if c.pm.anyDst || c.mode == IPVS && c.ipvsPortmapFirst(t) {
 				want = "db/mysql-b"
 			}
 			if a.answer != want {
 				t.Errorf("%s → %s: %s answered, want %s (portmap %s)", a.src, dst, a.answer, want, c.pm.name)
 			}
+			if c.mode == IPVS {
+				other = c.connect(t, "clusterip other port", c.pods["shop/client"].netns, c.ip("shop/client"), net.JoinHostPort(mysqlClusterIP, strconv.Itoa(agentPort)))
+				if other.answer != "web/hp-agent" {
+					t.Errorf("%s → %s: %s answered, want the hostPort pod web/hp-agent", other.src, other.dst, other.answer)
+				}
+			}
 		},
 		check: func(t *testing.T, tr *livetest.Tracing) {
+			if c.mode == IPVS {
+				c.checkHijack(t, tr, other, "db/mysql-a", "Service db/mysql-a", "kube-ipvs0")
+			}
 			if a.answer == "db/mysql-b" {
-				c.checkHijack(t, tr, a, "db/mysql-a", "Service db/mysql-a")
+				facts := []string{"Service db/mysql-a"}
+				if c.mode == IPVS {
+					facts = append(facts, "kube-ipvs0")
+				}
+				c.checkHijack(t, tr, a, "db/mysql-a", facts...)
 				return
 			}
 			c.checkOK(t, tr, a, "db/mysql-a")
 		},
-		failing: func() []attemptResult { return c.ifHijacked(a, "db/mysql-b") },
+		failing: func() []attemptResult {
+			return append(c.ifHijacked(a, "db/mysql-b"), c.ifHijacked(other, "web/hp-agent")...)
+		},
 	}
+}
+
+// ipvsPortmapFirst: in the node's nat PREROUTING (iptables-save) portmap's
+// jump to CNI-HOSTPORT-DNAT comes before kube-proxy's to KUBE-SERVICES.
+func (c *incCluster) ipvsPortmapFirst(t *testing.T) bool {
+	t.Helper()
+	kube, cni := -1, -1
+	for i, r := range savedRules(c.save(t, "nat", false)) {
+		switch {
+		case r.chain != "PREROUTING":
+		case strings.HasSuffix(r.text, "-j KUBE-SERVICES"):
+			kube = i
+		case strings.HasSuffix(r.text, "-j CNI-HOSTPORT-DNAT"):
+			cni = i
+		}
+	}
+	if kube < 0 || cni < 0 {
+		t.Fatalf("nat PREROUTING of the node lacks kube-proxy's (%d) or portmap's (%d) jump", kube, cni)
+	}
+	t.Logf("nat PREROUTING: portmap's jump %s kube-proxy's", map[bool]string{true: "before", false: "after"}[cni < kube])
+	return cni < kube
 }
 
 // nodePortHostPort is seed 000's nginx experiment: web/hp-np's hostPort is
@@ -133,8 +178,11 @@ func (c *incCluster) hostNetworkHostPort() incident {
 // outside the cluster. On an iptables or nftables node the LB IP is no
 // local address: port 80 (the Service's) is DNAT'd to edge/lb-a in the
 // cluster, and 443 leaves the node and the load balancer answers; IPVS
-// mode's refusal does not happen.
+// mode's refusal does not happen (lbPortRefused is ipvs mode's).
 func (c *incCluster) lbPortOutside() incident {
+	if c.mode == IPVS {
+		return c.lbPortRefused()
+	}
 	var svc, out attemptResult
 	client := c.pods["shop/client"]
 	return incident{
@@ -157,12 +205,55 @@ func (c *incCluster) lbPortOutside() incident {
 	}
 }
 
+// lbPortRefused is seed 004's first half as the incident had it, in ipvs
+// mode: the LB IP is bound on kube-ipvs0, so a pod's connection to it
+// never leaves the node. Port 80 is edge/lb's virtual server (edge/lb-a
+// answers); 443, which the load balancer serves outside the cluster, is
+// refused by KUBE-IPVS-FILTER: the client gets ECONNREFUSED from an ICMP
+// port unreachable, and the REJECT counts the SYN.
+func (c *incCluster) lbPortRefused() incident {
+	var svc, out attemptResult
+	client := c.pods["shop/client"]
+	dst := net.JoinHostPort(incOutsideIP, strconv.Itoa(outsidePort))
+	return incident{
+		name: "seed004-lb-port-outside",
+		attempt: func(t *testing.T) {
+			svc = c.connect(t, "lb:80", client.netns, client.ip, net.JoinHostPort(incOutsideIP, "80"))
+			if svc.answer != "edge/lb-a" {
+				t.Errorf("LB IP port 80: %s answered, want edge/lb-a (IPVS's virtual server on kube-ipvs0)", svc.answer)
+			}
+			out = c.kp.rejectAttempt(t, c.node, c.ipvsReject, "lb:443", func() attemptResult {
+				return refusedFrom(t, "lb:443", client.netns, client.ip, dst)
+			}, 1, true, func(a attemptResult) { c.retried = append(c.retried, a) })
+		},
+		check: func(t *testing.T, tr *livetest.Tracing) {
+			c.checkOK(t, tr, svc, "edge/lb")
+			f := c.flowOf(t, tr, out)
+			if f == nil {
+				return
+			}
+			if r := f.Rule; r == nil || r.NFTables() || r.Table != "filter" || r.Chain != "KUBE-IPVS-FILTER" || r.Text != c.ipvsReject || r.Uncertain != "" {
+				t.Errorf("%s: rule %+v, want filter %q", out.what, r, c.ipvsReject)
+			}
+			checkRejectFlowFacts(t, f, out, trace.VerdictIPVSFilterReject, "edge/lb", "KUBE-IPVS-FILTER", "kube-ipvs0",
+				fmt.Sprintf("tcp port %d", outsidePort), "LoadBalancer IP of Service edge/lb")
+		},
+		failing: func() []attemptResult { return append([]attemptResult{out}, c.retried...) },
+	}
+}
+
 // etpLocalRemote is seed 004's second half: edge/local has
 // externalTrafficPolicy Local and its only endpoint on node 2. A pod's
 // connection to its LB IP or NodePort is short-circuited to the cluster
 // endpoints and answered from node 2, back through this node (no return
 // path mismatch: the node is the pod's gateway). A client outside the
-// cluster is dropped on this node, which has no local endpoint.
+// cluster is dropped on this node, which has no local endpoint. In ipvs
+// mode (kube-proxy ≥ 1.24) the virtual servers of a Service with no local
+// endpoint get every endpoint, and KUBE-NODE-PORT-LOCAL-TCP skips the
+// masquerade: the outside client's connection is forwarded to node 2's
+// pod with its own source, no answer comes back through this node, and
+// the client times out (here the uplink plays both the client and node 2:
+// the forwarded SYN reaches it from one of its own addresses).
 func (c *incCluster) etpLocalRemote() incident {
 	var lb, np, outside attemptResult
 	client := c.pods["shop/client"]
@@ -177,11 +268,19 @@ func (c *incCluster) etpLocalRemote() incident {
 					t.Errorf("%s: %s answered, want node 2's edge/local-a", a.what, a.answer)
 				}
 			}
+			if c.mode == IPVS {
+				outside = c.unrepliedAttempt(t, "outside client", c.uplink, uplinkGW, nodePort, net.JoinHostPort(incRemotePodIP, strconv.Itoa(appPort)))
+				return
+			}
 			outside = c.droppedAttempt(t, "outside client", c.uplink, uplinkGW, nodePort, fmt.Sprintf(`"edge/local:http has no local endpoints"`))
 		},
 		check: func(t *testing.T, tr *livetest.Tracing) {
 			c.checkOK(t, tr, lb, "edge/local")
 			c.checkOK(t, tr, np, "edge/local")
+			if c.mode == IPVS {
+				c.checkReturnPath(t, tr, outside, "edge/local")
+				return
+			}
 			if tr.Via(event.HookKfreeSkb) == event.ViaNone {
 				// No drop is seen on this tier (BPF netfilter links only):
 				// the tracer cannot know, but must not call it ok.
@@ -278,12 +377,16 @@ func (c *incCluster) serverAddr(answer string) string {
 // checks the node's truth: the node's conntrack has the reply from the
 // server that answered, and, in iptables mode, the one nat DNAT rule to
 // that server counts one more packet and every other DNAT rule none (no
-// DNAT rule moves when the answer came from the address dialled).
+// DNAT rule moves when the answer came from the address dialled). In ipvs
+// mode see checkIPVSPath.
 func (c *incCluster) connect(t *testing.T, what string, ns netlab.Namespace, from, dst string) attemptResult {
 	t.Helper()
-	var before map[string]int64
-	if c.mode == IPTables {
+	var before, ipvsBefore map[string]int64
+	if c.mode != NFTables {
 		before = packetCounts(t, c.save(t, "nat", true))
+	}
+	if c.mode == IPVS {
+		ipvsBefore = c.kp.ipvsStats(t)
 	}
 	src, answer, err := fetchTCP(ns, from, dst)
 	if err != nil {
@@ -304,16 +407,142 @@ func (c *incCluster) connect(t *testing.T, what string, ns netlab.Namespace, fro
 	if pod, ok := c.apiPodByIP(t, strings.Split(server, ":")[0]); ok && pod != answer {
 		t.Errorf("%s: %s answered from %s, which the API server says is pod %s", what, answer, server, pod)
 	}
-	if c.mode == IPTables {
-		c.checkDNATCounts(t, a, before, server)
+	switch c.mode {
+	case IPTables:
+		c.checkDNATCounts(t, a, before, server, server != a.dst)
+	case IPVS:
+		c.checkIPVSPath(t, a, before, ipvsBefore, server)
 	}
 	t.Logf("%s: %s → %s answered by %s; conntrack reply from %s", what, src, dst, answer, reply)
 	return a
 }
 
-// checkDNATCounts: the DNAT rule to server counted one packet, all others
-// none; none at all when the connection was not translated.
-func (c *incCluster) checkDNATCounts(t *testing.T, a attemptResult, before map[string]int64, server string) {
+// checkIPVSPath: in ipvs mode a connection is translated by IPVS or by a
+// DNAT rule (portmap's). By IPVS: its one connection entry (`ipvsadm
+// -Lnc`) names the real server that answered, the virtual server's
+// counters gained one connection there and none at its other real
+// servers, and no DNAT rule counted it. Else IPVS has no entry of it, the
+// virtual server at the address dialled (if there is one) counted no
+// connection, and checkDNATCounts.
+func (c *incCluster) checkIPVSPath(t *testing.T, a attemptResult, natBefore, before map[string]int64, server string) {
+	t.Helper()
+	reals, listing, err := c.kp.ipvsConnReals(a.proto, a.src, a.dst)
+	if err != nil {
+		t.Fatalf("%s: %v", a.what, err)
+	}
+	via := len(reals) > 0
+	if via {
+		c.viaIPVS[a.src] = true
+		if len(reals) != 1 || reals[0] != server {
+			t.Errorf("%s: %s → %s answered by %s (%s), but IPVS's connection entries have real servers %v:\n%s", a.what, a.src, a.dst, a.answer, server, reals, listing)
+		}
+		c.checkIPVSCounts(t, a, before, c.kp.ipvsStatsMoved(t, a.proto, a.dst, before), server)
+	} else if hasVirtual(before, a.proto, a.dst) {
+		// Nothing moves when IPVS was bypassed, so there is no state to
+		// wait for: two estimator periods (2 s, ip_vs_est.c) have passed.
+		time.Sleep(4 * time.Second)
+		c.checkIPVSCounts(t, a, before, c.kp.ipvsStats(t), "")
+	}
+	c.checkDNATCounts(t, a, natBefore, server, server != a.dst && !via)
+	t.Logf("%s: IPVS connection entries %v", a.what, reals)
+}
+
+// hasVirtual: the IPVS counters have a real server of proto virtual.
+func hasVirtual(stats map[string]int64, proto, virtual string) bool {
+	for k := range stats {
+		if strings.HasPrefix(k, proto+" "+virtual+" -> ") {
+			return true
+		}
+	}
+	return false
+}
+
+// checkIPVSCounts: the real server real of the virtual server a.dst
+// counted one connection more, every other real server of it none.
+func (c *incCluster) checkIPVSCounts(t *testing.T, a attemptResult, before, after map[string]int64, real string) {
+	t.Helper()
+	prefix := a.proto + " " + a.dst + " -> "
+	seen := false
+	for k, n := range after {
+		r, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		want := int64(0)
+		if r == real {
+			want, seen = 1, true
+		}
+		if d := n - before[k]; d != want {
+			t.Errorf("%s: %s → %s answered by %s, but IPVS counted %d connections for real server %s of %s, want %d", a.what, a.src, a.dst, a.answer, d, r, a.dst, want)
+		}
+	}
+	if real != "" && !seen {
+		t.Errorf("%s: IPVS has no real server %s for %s %s", a.what, real, a.proto, a.dst)
+	}
+}
+
+// unrepliedAttempt connects from ns's address from to dst, which IPVS
+// forwards to real (node 2's pod) without SNAT, whose answer does not come
+// back through the node: the client times out without an ICMP error, the
+// node's conntrack entry stays unreplied with the reply expected from
+// real, and IPVS's connection entry and counters name real.
+func (c *incCluster) unrepliedAttempt(t *testing.T, what string, ns netlab.Namespace, from, dst, real string) attemptResult {
+	t.Helper()
+	before := c.kp.ipvsStats(t)
+	icmp := icmpDestUnreachs(t, ns)
+	src, answer, err := fetchTCP(ns, from, dst)
+	if !isTimeout(err) {
+		t.Errorf("%s: %s → %s: %v (read %q), want no answer (a timeout)", what, src, dst, err, answer)
+	}
+	if d := icmpDestUnreachs(t, ns) - icmp; d != 0 {
+		t.Errorf("%s: the client counted %d ICMP destination unreachable errors, want none", what, d)
+	}
+	a := attemptResult{what, "tcp", src, dst, ""}
+	shost, sport, _ := net.SplitHostPort(src)
+	dhost, dport, _ := net.SplitHostPort(dst)
+	reply, err := conntrackReply(c.node, "tcp", src+" → "+dst+" unreplied", "[UNREPLIED] ",
+		"--orig-src", shost, "--orig-port-src", sport, "--orig-dst", dhost, "--orig-port-dst", dport)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+	} else if reply != real {
+		t.Errorf("%s: the node's conntrack expects the reply from %s, want %s", what, reply, real)
+	}
+	if r, err := c.kp.ipvsConnReal("tcp", src, dst); err != nil || r != real {
+		t.Errorf("%s: IPVS's connection entry: real server %q (%v), want %s", what, r, err, real)
+	}
+	c.checkIPVSCounts(t, a, before, c.kp.ipvsStatsMoved(t, "tcp", dst, before), real)
+	t.Logf("%s: %s → %s: %v; conntrack unreplied, reply expected from %s", what, src, dst, err, reply)
+	return a
+}
+
+// checkReturnPath checks the flow of an unrepliedAttempt:
+// return-path-mismatch, the Service, node 2's pod as the destination, and
+// why (its node, externalTrafficPolicy Local).
+func (c *incCluster) checkReturnPath(t *testing.T, tr *livetest.Tracing, a attemptResult, service string) {
+	t.Helper()
+	f := c.flowOf(t, tr, a)
+	if f == nil {
+		return
+	}
+	if f.Verdict != trace.VerdictReturnPathMismatch {
+		t.Errorf("%s: verdict %s, want %s: %s", a.what, f.Verdict, trace.VerdictReturnPathMismatch, f.Explanation)
+	}
+	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != service {
+		t.Errorf("%s: service %+v, want %s", a.what, f.Service, service)
+	}
+	if got, want := podKey(f.DstPod), "edge/local-a"; got != want {
+		t.Errorf("%s: dst_pod %q, want %q (the real server IPVS chose)", a.what, got, want)
+	}
+	for _, fact := range []string{"node " + incNode2, "externalTrafficPolicy=Local", net.JoinHostPort(incRemotePodIP, strconv.Itoa(appPort))} {
+		if !strings.Contains(f.Explanation, fact) {
+			t.Errorf("%s: explanation lacks %q: %s", a.what, fact, f.Explanation)
+		}
+	}
+}
+
+// checkDNATCounts: the DNAT rule to server counted one packet if byRule,
+// all others none.
+func (c *incCluster) checkDNATCounts(t *testing.T, a attemptResult, before map[string]int64, server string, byRule bool) {
 	t.Helper()
 	after := packetCounts(t, c.save(t, "nat", true))
 	moved := 0
@@ -322,14 +551,14 @@ func (c *incCluster) checkDNATCounts(t *testing.T, a attemptResult, before map[s
 			continue
 		}
 		want := int64(0)
-		if strings.HasSuffix(text, "--to-destination "+server) && server != a.dst {
+		if strings.HasSuffix(text, "--to-destination "+server) && byRule {
 			want, moved = 1, moved+1
 		}
 		if d := n - before[text]; d != want {
 			t.Errorf("%s: %s → %s answered by %s, but %s counted %d packets, want %d", a.what, a.src, a.dst, a.answer, text, d, want)
 		}
 	}
-	if server != a.dst && moved != 1 {
+	if byRule && moved != 1 {
 		t.Errorf("%s: %d DNAT rules to %s in the node's nat table, want one", a.what, moved, server)
 	}
 }
@@ -384,15 +613,7 @@ func (c *incCluster) droppedAttempt(t *testing.T, what string, ns netlab.Namespa
 // save is iptables-save of table in the node, with counters if counters.
 func (c *incCluster) save(t *testing.T, table string, counters bool) string {
 	t.Helper()
-	args := []string{"iptables-save", "-t", table}
-	if counters {
-		args = append(args, "-c")
-	}
-	out, err := c.kp.Exec(args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return c.kp.iptablesSave(t, table, counters)
 }
 
 // apiPodByIP is the pod (not hostNetwork) the API server has at ip.
@@ -426,7 +647,7 @@ type ruleID struct {
 func (c *incCluster) dnatRuleTo(t *testing.T, addr string) ruleID {
 	t.Helper()
 	var found []ruleID
-	if c.mode == IPTables {
+	if c.mode != NFTables {
 		nat := c.save(t, "nat", false)
 		for _, r := range savedRules(nat) {
 			if strings.HasSuffix(r.text, "-j DNAT --to-destination "+addr) {
@@ -495,8 +716,8 @@ func ruleIs(r *trace.Rule, want ruleID) bool {
 
 // checkOK checks the flow of a connection answered as the Service
 // intends: ok, the rule that DNAT'd it to the server that answered (none
-// when it was not translated), the client and the answering pods, the
-// Service.
+// when it was not translated; IPVS's event when IPVS did), the client and
+// the answering pods, the Service.
 func (c *incCluster) checkOK(t *testing.T, tr *livetest.Tracing, a attemptResult, service string) {
 	t.Helper()
 	f := c.flowOf(t, tr, a)
@@ -507,12 +728,28 @@ func (c *incCluster) checkOK(t *testing.T, tr *livetest.Tracing, a attemptResult
 		t.Errorf("%s %s: verdict %s, want ok: %s", a.what, a.src, f.Verdict, f.Explanation)
 	}
 	server := c.serverAddr(a.answer)
-	if server != a.dst {
+	switch {
+	case c.viaIPVS[a.src]:
+		checkIPVSEvent(t, f, a, server)
+	case server != a.dst:
 		if want := c.dnatRuleTo(t, server); !ruleIs(f.Rule, want) {
 			t.Errorf("%s %s: rule %+v, want %+v", a.what, a.src, f.Rule, want)
 		}
 	}
 	c.checkNames(t, f, a, service)
+}
+
+// checkIPVSEvent: the flow has an ipvs event from the virtual server the
+// client addressed to real, the real server IPVS's connection entry named
+// (masquerading).
+func checkIPVSEvent(t *testing.T, f *trace.Flow, a attemptResult, real string) {
+	t.Helper()
+	i := slices.IndexFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindIPVS })
+	if i < 0 {
+		t.Errorf("%s %s: no ipvs event in %s", a.what, a.src, livetest.EventList(f.Events))
+	} else if e := f.Events[i]; e.Virtual != a.dst || e.To != real || e.Forward != "masq" {
+		t.Errorf("%s %s: ipvs event virtual %q to %q (%s), want virtual %s to real server %s (masq)", a.what, a.src, e.Virtual, e.To, e.Forward, a.dst, real)
+	}
 }
 
 // checkHijack checks a flow a hostPort took: hostport-hijack by portmap's
@@ -592,8 +829,8 @@ func (c *incCluster) checkNames(t *testing.T, f *trace.Flow, a attemptResult, se
 		t.Errorf("%s %s: service %q, want %q", a.what, a.src, gotSvc, service)
 	}
 	dnat := slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindDNAT })
-	if dnat != (server != a.dst) {
-		t.Errorf("%s %s: dnat event %v, but the reply came from %s for %s", a.what, a.src, dnat, server, a.dst)
+	if want := server != a.dst && !c.viaIPVS[a.src]; dnat != want {
+		t.Errorf("%s %s: dnat event %v, but the reply came from %s for %s (translated by IPVS: %v)", a.what, a.src, dnat, server, a.dst, c.viaIPVS[a.src])
 	}
 }
 

@@ -131,6 +131,16 @@ func TestPrivIncidentsNFTPortmapV18(t *testing.T) {
 	runIncidents(t, NFTables, portmapV18)
 }
 
+// TestPrivIncidentsIPVS is the same on kube-proxy in ipvs mode with
+// Debian's portmap: kube-ipvs0 makes every ClusterIP and LB IP an address
+// of the node, so seed 000's hostPort takes mysql-a's ClusterIP, seed
+// 004's LB IP port 443 is refused by KUBE-IPVS-FILTER, and an outside
+// client's NodePort connection to edge/local is forwarded to node 2
+// without SNAT. Only where the kernel has IPVS: the tests/vm guests.
+func TestPrivIncidentsIPVS(t *testing.T) {
+	runIncidents(t, IPVS, portmapDebian)
+}
+
 // runIncidents starts one cluster (control plane, kube-proxy in mode, the
 // CNI pods with pm's portmap, the uplink, the tracer's metadata), then
 // runs the incidents on each tier ("best", and "netfilter": BPF netfilter
@@ -141,6 +151,10 @@ func runIncidents(t *testing.T, mode Mode, pm portmapFlavour) {
 	skipIncidentsInVM(t)
 	SkipUnlessPrivileged(t)
 	requireTools(t, "conntrack", "sysctl", "ss")
+	if mode == IPVS {
+		SkipUnlessIPVS(t)
+		requireTools(t, "ipvsadm", "curl")
+	}
 	checkHostUnchanged(t, mode)
 	t0 := time.Now()
 	c := startIncidentCluster(t, mode, pm)
@@ -149,6 +163,9 @@ func runIncidents(t *testing.T, mode Mode, pm portmapFlavour) {
 	for _, tier := range livetest.Tiers {
 		t.Run(tier.Name, func(t *testing.T) {
 			tier.SkipWithoutLinks(t)
+			if tier.Only != nil && mode == IPVS {
+				t.Skip("IPVS's decisions (ip_vs_conn_new, ip_vs_leave) have no BPF netfilter rung in internal/loader's ladders: the netfilter tier cannot see them")
+			}
 			if tier.Only != nil && os.Getenv("TRACER_VM") != "" {
 				t.Skip("a tests/vm guest runs the incidents on tier best only (minutes per tier under TCG)")
 			}
@@ -161,17 +178,22 @@ func runIncidents(t *testing.T, mode Mode, pm portmapFlavour) {
 	t.Logf("whole test %s", time.Since(t0).Round(time.Millisecond))
 }
 
-// vmIncidentTest is the one incident test a tests/vm guest runs.
-const vmIncidentTest = "TestPrivIncidentsIPTables"
+// vmIncidentTest is the one iptables or nftables incident test a
+// tests/vm guest runs (on vmKernel, see skipOtherVMKernels);
+// vmIPVSIncidentTest runs on every guest kernel, the only place IPVS is.
+const (
+	vmIncidentTest     = "TestPrivIncidentsIPTables"
+	vmIPVSIncidentTest = "TestPrivIncidentsIPVS"
+)
 
-// skipIncidentsInVM keeps the VM matrix to one incident cluster: under TCG
-// each takes 2 to 3.5 minutes (a 6.12 run: NFT 207 s, NFTPortmapV18
-// 162 s), and what the guest's kernel adds, the fentry tier, is the same
-// for all three.
+// skipIncidentsInVM keeps the VM matrix to one iptables or nftables
+// incident cluster: under TCG each takes 2 to 3.5 minutes (a 6.12 run:
+// NFT 207 s, NFTPortmapV18 162 s), and what the guest's kernel adds, the
+// fentry tier, is the same for all three.
 func skipIncidentsInVM(t *testing.T) {
 	t.Helper()
-	if os.Getenv("TRACER_VM") != "" && t.Name() != vmIncidentTest {
-		t.Skipf("a tests/vm guest runs one incident cluster, %s (each takes minutes under TCG; the fentry tier it adds is the same for all three)", vmIncidentTest)
+	if os.Getenv("TRACER_VM") != "" && t.Name() != vmIncidentTest && t.Name() != vmIPVSIncidentTest {
+		t.Skipf("a tests/vm guest runs one iptables or nftables incident cluster, %s (each takes minutes under TCG; the fentry tier it adds is the same for all three)", vmIncidentTest)
 	}
 }
 
@@ -186,6 +208,14 @@ type incCluster struct {
 	md     livetest.Config
 	// pods by ns/name: their network namespace and the address host-local gave.
 	pods map[string]*runningPod
+
+	// ipvs mode: KUBE-IPVS-FILTER's REJECT as iptables-save prints it, and
+	// the client endpoints of the connections IPVS translated (its
+	// connection entry named the real server).
+	ipvsReject string
+	viaIPVS    map[string]bool
+	// retried are refused attempts made again (see rejectAttempt).
+	retried []attemptResult
 }
 
 type runningPod struct {
@@ -218,7 +248,9 @@ func startIncidentCluster(t *testing.T, mode Mode, pm portmapFlavour) *incCluste
 	if err != nil {
 		t.Fatalf("admin client: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// Generous: under TCG kube-proxy's first ipvs-mode sync alone took
+	// over a minute (see startTraceCluster).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := cphelper.ApplyFile(ctx, admin, rbacManifest(t)); err != nil {
 		t.Fatalf("apply deploy/rbac.yaml: %v", err)
@@ -232,9 +264,13 @@ func startIncidentCluster(t *testing.T, mode Mode, pm portmapFlavour) *incCluste
 		t.Fatal(err)
 	}
 	kp := Start(t, cp, Options{Mode: mode})
-	c := &incCluster{mode: mode, pm: pm, kp: kp, node: netlab.Namespace{Name: kp.Netns}, admin: admin, pods: map[string]*runningPod{}}
+	c := &incCluster{mode: mode, pm: pm, kp: kp, node: netlab.Namespace{Name: kp.Netns}, admin: admin, pods: map[string]*runningPod{}, viaIPVS: map[string]bool{}}
 
-	lab, err := netlab.New(fmt.Sprintf("trki-%s-%d", strings.ReplaceAll(pm.name, ".", ""), os.Getpid()%10000))
+	prefix := "trki-" + strings.ReplaceAll(pm.name, ".", "")
+	if mode == IPVS {
+		prefix = "trkiv-" + strings.ReplaceAll(pm.name, ".", "")
+	}
+	lab, err := netlab.New(fmt.Sprintf("%s-%d", prefix, os.Getpid()%10000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +287,10 @@ func startIncidentCluster(t *testing.T, mode Mode, pm portmapFlavour) *incCluste
 	c.serveHostNetwork(t, ctx)
 	if _, err := kp.WaitSynced(ctx, c.synced()...); err != nil {
 		t.Fatal(err)
+	}
+	if mode == IPVS {
+		filter := c.save(t, "filter", false)
+		c.ipvsReject = findSaved(t, savedRules(filter), filter, "KUBE-IPVS-FILTER", "--match-set KUBE-IPVS-IPS dst", "-j REJECT").text
 	}
 	c.md = c.metadata(t, cp)
 	return c
@@ -514,12 +554,19 @@ func createIncidentEndpoints(ctx context.Context, c kubernetes.Interface, cl *in
 	return nil
 }
 
-// synced are what the node's ruleset shows once kube-proxy has DNATs to
-// every endpoint and portmap its hostPorts.
+// synced are what the node's ruleset shows once kube-proxy has DNATs
+// (ipvs mode: real servers) to every endpoint and portmap its hostPorts.
+// In ipvs mode edge/local's virtual servers have node 2's pod as real
+// server: with no local endpoint, kube-proxy ≥ 1.24 gives them every
+// endpoint (pkg/proxy/ipvs syncEndpoint, onlyNodeLocalEndpoints); its
+// KUBE-IPVS-FILTER REJECT comes at the end of the sync.
 func (c *incCluster) synced() []string {
 	dnat := "-j DNAT --to-destination "
-	if c.mode == NFTables {
+	switch c.mode {
+	case NFTables:
 		dnat = "dnat to "
+	case IPVS:
+		dnat = "-> "
 	}
 	var want []string
 	for _, to := range []string{
@@ -529,6 +576,10 @@ func (c *incCluster) synced() []string {
 		net.JoinHostPort(incRemotePodIP, strconv.Itoa(appPort)),
 	} {
 		want = append(want, dnat+to)
+	}
+	if c.mode == IPVS {
+		want = append(want, fmt.Sprintf("TCP  %s:%d rr", incLocalLBIP, 80), fmt.Sprintf("TCP  %s:%d rr", DefaultNodeIP, localNodePort),
+			"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT")
 	}
 	return want
 }
@@ -601,10 +652,10 @@ func (c *incCluster) startTracing(t *testing.T, tier livetest.Tier) *livetest.Tr
 }
 
 // ruleset is the node's rules, without counters: iptables-save of nat
-// and filter, or nft's whole ruleset.
+// and filter (iptables and ipvs modes), or nft's whole ruleset.
 func (c *incCluster) ruleset(t *testing.T) string {
 	t.Helper()
-	if c.mode == IPTables {
+	if c.mode != NFTables {
 		var b strings.Builder
 		for _, table := range []string{"nat", "filter"} {
 			out, err := c.kp.Exec("iptables-save", "-t", table)

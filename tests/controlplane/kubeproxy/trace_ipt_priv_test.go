@@ -137,11 +137,18 @@ type iptRules struct {
 // counters if counters.
 func (c *traceCluster) iptablesSave(t *testing.T, table string, counters bool) string {
 	t.Helper()
+	return c.kp.iptablesSave(t, table, counters)
+}
+
+// iptablesSave is `iptables-save -t table` in kp's namespace, with the
+// packet counters if counters.
+func (kp *KubeProxy) iptablesSave(t *testing.T, table string, counters bool) string {
+	t.Helper()
 	args := []string{"iptables-save", "-t", table}
 	if counters {
 		args = append(args, "-c")
 	}
-	out, err := c.kp.Exec(args...)
+	out, err := kp.Exec(args...)
 	if err != nil {
 		t.Fatal(err)
 	}

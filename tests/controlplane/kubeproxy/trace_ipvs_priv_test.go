@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/live/livetest"
+	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -138,7 +139,7 @@ func (c *traceCluster) readIPVSState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stats := c.ipvsStats(t)
+	stats := c.kp.ipvsStats(t)
 	for _, vs := range []struct {
 		proto, addr string
 		target      int
@@ -191,9 +192,9 @@ func realKey(proto, virtual, real string) string { return proto + " " + virtual 
 
 // ipvsStats are the connection counters of `ipvsadm -Ln --stats --exact`
 // in the node, by "proto virtual -> real".
-func (c *traceCluster) ipvsStats(t *testing.T) map[string]int64 {
+func (kp *KubeProxy) ipvsStats(t *testing.T) map[string]int64 {
 	t.Helper()
-	out, err := c.kp.Exec("ipvsadm", "-Ln", "--stats", "--exact")
+	out, err := kp.Exec("ipvsadm", "-Ln", "--stats", "--exact")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,11 +231,11 @@ func parseIPVSStats(out string) (map[string]int64, error) {
 // connections than in before, at most 10 s: the kernel's estimator folds
 // the per-CPU counters into the ones ipvsadm reads every 2 s
 // (ip_vs_est.c), so a connection shows there up to 2 s late.
-func (c *traceCluster) ipvsStatsMoved(t *testing.T, proto, virtual string, before map[string]int64) map[string]int64 {
+func (kp *KubeProxy) ipvsStatsMoved(t *testing.T, proto, virtual string, before map[string]int64) map[string]int64 {
 	t.Helper()
 	prefix := proto + " " + virtual + " -> "
 	for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
-		now := c.ipvsStats(t)
+		now := kp.ipvsStats(t)
 		for k, n := range now {
 			if strings.HasPrefix(k, prefix) && n > before[k] {
 				return now
@@ -248,10 +249,23 @@ func (c *traceCluster) ipvsStatsMoved(t *testing.T, proto, virtual string, befor
 
 // ipvsConnReal is the real server of the node's IPVS connection entry
 // (`ipvsadm -Lnc`) from src to virtual.
-func (c *traceCluster) ipvsConnReal(proto, src, virtual string) (string, error) {
-	out, err := c.kp.Exec("ipvsadm", "-Lnc")
+func (kp *KubeProxy) ipvsConnReal(proto, src, virtual string) (string, error) {
+	reals, out, err := kp.ipvsConnReals(proto, src, virtual)
 	if err != nil {
-		return "", fmt.Errorf("read the node's IPVS connections: %w", err)
+		return "", err
+	}
+	if len(reals) != 1 {
+		return "", fmt.Errorf("%d IPVS connection entries %s %s → %s in the node, want one:\n%s", len(reals), proto, src, virtual, out)
+	}
+	return reals[0], nil
+}
+
+// ipvsConnReals are the real servers of the node's IPVS connection
+// entries (`ipvsadm -Lnc`) from src to virtual, and the listing.
+func (kp *KubeProxy) ipvsConnReals(proto, src, virtual string) ([]string, string, error) {
+	out, err := kp.Exec("ipvsadm", "-Lnc")
+	if err != nil {
+		return nil, "", fmt.Errorf("read the node's IPVS connections: %w", err)
 	}
 	var reals []string
 	for _, line := range strings.Split(out, "\n") {
@@ -261,10 +275,7 @@ func (c *traceCluster) ipvsConnReal(proto, src, virtual string) (string, error) 
 			reals = append(reals, f[5])
 		}
 	}
-	if len(reals) != 1 {
-		return "", fmt.Errorf("%d IPVS connection entries %s %s → %s in the node, want one:\n%s", len(reals), proto, src, virtual, out)
-	}
-	return reals[0], nil
+	return reals, out, nil
 }
 
 // ipvsServiceAttempt is serviceAttempt with IPVS's own account of it: the
@@ -272,12 +283,12 @@ func (c *traceCluster) ipvsConnReal(proto, src, virtual string) (string, error) 
 // other none, and its connection entry names that real server.
 func (c *traceCluster) ipvsServiceAttempt(t *testing.T, what, proto, dst string, target int) (attemptResult, bool) {
 	t.Helper()
-	before := c.ipvsStats(t)
+	before := c.kp.ipvsStats(t)
 	a, ok := c.serviceAttempt(t, what, proto, dst, target)
 	if !ok {
 		return a, false
 	}
-	after := c.ipvsStatsMoved(t, proto, dst, before)
+	after := c.kp.ipvsStatsMoved(t, proto, dst, before)
 	answered := net.JoinHostPort(ipOfPod(a.answer), strconv.Itoa(target))
 	for _, ip := range []string{e2eEchoA, e2eEchoB} {
 		real := net.JoinHostPort(ip, strconv.Itoa(target))
@@ -290,7 +301,7 @@ func (c *traceCluster) ipvsServiceAttempt(t *testing.T, what, proto, dst string,
 			t.Errorf("%s: %s → %s answered by %s, but IPVS counted %d connections for real server %s, want %d", what, a.src, dst, a.answer, d, real, want)
 		}
 	}
-	if real, err := c.ipvsConnReal(proto, a.src, dst); err != nil {
+	if real, err := c.kp.ipvsConnReal(proto, a.src, dst); err != nil {
 		t.Errorf("%s: %v", what, err)
 	} else if real != answered {
 		t.Errorf("%s: %s → %s answered by %s, but IPVS's connection entry has real server %s", what, a.src, dst, a.answer, real)
@@ -310,24 +321,32 @@ func (c *traceCluster) ipvsServiceAttempt(t *testing.T, what, proto, dst string,
 // the same flow).
 func (c *traceCluster) ipvsFilterAttempt(t *testing.T, what string, try func() attemptResult, rejects int64, again bool) attemptResult {
 	t.Helper()
-	r := c.ipvs.filterReject
+	return c.kp.rejectAttempt(t, c.node, c.ipvs.filterReject, what, try, rejects, again, func(a attemptResult) {
+		c.ipvs.retried = append(c.ipvs.retried, a)
+	})
+}
+
+// rejectAttempt is ipvsFilterAttempt on the node kp runs in, for the
+// filter rule reject; retried gets each attempt that is made again.
+func (kp *KubeProxy) rejectAttempt(t *testing.T, node netlab.Namespace, reject, what string, try func() attemptResult, rejects int64, again bool, retried func(attemptResult)) attemptResult {
+	t.Helper()
 	for i := 1; ; i++ {
-		c.kp.waitRecentSync(t, 20*time.Second)
-		syncs := c.kp.syncCount(t)
-		before, node := packetCounts(t, c.iptablesSave(t, "filter", true))[r], snmp(t, c.node)
+		kp.waitRecentSync(t, 20*time.Second)
+		syncs := kp.syncCount(t)
+		before, sent := packetCounts(t, kp.iptablesSave(t, "filter", true))[reject], snmp(t, node)
 		a := try()
-		counted := packetCounts(t, c.iptablesSave(t, "filter", true))[r] - before
-		if now := c.kp.syncCount(t); now != syncs {
+		counted := packetCounts(t, kp.iptablesSave(t, "filter", true))[reject] - before
+		if now := kp.syncCount(t); now != syncs {
 			if again && i < 3 {
-				c.ipvs.retried = append(c.ipvs.retried, a)
+				retried(a)
 				t.Logf("%s: kube-proxy synced during the attempt (%d syncs, then %d): its counters were reset, again", what, syncs, now)
 				continue
 			}
 			t.Errorf("%s: kube-proxy synced during the attempt (%d syncs, then %d), which resets the REJECT's counter: the count cannot be checked", what, syncs, now)
 		} else if counted != rejects {
-			t.Errorf("%s: %s → %s: %s counted %d packets, want %d", what, a.src, a.dst, r, counted, rejects)
+			t.Errorf("%s: %s → %s: %s counted %d packets, want %d", what, a.src, a.dst, reject, counted, rejects)
 		}
-		if d := snmp(t, c.node)["Icmp:OutDestUnreachs"] - node["Icmp:OutDestUnreachs"]; d < 1 {
+		if d := snmp(t, node)["Icmp:OutDestUnreachs"] - sent["Icmp:OutDestUnreachs"]; d < 1 {
 			t.Errorf("%s: %s → %s: the node sent %d ICMP destination unreachable errors (Icmp OutDestUnreachs), want one", what, a.src, a.dst, d)
 		}
 		return a

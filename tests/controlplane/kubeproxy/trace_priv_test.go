@@ -287,12 +287,20 @@ func (c *traceCluster) serviceAttempt(t *testing.T, what, proto, dst string, tar
 // ICMP destination unreachable counted by the client.
 func (c *traceCluster) refusedAttempt(t *testing.T, what, dst string) attemptResult {
 	t.Helper()
-	before := icmpDestUnreachs(t, c.client)
-	src, answer, err := fetchTCP(c.client, e2eClientIP, dst)
+	return refusedFrom(t, what, c.client, e2eClientIP, dst)
+}
+
+// refusedFrom connects from ns's address from to dst, which must be
+// refused: ECONNREFUSED, and the client counted an ICMP destination
+// unreachable.
+func refusedFrom(t *testing.T, what string, ns netlab.Namespace, from, dst string) attemptResult {
+	t.Helper()
+	before := icmpDestUnreachs(t, ns)
+	src, answer, err := fetchTCP(ns, from, dst)
 	if !isRefused(err) {
 		t.Errorf("%s: connect %s from %s: %v (read %q), want connection refused", what, dst, src, err, answer)
 	}
-	if d := icmpDestUnreachs(t, c.client) - before; d < 1 {
+	if d := icmpDestUnreachs(t, ns) - before; d < 1 {
 		t.Errorf("%s: the client counted %d ICMP destination unreachable errors, want one", what, d)
 	}
 	t.Logf("%s: %s → %s refused (%v)", what, src, dst, err)
