@@ -578,8 +578,12 @@ func (c *incCluster) synced() []string {
 		want = append(want, dnat+to)
 	}
 	if c.mode == IPVS {
+		// The hairpin MASQUERADE comes only with a sync that has local
+		// endpoints (ipset KUBE-LOOP-BACK not empty): without it an older
+		// sync's REJECT matched while the real servers were new (5.10).
 		want = append(want, fmt.Sprintf("TCP  %s:%d rr", incLocalLBIP, 80), fmt.Sprintf("TCP  %s:%d rr", DefaultNodeIP, localNodePort),
-			"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT")
+			"-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT",
+			"--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE")
 	}
 	return want
 }
