@@ -105,7 +105,7 @@ func (c *incCluster) clusterIPHostPort() incident {
 func (c *incCluster) ipvsPortmapFirst(t *testing.T) bool {
 	t.Helper()
 	kube, cni := -1, -1
-	for i, r := range savedRules(c.save(t, "nat", false)) {
+	for i, r := range savedRules(c.kp.iptablesSave(t, "nat", false)) {
 		switch {
 		case r.chain != "PREROUTING":
 		case strings.HasSuffix(r.text, "-j KUBE-SERVICES"):
@@ -297,7 +297,7 @@ func (c *incCluster) etpLocalRemote() incident {
 			if f == nil {
 				return
 			}
-			if f.Verdict != trace.VerdictServiceNoEndpoint || f.Service == nil || f.Service.Namespace+"/"+f.Service.Name != "edge/local" ||
+			if f.Verdict != trace.VerdictServiceNoEndpoint || f.Service.Key() != "edge/local" ||
 				!strings.Contains(f.Explanation, "Local traffic policy") || !strings.Contains(f.Explanation, "node "+DefaultNodeName) {
 				t.Errorf("%s: verdict %s, service %+v: %s; want service-no-endpoint for edge/local's Local policy on %s", outside.what, f.Verdict, f.Service, f.Explanation, DefaultNodeName)
 			}
@@ -337,7 +337,7 @@ func (c *incCluster) healthy() incident {
 			c.checkOK(t, tr, cip, "edge/lb")
 			c.checkOK(t, tr, np, "edge/lb")
 			for _, f := range tr.All() {
-				if f.Service != nil && f.Service.Namespace == "edge" && f.Service.Name == "ext" {
+				if f.Service.Key() == "edge/ext" {
 					t.Errorf("flow %s %s → %s names the ExternalName Service edge/ext", f.Proto, f.Orig.Src, f.Orig.Dst)
 				}
 			}
@@ -383,7 +383,7 @@ func (c *incCluster) connect(t *testing.T, what string, ns netlab.Namespace, fro
 	t.Helper()
 	var before, ipvsBefore map[string]int64
 	if c.mode != NFTables {
-		before = packetCounts(t, c.save(t, "nat", true))
+		before = packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	}
 	if c.mode == IPVS {
 		ipvsBefore = c.kp.ipvsStats(t)
@@ -527,10 +527,10 @@ func (c *incCluster) checkReturnPath(t *testing.T, tr *livetest.Tracing, a attem
 	if f.Verdict != trace.VerdictReturnPathMismatch {
 		t.Errorf("%s: verdict %s, want %s: %s", a.what, f.Verdict, trace.VerdictReturnPathMismatch, f.Explanation)
 	}
-	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != service {
+	if f.Service.Key() != service {
 		t.Errorf("%s: service %+v, want %s", a.what, f.Service, service)
 	}
-	if got, want := podKey(f.DstPod), "edge/local-a"; got != want {
+	if got, want := f.DstPod.Key(), "edge/local-a"; got != want {
 		t.Errorf("%s: dst_pod %q, want %q (the real server IPVS chose)", a.what, got, want)
 	}
 	for _, fact := range []string{"node " + incNode2, "externalTrafficPolicy=Local", net.JoinHostPort(incRemotePodIP, strconv.Itoa(appPort))} {
@@ -544,7 +544,7 @@ func (c *incCluster) checkReturnPath(t *testing.T, tr *livetest.Tracing, a attem
 // all others none.
 func (c *incCluster) checkDNATCounts(t *testing.T, a attemptResult, before map[string]int64, server string, byRule bool) {
 	t.Helper()
-	after := packetCounts(t, c.save(t, "nat", true))
+	after := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	moved := 0
 	for text, n := range after {
 		if jumpOf(text) != "DNAT" {
@@ -575,7 +575,7 @@ func (c *incCluster) droppedAttempt(t *testing.T, what string, ns netlab.Namespa
 		// The DROP sits in KUBE-EXTERNAL-SERVICES, which every sync
 		// rewrites, zeroing its counter.
 		synced = c.kp.countedWindow(t)
-		before = packetCounts(t, c.save(t, "filter", true))
+		before = packetCounts(t, c.kp.iptablesSave(t, "filter", true))
 	}
 	icmp := icmpDestUnreachs(t, ns)
 	src, answer, err := fetchTCP(ns, from, dst)
@@ -591,7 +591,7 @@ func (c *incCluster) droppedAttempt(t *testing.T, what string, ns netlab.Namespa
 	if c.mode == IPTables && synced() {
 		t.Errorf("%s: kube-proxy synced during %s → %s, which resets the DROP's counter: the count cannot be checked", what, src, dst)
 	} else if c.mode == IPTables {
-		after := packetCounts(t, c.save(t, "filter", true))
+		after := packetCounts(t, c.kp.iptablesSave(t, "filter", true))
 		found := 0
 		for text, n := range after {
 			if !strings.Contains(text, comment) || !strings.Contains(text, "--dport "+strings.Split(dst, ":")[1]) {
@@ -608,12 +608,6 @@ func (c *incCluster) droppedAttempt(t *testing.T, what string, ns netlab.Namespa
 	}
 	t.Logf("%s: %s → %s: %v", what, src, dst, err)
 	return attemptResult{what, "tcp", src, dst, ""}
-}
-
-// save is iptables-save of table in the node, with counters if counters.
-func (c *incCluster) save(t *testing.T, table string, counters bool) string {
-	t.Helper()
-	return c.kp.iptablesSave(t, table, counters)
 }
 
 // apiPodByIP is the pod (not hostNetwork) the API server has at ip.
@@ -648,7 +642,7 @@ func (c *incCluster) dnatRuleTo(t *testing.T, addr string) ruleID {
 	t.Helper()
 	var found []ruleID
 	if c.mode != NFTables {
-		nat := c.save(t, "nat", false)
+		nat := c.kp.iptablesSave(t, "nat", false)
 		for _, r := range savedRules(nat) {
 			if strings.HasSuffix(r.text, "-j DNAT --to-destination "+addr) {
 				found = append(found, ruleID{table: "nat", chain: r.chain, text: r.text})
@@ -813,30 +807,19 @@ func (c *incCluster) checkNames(t *testing.T, f *trace.Flow, a attemptResult, se
 	t.Helper()
 	srcIP, _, _ := net.SplitHostPort(a.src)
 	wantSrc, _ := c.apiPodByIP(t, srcIP)
-	if got := podKey(f.SrcPod); got != wantSrc {
+	if got := f.SrcPod.Key(); got != wantSrc {
 		t.Errorf("%s %s: src_pod %q, want %q", a.what, a.src, got, wantSrc)
 	}
 	server := c.serverAddr(a.answer)
 	wantDst, _ := c.apiPodByIP(t, strings.Split(server, ":")[0])
-	if got := podKey(f.DstPod); got != wantDst {
+	if got := f.DstPod.Key(); got != wantDst {
 		t.Errorf("%s %s: dst_pod %q, but %s answered (API: %q)", a.what, a.src, got, a.answer, wantDst)
 	}
-	gotSvc := ""
-	if f.Service != nil {
-		gotSvc = f.Service.Namespace + "/" + f.Service.Name
-	}
-	if gotSvc != service {
+	if gotSvc := f.Service.Key(); gotSvc != service {
 		t.Errorf("%s %s: service %q, want %q", a.what, a.src, gotSvc, service)
 	}
 	dnat := slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindDNAT })
 	if want := server != a.dst && !c.viaIPVS[a.src]; dnat != want {
 		t.Errorf("%s %s: dnat event %v, but the reply came from %s for %s (translated by IPVS: %v)", a.what, a.src, dnat, server, a.dst, c.viaIPVS[a.src])
 	}
-}
-
-func podKey(p *trace.PodRef) string {
-	if p == nil {
-		return ""
-	}
-	return p.Key()
 }

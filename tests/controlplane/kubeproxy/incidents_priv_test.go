@@ -289,7 +289,7 @@ func startIncidentCluster(t *testing.T, mode Mode, pm portmapFlavour) *incCluste
 		t.Fatal(err)
 	}
 	if mode == IPVS {
-		filter := c.save(t, "filter", false)
+		filter := c.kp.iptablesSave(t, "filter", false)
 		c.ipvsReject = findSaved(t, savedRules(filter), filter, "KUBE-IPVS-FILTER", "--match-set KUBE-IPVS-IPS dst", "-j REJECT").text
 	}
 	c.md = c.metadata(t, cp)

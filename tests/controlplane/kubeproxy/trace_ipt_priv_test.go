@@ -55,7 +55,7 @@ func TestPrivTraceKubeProxyIPTables(t *testing.T) {
 	// checks used must still be the node's.
 	for _, table := range []string{"nat", "filter"} {
 		before := c.ipt.saved[table]
-		if now := ruleLines(c.iptablesSave(t, table, false)); now != before {
+		if now := ruleLines(c.kp.iptablesSave(t, table, false)); now != before {
 			t.Errorf("kube-proxy's %s table changed during the test; the rules checked were read before:\nbefore:\n%s\nnow:\n%s", table, before, now)
 		}
 	}
@@ -131,13 +131,6 @@ type iptRules struct {
 	sep map[string]iptRule
 	// noEndpoint is web/empty's "has no endpoints" REJECT in filter.
 	noEndpoint iptRule
-}
-
-// iptablesSave is `iptables-save -t table` in the node, with the packet
-// counters if counters.
-func (c *traceCluster) iptablesSave(t *testing.T, table string, counters bool) string {
-	t.Helper()
-	return c.kp.iptablesSave(t, table, counters)
 }
 
 // iptablesSave is `iptables-save -t table` in kp's namespace, with the
@@ -244,7 +237,7 @@ func findSavedFunc(t *testing.T, rules []iptRule, listing, what string, keep fun
 // rule (which its KUBE-SVC-* chain must jump to), and web/empty's REJECT.
 func (c *traceCluster) readIPTablesRules(t *testing.T) {
 	t.Helper()
-	nat, filter := c.iptablesSave(t, "nat", false), c.iptablesSave(t, "filter", false)
+	nat, filter := c.kp.iptablesSave(t, "nat", false), c.kp.iptablesSave(t, "filter", false)
 	natRules := savedRules(nat)
 	ipt := &iptRules{saved: map[string]string{"nat": ruleLines(nat), "filter": ruleLines(filter)}, sep: map[string]iptRule{}}
 	svcChain := func(port string) string {
@@ -284,12 +277,12 @@ func (c *traceCluster) readIPTablesRules(t *testing.T) {
 // endpoint's none.
 func (c *traceCluster) iptServiceAttempt(t *testing.T, what, proto, dst string, target int) (attemptResult, bool) {
 	t.Helper()
-	before := packetCounts(t, c.iptablesSave(t, "nat", true))
+	before := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	a, ok := c.serviceAttempt(t, what, proto, dst, target)
 	if !ok {
 		return a, false
 	}
-	after := packetCounts(t, c.iptablesSave(t, "nat", true))
+	after := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	for _, p := range e2ePods[1:] {
 		key := p.ns + "/" + p.name
 		r := c.ipt.sep[proto+" "+key]
@@ -315,7 +308,7 @@ func (c *traceCluster) iptServiceAttempt(t *testing.T, what, proto, dst string, 
 // may not forward (Ip InAddrErrors).
 func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, try, reply func() (string, error)) attemptResult {
 	t.Helper()
-	nat := packetCounts(t, c.iptablesSave(t, "nat", true))
+	nat := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	client, node, uplink := snmp(t, c.client), snmp(t, c.node), snmp(t, c.uplink)
 	src, err := try()
 	if !isTimeout(err) {
@@ -340,7 +333,7 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 		}
 		seen = append(seen, fmt.Sprintf("%s %s %+d", ch.ns.Name, ch.counter, d))
 	}
-	after := packetCounts(t, c.iptablesSave(t, "nat", true))
+	after := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
 	for text, n := range after {
 		if jumpOf(text) == "DNAT" && n != nat[text] {
 			t.Errorf("%s: %s → %s: %s counted %d packets: the node DNAT'd it", what, src, dst, text, n-nat[text])
@@ -363,9 +356,9 @@ func (c *traceCluster) iptNoEndpointAttempt(t *testing.T, dst string) attemptRes
 	t.Helper()
 	r := c.ipt.noEndpoint
 	synced := c.kp.countedWindow(t)
-	before := packetCounts(t, c.iptablesSave(t, "filter", true))[r.text]
+	before := packetCounts(t, c.kp.iptablesSave(t, "filter", true))[r.text]
 	a := c.refusedAttempt(t, "no endpoint", dst)
-	d := packetCounts(t, c.iptablesSave(t, "filter", true))[r.text] - before
+	d := packetCounts(t, c.kp.iptablesSave(t, "filter", true))[r.text] - before
 	switch {
 	case synced():
 		t.Errorf("no endpoint: kube-proxy synced during %s → %s, which resets the counter of %s: the count cannot be checked", a.src, dst, r.text)

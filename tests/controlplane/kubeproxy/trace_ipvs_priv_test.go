@@ -53,7 +53,7 @@ func TestPrivTraceKubeProxyIPVS(t *testing.T) {
 	}
 	// kube-proxy rewrites its rules when a Service changes: what the
 	// checks used must still be the node's.
-	if now := ruleLines(c.iptablesSave(t, "filter", false)); now != c.ipvs.filter {
+	if now := ruleLines(c.kp.iptablesSave(t, "filter", false)); now != c.ipvs.filter {
 		t.Errorf("kube-proxy's filter table changed during the test; the rules checked were read before:\nbefore:\n%s\nnow:\n%s", c.ipvs.filter, now)
 	}
 	if err := c.kp.Stop(); err != nil {
@@ -161,7 +161,7 @@ func (c *traceCluster) readIPVSState(t *testing.T) {
 		}
 	}
 	c.checkClusterIPSet(t)
-	filter := c.iptablesSave(t, "filter", false)
+	filter := c.kp.iptablesSave(t, "filter", false)
 	reject := findSaved(t, savedRules(filter), filter, "KUBE-IPVS-FILTER", "--match-set KUBE-IPVS-IPS dst", "-j REJECT")
 	c.ipvs = &ipvsState{table: table, filter: ruleLines(filter), filterReject: reject.text}
 }
@@ -447,7 +447,7 @@ func checkFlowFacts(t *testing.T, f *trace.Flow, a attemptResult, real, verdict 
 	if f.SrcPod == nil || f.SrcPod.Key() != "shop/client" {
 		t.Errorf("%s %s: src_pod %+v, want shop/client", a.what, a.src, f.SrcPod)
 	}
-	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != "web/echo" {
+	if f.Service.Key() != "web/echo" {
 		t.Errorf("%s %s: service %+v, want web/echo", a.what, a.src, f.Service)
 	}
 	if f.DstPod == nil || f.DstPod.Key() != a.answer {

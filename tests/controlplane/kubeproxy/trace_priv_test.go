@@ -381,7 +381,7 @@ func checkServiceFlowFacts(t *testing.T, f *trace.Flow, a attemptResult, target 
 	if f.SrcPod == nil || f.SrcPod.Key() != "shop/client" {
 		t.Errorf("%s %s: src_pod %+v, want shop/client", a.what, a.src, f.SrcPod)
 	}
-	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != "web/echo" {
+	if f.Service.Key() != "web/echo" {
 		t.Errorf("%s %s: service %+v, want web/echo", a.what, a.src, f.Service)
 	}
 	ep := fmt.Sprintf("%s (pod %s)", net.JoinHostPort(ipOfPod(a.answer), strconv.Itoa(target)), a.answer)
@@ -422,7 +422,7 @@ func checkRejectFlowFacts(t *testing.T, f *trace.Flow, a attemptResult, verdict,
 	if f.Verdict != verdict {
 		t.Errorf("%s: verdict %s, want %s: %s", a.what, f.Verdict, verdict, f.Explanation)
 	}
-	if sv := f.Service; sv == nil || sv.Namespace+"/"+sv.Name != service {
+	if f.Service.Key() != service {
 		t.Errorf("%s: service %+v, want %s", a.what, f.Service, service)
 	}
 	for _, fact := range facts {
