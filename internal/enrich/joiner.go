@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
@@ -21,6 +22,13 @@ type SourceIndex interface {
 	BySource(proto uint8, src netip.AddrPort) []conntrack.Entry
 }
 
+// History lists the entries of a reused tuple, newest first (conntrack's
+// Tracker.History). Optional: without it, a flow a newer connection of the
+// same tuple replaced gets no conntrack entry rather than the newer one's.
+type History interface {
+	History(event.Tuple) []conntrack.Entry
+}
+
 // DefaultLinger is how long a flow stays open after its last event: long
 // enough for the rest of its decisions (SNAT after DNAT, the drop after a
 // REJECT) and for a reply to show in conntrack, short enough to read live.
@@ -35,8 +43,11 @@ type Joiner struct {
 	Env    func() Env // the current node and cluster state
 	Emit   func(*trace.Flow)
 
-	open    map[event.Tuple]*pending
+	open    map[event.Tuple]*pending // the newest flow of each key
 	byTuple map[event.Tuple]event.Tuple
+	// replaced are flows a newer connection of the same tuple took the
+	// key from; they take no more events and finish at their deadline.
+	replaced []*pending
 }
 
 type pending struct {
@@ -45,6 +56,28 @@ type pending struct {
 	tuples   []event.Tuple
 	deadline time.Time
 	reply    event.Tuple
+	nat      []natDecision
+	// older and newer link the open flows of one key in connection order;
+	// newerCount is how many connections of the key came after this one:
+	// its conntrack entry is that far back in the key's history.
+	older, newer *pending
+	newerCount   int
+}
+
+// natDecision is a decision the kernel makes once per connection and
+// namespace: conntrack sets up each NAT manipulation of an entry once, and
+// IPVS creates one connection per client connection.
+type natDecision struct {
+	netns uint32
+	kind  event.Kind
+}
+
+func natDecisionOf(ev event.Event) (natDecision, bool) {
+	switch ev.Kind {
+	case event.KindDNAT, event.KindSNAT, event.KindIPVS:
+		return natDecision{ev.Netns, ev.Kind}, true
+	}
+	return natDecision{}, false
 }
 
 // Add joins one decoded event (rec is its trace form).
@@ -62,17 +95,62 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 	}
 	key, reply := j.resolve(tu, ev)
 	p := j.open[key]
+	d, isNAT := natDecisionOf(ev)
+	var older *pending
+	if p != nil && isNAT && slices.Contains(p.nat, d) {
+		// The same decision twice for one tuple: the client reused its
+		// source port, and the kernel made a new connection of it.
+		j.retire(p)
+		older, p = p, nil
+	}
 	if p == nil {
 		p = &pending{key: key, flow: newFlow(key, rec)}
 		j.open[key] = p
 		j.index(p, key)
+		if older != nil {
+			succeed(older, p)
+		}
 	}
-	if reply.Valid() && !p.reply.Valid() {
+	if isNAT {
+		p.nat = append(p.nat, d)
+	}
+	if reply.Valid() && reply != p.reply {
 		p.reply = reply
 		j.index(p, reply, reply.Reverse())
 	}
 	p.flow.Events = append(p.flow.Events, rec)
 	p.deadline = now.Add(j.linger())
+}
+
+// retire takes the key from old, which a new connection of the same tuple
+// replaces: old keeps its deadline, but no tuple leads to it any more.
+func (j *Joiner) retire(old *pending) {
+	for _, t := range old.tuples {
+		delete(j.byTuple, t)
+	}
+	old.tuples = nil
+	delete(j.open, old.key)
+	j.replaced = append(j.replaced, old)
+}
+
+// succeed links p after old: old and every flow before it that is still
+// open have one more connection of their tuple after them.
+func succeed(old, p *pending) {
+	old.newer, p.older = p, old
+	for o := old; o != nil; o = o.older {
+		o.newerCount++
+	}
+}
+
+// unlink takes a finished flow out of its tuple's chain.
+func unlink(p *pending) {
+	if p.newer != nil {
+		p.newer.older = p.older
+	}
+	if p.older != nil {
+		p.older.newer = p.newer
+	}
+	p.newer, p.older = nil, nil
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -117,36 +195,80 @@ func newFlow(key event.Tuple, rec trace.Event) *trace.Flow {
 
 // Expire finishes every flow quiet since its deadline.
 func (j *Joiner) Expire(now time.Time) {
+	j.finishReplaced(func(p *pending) bool { return !now.Before(p.deadline) })
 	for key, p := range j.open {
 		if !now.Before(p.deadline) {
-			j.finish(key, p)
+			delete(j.open, key)
+			j.finish(p)
 		}
 	}
 }
 
 // Flush finishes every open flow (at exit).
 func (j *Joiner) Flush() {
+	j.finishReplaced(func(*pending) bool { return true })
 	for key, p := range j.open {
-		j.finish(key, p)
+		delete(j.open, key)
+		j.finish(p)
 	}
 }
 
-// Open is the number of flows still collecting events.
-func (j *Joiner) Open() int { return len(j.open) }
+// finishReplaced finishes the replaced flows done says are done, oldest
+// connection first.
+func (j *Joiner) finishReplaced(done func(*pending) bool) {
+	kept := j.replaced[:0]
+	for _, p := range j.replaced {
+		if done(p) {
+			j.finish(p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(j.replaced[len(kept):])
+	j.replaced = kept
+}
 
-func (j *Joiner) finish(key event.Tuple, p *pending) {
-	delete(j.open, key)
+// Open is the number of flows still collecting events or waiting out
+// their linger.
+func (j *Joiner) Open() int { return len(j.open) + len(j.replaced) }
+
+func (j *Joiner) finish(p *pending) {
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
 	f := p.flow
 	j.addConntrack(f, p)
+	unlink(p)
 	if j.Env != nil {
 		Enrich(f, j.Env())
 	}
 	if j.Emit != nil {
 		j.Emit(f)
 	}
+}
+
+// entryOf is the conntrack entry of p's connection. A flow with newer
+// connections of its tuple after it takes the entry as far back in the
+// tuple's history, and only when that entry's reply tuple is the one its
+// own decisions reported: an entry of another connection is worse than
+// none.
+func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
+	if p.newerCount == 0 {
+		return j.CT.Lookup(p.key)
+	}
+	h, ok := j.CT.(History)
+	if !ok {
+		return conntrack.Entry{}, false
+	}
+	es := h.History(p.key)
+	if p.newerCount >= len(es) {
+		return conntrack.Entry{}, false
+	}
+	e := es[p.newerCount]
+	if p.reply.Valid() && e.Reply != p.reply {
+		return conntrack.Entry{}, false
+	}
+	return e, true
 }
 
 // addConntrack records the connection's entry as it stands now, and ties
@@ -159,8 +281,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 		}
 		return
 	}
-	e, ok := j.CT.Lookup(p.key)
-	if !ok {
+	e, ok := j.entryOf(p)
+	if !ok && p.newerCount == 0 {
 		e, ok = j.strayReplyOwner(p.key)
 		if ok {
 			f.Orig = *event.TupleRecord(e.Orig)

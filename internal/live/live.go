@@ -284,6 +284,15 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 	return conntrack.Entry{}, false
 }
 
+func (m multiConntrack) History(tu event.Tuple) []conntrack.Entry {
+	for _, t := range m {
+		if h := t.History(tu); len(h) > 0 {
+			return h
+		}
+	}
+	return nil
+}
+
 func (m multiConntrack) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
 	var out []conntrack.Entry
 	for _, t := range m {

@@ -390,6 +390,17 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 	return t.tab.lookup(tu, t.now())
 }
 
+// History lists the entries whose original tuple is tu, newest first:
+// Lookup's entry, then the destroyed connections it replaced, within the
+// retention. A client reusing a source port makes one entry per
+// connection for the same tuple.
+func (t *Tracker) History(tu event.Tuple) []Entry {
+	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.tab.history(tu, t.now())
+}
+
 // Updates delivers every change after Open (and the changes a re-dump
 // found). It is closed when the tracker stops.
 func (t *Tracker) Updates() <-chan Entry { return t.updates }
