@@ -57,11 +57,10 @@ type pending struct {
 	deadline time.Time
 	reply    event.Tuple
 	nat      []natDecision
-	// older and newer link the open flows of one key in connection order;
-	// newerCount is how many connections of the key came after this one:
-	// its conntrack entry is that far back in the key's history.
-	older, newer *pending
-	newerCount   int
+	// replaced is set once a newer connection of the same tuple took the
+	// key: this connection's conntrack entry is among the tuple's
+	// destroyed ones.
+	replaced bool
 }
 
 // natDecision is a decision the kernel makes once per connection and
@@ -96,20 +95,16 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 	key, reply := j.resolve(tu, ev)
 	p := j.open[key]
 	d, isNAT := natDecisionOf(ev)
-	var older *pending
 	if p != nil && isNAT && slices.Contains(p.nat, d) {
 		// The same decision twice for one tuple: the client reused its
 		// source port, and the kernel made a new connection of it.
 		j.retire(p)
-		older, p = p, nil
+		p = nil
 	}
 	if p == nil {
 		p = &pending{key: key, flow: newFlow(key, rec)}
 		j.open[key] = p
 		j.index(p, key)
-		if older != nil {
-			succeed(older, p)
-		}
 	}
 	if isNAT {
 		p.nat = append(p.nat, d)
@@ -129,28 +124,9 @@ func (j *Joiner) retire(old *pending) {
 		delete(j.byTuple, t)
 	}
 	old.tuples = nil
+	old.replaced = true
 	delete(j.open, old.key)
 	j.replaced = append(j.replaced, old)
-}
-
-// succeed links p after old: old and every flow before it that is still
-// open have one more connection of their tuple after them.
-func succeed(old, p *pending) {
-	old.newer, p.older = p, old
-	for o := old; o != nil; o = o.older {
-		o.newerCount++
-	}
-}
-
-// unlink takes a finished flow out of its tuple's chain.
-func unlink(p *pending) {
-	if p.newer != nil {
-		p.newer.older = p.older
-	}
-	if p.older != nil {
-		p.older.newer = p.newer
-	}
-	p.newer, p.older = nil, nil
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -238,7 +214,6 @@ func (j *Joiner) finish(p *pending) {
 	}
 	f := p.flow
 	j.addConntrack(f, p)
-	unlink(p)
 	if j.Env != nil {
 		Enrich(f, j.Env())
 	}
@@ -247,28 +222,44 @@ func (j *Joiner) finish(p *pending) {
 	}
 }
 
-// entryOf is the conntrack entry of p's connection. A flow with newer
-// connections of its tuple after it takes the entry as far back in the
-// tuple's history, and only when that entry's reply tuple is the one its
-// own decisions reported: an entry of another connection is worse than
-// none.
+// entryOf is the conntrack entry of p's connection.
 func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
-	if p.newerCount == 0 {
+	if !p.replaced {
 		return j.CT.Lookup(p.key)
 	}
 	h, ok := j.CT.(History)
 	if !ok {
 		return conntrack.Entry{}, false
 	}
-	es := h.History(p.key)
-	if p.newerCount >= len(es) {
-		return conntrack.Entry{}, false
+	return agreedEntry(h.History(p.key), p.reply)
+}
+
+// agreedEntry picks a replaced connection's entry from its tuple's
+// history: a destroyed entry (the kernel destroyed it to make the newer
+// one) with the reply tuple the connection's own decisions reported.
+// Conntrack's events and the kernel's decisions arrive apart, so which of
+// several such entries is this connection's cannot be told; one is taken
+// only when all of them say the same of the connection, since an entry of
+// another connection is worse than none.
+func agreedEntry(history []conntrack.Entry, reply event.Tuple) (conntrack.Entry, bool) {
+	var got conntrack.Entry
+	found := false
+	for _, e := range history {
+		if !e.Destroyed || (reply.Valid() && e.Reply != reply) {
+			continue
+		}
+		if found && !sameConnectionState(got, e) {
+			return conntrack.Entry{}, false
+		}
+		got, found = e, true
 	}
-	e := es[p.newerCount]
-	if p.reply.Valid() && e.Reply != p.reply {
-		return conntrack.Entry{}, false
-	}
-	return e, true
+	return got, found
+}
+
+func sameConnectionState(a, b conntrack.Entry) bool {
+	// DYING may be set on one and not yet on another destroyed entry.
+	return a.State == b.State && a.Replied == b.Replied && a.Mark == b.Mark &&
+		a.Status&^conntrack.StatusDying == b.Status&^conntrack.StatusDying
 }
 
 // addConntrack records the connection's entry as it stands now, and ties
@@ -282,7 +273,7 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 		return
 	}
 	e, ok := j.entryOf(p)
-	if !ok && p.newerCount == 0 {
+	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key)
 		if ok {
 			f.Orig = *event.TupleRecord(e.Orig)

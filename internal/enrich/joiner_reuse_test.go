@@ -53,7 +53,8 @@ func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
 // TestJoinReusedSourcePort: a client reusing its source port within the
 // linger makes a new conntrack entry and new NAT decisions for the same
 // tuple each time; each connection is its own flow with its own events
-// and its own entry of the tuple's history, not the newest one's.
+// and its own entry of the tuple's history (the destroyed one with its
+// reply tuple), not the newest one's.
 func TestJoinReusedSourcePort(t *testing.T) {
 	backends := []string{"10.0.2.2:8080", "10.0.2.3:8080", "10.0.2.2:8080"}
 	var evs []event.Event
@@ -86,17 +87,23 @@ func TestJoinReusedSourcePort(t *testing.T) {
 }
 
 // TestJoinReusedPortWithoutItsEntry: when the tuple's history no longer
-// holds a replaced connection's entry (pruned, or its reply differs), the
-// flow carries no conntrack entry rather than the newer connection's.
+// holds a replaced connection's entry (pruned, its reply differs, not yet
+// destroyed), or holds several that disagree, the flow carries no
+// conntrack entry rather than another connection's.
 func TestJoinReusedPortWithoutItsEntry(t *testing.T) {
 	evs := append(reusedPortNAT(7, "10.0.2.2:8080"), reusedPortNAT(7, "10.0.2.3:8080")...)
 	orig := evs[0].Orig
 	newest := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.3:8080", "10.0.2.1:40000"), State: "ESTABLISHED"}
 	other := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.9:8080", "10.0.2.1:40000"), State: "CLOSE", Destroyed: true}
+	mine := func(state string, destroyed bool) conntrack.Entry {
+		return conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.2:8080", "10.0.2.1:40000"), State: state, Destroyed: destroyed}
+	}
 	for name, ct := range map[string]historyCT{
-		"pruned":           {orig: {newest}},
-		"another's entry":  {orig: {newest, other}},
-		"no history there": {},
+		"pruned":            {orig: {newest}},
+		"another's entry":   {orig: {newest, other}},
+		"no history there":  {},
+		"not destroyed yet": {orig: {mine("TIME_WAIT", false), newest}},
+		"two that disagree": {orig: {newest, mine("CLOSE", true), mine("TIME_WAIT", true)}},
 	} {
 		flows := joinAll(&Joiner{CT: ct}, evs)
 		if len(flows) != 2 {
