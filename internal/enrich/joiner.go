@@ -57,6 +57,7 @@ type pending struct {
 	deadline time.Time
 	reply    event.Tuple
 	nat      []natDecision
+	answer   answerOf
 	// replaced is set once a newer connection of the same tuple took the
 	// key: this connection's conntrack entry is among the tuple's
 	// destroyed ones.
@@ -69,6 +70,44 @@ type pending struct {
 type natDecision struct {
 	netns uint32
 	kind  event.Kind
+}
+
+// answerOf is what a connection's NAT decisions say its conntrack reply
+// tuple holds: where the DNAT (or IPVS) sent it, and what address the SNAT
+// gave it. Zero fields are unknown. It is read from the targets rather
+// than from the events' reply tuples, which the kprobe and fentry tiers
+// read before the translation.
+type answerOf struct {
+	from, to netip.AddrPort // reply.src, reply.dst; port 0: any
+}
+
+func (a *answerOf) note(ev event.Event) {
+	r := ev.To
+	if !r.MinAddr.IsValid() || r.MinAddr != r.MaxAddr {
+		return
+	}
+	var port uint16
+	if r.MinPort == r.MaxPort {
+		port = r.MinPort
+	}
+	switch ev.Kind {
+	case event.KindDNAT, event.KindIPVS:
+		a.from = netip.AddrPortFrom(r.MinAddr, port)
+	case event.KindSNAT:
+		a.to = netip.AddrPortFrom(r.MinAddr, port)
+	}
+}
+
+func (a answerOf) matches(reply event.Tuple) bool {
+	return endpointMatches(a.from, reply.SrcAddrPort()) && endpointMatches(a.to, reply.DstAddrPort())
+}
+
+// endpointMatches: an unknown want matches anything, port 0 any port.
+func endpointMatches(want, got netip.AddrPort) bool {
+	if !want.IsValid() {
+		return true
+	}
+	return want.Addr() == got.Addr() && (want.Port() == 0 || want.Port() == got.Port())
 }
 
 func natDecisionOf(ev event.Event) (natDecision, bool) {
@@ -108,6 +147,7 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 	}
 	if isNAT {
 		p.nat = append(p.nat, d)
+		p.answer.note(ev)
 	}
 	if reply.Valid() && reply != p.reply {
 		p.reply = reply
@@ -231,21 +271,22 @@ func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 	if !ok {
 		return conntrack.Entry{}, false
 	}
-	return agreedEntry(h.History(p.key), p.reply)
+	return agreedEntry(h.History(p.key), p.answer)
 }
 
 // agreedEntry picks a replaced connection's entry from its tuple's
 // history: a destroyed entry (the kernel destroyed it to make the newer
-// one) with the reply tuple the connection's own decisions reported.
+// one) whose reply tuple is what the connection's own NAT decisions made
+// it.
 // Conntrack's events and the kernel's decisions arrive apart, so which of
 // several such entries is this connection's cannot be told; one is taken
 // only when all of them say the same of the connection, since an entry of
 // another connection is worse than none.
-func agreedEntry(history []conntrack.Entry, reply event.Tuple) (conntrack.Entry, bool) {
+func agreedEntry(history []conntrack.Entry, answer answerOf) (conntrack.Entry, bool) {
 	var got conntrack.Entry
 	found := false
 	for _, e := range history {
-		if !e.Destroyed || (reply.Valid() && e.Reply != reply) {
+		if !e.Destroyed || !answer.matches(e.Reply) {
 			continue
 		}
 		if found && !sameConnectionState(got, e) {

@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -24,17 +25,36 @@ func (h historyCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 func (h historyCT) History(tu event.Tuple) []conntrack.Entry { return h[tu] }
 
 // reusedPortNAT is a connection's DNAT and masquerade from a client
-// source port to a VIP, sent to backend.
+// source port to a VIP, sent to backend, as the netfilter tier reports
+// them (the reply tuple after each translation).
 func reusedPortNAT(netns uint32, backend string) []event.Event {
 	orig := tuple(6, "10.0.1.2:40000", "10.97.0.8:80")
 	be := netip.MustParseAddrPort(backend)
-	toBackend := tuple(6, backend, "10.0.1.2:40000")
-	masq := tuple(6, backend, "10.0.2.1:40000")
+	masqAddr := netip.MustParseAddr("10.0.2.1")
 	return []event.Event{
-		{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 0, Orig: orig, Reply: toBackend,
-			To: event.Range{MinAddr: be.Addr(), MaxAddr: be.Addr(), MinPort: be.Port(), MaxPort: be.Port()}},
-		{Kind: event.KindSNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 4, Orig: orig, Reply: masq},
+		{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 0, Orig: orig,
+			Reply: tuple(6, backend, "10.0.1.2:40000"),
+			To:    event.Range{MinAddr: be.Addr(), MaxAddr: be.Addr(), MinPort: be.Port(), MaxPort: be.Port()}},
+		{Kind: event.KindSNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 4, Orig: orig,
+			Reply: tuple(6, backend, "10.0.2.1:40000"),
+			To:    event.Range{MinAddr: masqAddr, MaxAddr: masqAddr}},
 	}
+}
+
+// beforeTranslation is evs as the kprobe and fentry tiers report them:
+// read on entry to nf_nat_setup_info, each reply tuple is the one before
+// that translation.
+func beforeTranslation(evs []event.Event) []event.Event {
+	out := slices.Clone(evs)
+	for i := range out {
+		if out[i].Kind == event.KindDNAT {
+			out[i].Reply = out[i].Orig.Reverse()
+		} else {
+			out[i].Reply = out[i-1].Reply
+		}
+		out[i].Via = event.ViaKprobe
+	}
+	return out
 }
 
 func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
@@ -57,31 +77,34 @@ func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
 // reply tuple), not the newest one's.
 func TestJoinReusedSourcePort(t *testing.T) {
 	backends := []string{"10.0.2.2:8080", "10.0.2.3:8080", "10.0.2.2:8080"}
-	var evs []event.Event
+	var netfilterTier, kprobeTier []event.Event
 	for _, be := range backends {
-		evs = append(evs, reusedPortNAT(7, be)...)
+		netfilterTier = append(netfilterTier, reusedPortNAT(7, be)...)
+		kprobeTier = append(kprobeTier, beforeTranslation(reusedPortNAT(7, be))...)
 	}
-	orig := evs[0].Orig
+	orig := netfilterTier[0].Orig
 	states := []string{"CLOSE", "TIME_WAIT", "ESTABLISHED"} // oldest first
 	ct := historyCT{}
 	for i := len(backends) - 1; i >= 0; i-- {
 		ct[orig] = append(ct[orig], conntrack.Entry{Orig: orig, Reply: tuple(6, backends[i], "10.0.2.1:40000"),
 			State: states[i], Destroyed: i < len(backends)-1, Status: conntrack.StatusSeenReply})
 	}
-	flows := joinAll(&Joiner{CT: ct}, evs)
-	if len(flows) != len(backends) {
-		t.Fatalf("%d flows for %d connections", len(flows), len(backends))
-	}
-	for i, f := range flows {
-		if len(f.Events) != 2 || f.Events[0].Kind != trace.KindDNAT || f.Events[1].Kind != trace.KindSNAT {
-			t.Errorf("flow %d: events %+v, want its own dnat and snat", i, f.Events)
-			continue
+	for tier, evs := range map[string][]event.Event{"netfilter": netfilterTier, "kprobe": kprobeTier} {
+		flows := joinAll(&Joiner{CT: ct}, evs)
+		if len(flows) != len(backends) {
+			t.Fatalf("%s: %d flows for %d connections", tier, len(flows), len(backends))
 		}
-		if got := f.Events[0].To; got != backends[i] {
-			t.Errorf("flow %d: DNAT to %s, want %s", i, got, backends[i])
-		}
-		if f.Conntrack == nil || f.Conntrack.State != states[i] {
-			t.Errorf("flow %d: conntrack %+v, want its own entry (%s)", i, f.Conntrack, states[i])
+		for i, f := range flows {
+			if len(f.Events) != 2 || f.Events[0].Kind != trace.KindDNAT || f.Events[1].Kind != trace.KindSNAT {
+				t.Errorf("%s flow %d: events %+v, want its own dnat and snat", tier, i, f.Events)
+				continue
+			}
+			if got := f.Events[0].To; got != backends[i] {
+				t.Errorf("%s flow %d: DNAT to %s, want %s", tier, i, got, backends[i])
+			}
+			if f.Conntrack == nil || f.Conntrack.State != states[i] {
+				t.Errorf("%s flow %d: conntrack %+v, want its own entry (%s)", tier, i, f.Conntrack, states[i])
+			}
 		}
 	}
 }
