@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"unsafe"
@@ -239,7 +240,8 @@ func (s *Store) At(i int) *Flow {
 func (s *Store) Snapshot() StoreView {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return StoreView{chunks: append([][]Flow(nil), s.chunks...), keys: append([][]AddrKeys(nil), s.keys...), base: s.base, first: s.first, n: s.n}
+	return StoreView{chunks: append([][]Flow(nil), s.chunks...), keys: append([][]AddrKeys(nil), s.keys...),
+		base: s.base, first: s.first, n: s.n, verdicts: maps.Clone(s.verdicts)}
 }
 
 // Counts returns the number of events and a copy of the flows per verdict
@@ -248,11 +250,7 @@ func (s *Store) Snapshot() StoreView {
 func (s *Store) Counts() (events int, verdicts map[string]int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	verdicts = make(map[string]int, len(s.verdicts))
-	for k, v := range s.verdicts {
-		verdicts[k] = v
-	}
-	return s.nEvents, verdicts
+	return s.nEvents, maps.Clone(s.verdicts)
 }
 
 // StoreView is the flows a Store retained at one moment: indexes
@@ -263,6 +261,8 @@ type StoreView struct {
 	base   int
 	first  int
 	n      int
+	// verdicts counts every flow before n by verdict.
+	verdicts map[string]int
 }
 
 // Len returns the index after the view's newest flow.
@@ -280,14 +280,24 @@ func (v StoreView) Keys(i int) *AddrKeys {
 	return &v.keys[(i-v.base)/storeChunk][(i-v.base)%storeChunk]
 }
 
-// Until returns the view cut after flow n: a paused table keeps its end
-// while taking in the evictions of a newer view.
-func (v StoreView) Until(n int) StoreView {
-	if n < v.n {
-		v.n = max(n, v.first)
+// From returns the view without the flows before first, and without the
+// chunks only they used, so that a paused table takes in the store's
+// evictions and frees their memory.
+func (v StoreView) From(first int) StoreView {
+	if first <= v.first {
+		return v
 	}
+	v.first = min(first, v.n)
+	k := (v.first - v.base) / storeChunk
+	v.chunks = append([][]Flow(nil), v.chunks[k:]...)
+	v.keys = append([][]AddrKeys(nil), v.keys[k:]...)
+	v.base += k * storeChunk
 	return v
 }
+
+// Verdicts returns the flows per verdict of every flow before Len(),
+// evicted ones included. It must not be modified.
+func (v StoreView) Verdicts() map[string]int { return v.verdicts }
 
 // Estimated costs of what the store allocates. A map entry costs its key
 // and value twice over: Go's maps keep a slack of up to half their slots

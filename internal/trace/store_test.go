@@ -227,16 +227,29 @@ func readViews(s *Store, done <-chan struct{}, errs chan<- string) {
 	}
 }
 
-func TestStoreViewUntil(t *testing.T) {
-	s := NewCappedStore(Caps{Flows: 100})
-	for i := range 150 {
+func TestStoreViewFrom(t *testing.T) {
+	s := NewCappedStore(Caps{Flows: 4*storeChunk - 5})
+	paused := s.Snapshot()
+	for i := range 5 * storeChunk {
 		s.Append(feedFlow(i))
+		if i == storeChunk+10 {
+			paused = s.Snapshot()
+		}
 	}
-	paused := s.Snapshot().Until(120)
-	if paused.First() != 50 || paused.Len() != 120 {
-		t.Fatalf("until 120: [%d, %d), want [50, 120)", paused.First(), paused.Len())
+	first := s.Snapshot().First()
+	v := paused.From(first)
+	if first != storeChunk+5 || v.First() != first || v.Len() != storeChunk+11 || len(v.chunks) != 1 {
+		t.Fatalf("from %d: [%d, %d) in %d chunks, want [%d, %d) in 1", first, v.First(), v.Len(), len(v.chunks), first, storeChunk+11)
 	}
-	if gone := s.Snapshot().Until(20); gone.Len() != gone.First() {
-		t.Fatalf("until an evicted index: [%d, %d), want empty", gone.First(), gone.Len())
+	for i := v.First(); i < v.Len(); i++ {
+		if got := feedIndex(v.At(i)); got != i {
+			t.Fatalf("flow %d is feed flow %d", i, got)
+		}
+	}
+	if gone := paused.From(v.Len() + 100); gone.First() != gone.Len() {
+		t.Fatalf("from past the end: [%d, %d), want empty", gone.First(), gone.Len())
+	}
+	if !reflect.DeepEqual(v.Verdicts(), paused.Verdicts()) || v.Verdicts()[VerdictOK] == 0 {
+		t.Errorf("verdicts %v, want the paused view's %v", v.Verdicts(), paused.Verdicts())
 	}
 }
