@@ -70,15 +70,27 @@ type Store struct {
 	addrs    map[string]string // addresses, bounded apart from strs
 
 	// Arenas for what is unique to each flow: event arrays, tuples and
-	// address strings are carved from shared slabs, so consecutive flows
-	// sit next to each other in memory. A filter scan over a million flows
-	// then streams through memory instead of chasing a pointer per field,
-	// and no flow pays for allocation headers and size-class rounding.
-	// An evicted flow's slab is freed by the garbage collector once no
-	// retained flow and no view shares it; it is never reused.
-	eventArena []Event
-	tupleArena []Tuple
-	byteArena  []byte
+	// strings are carved from shared slabs, so consecutive flows sit next
+	// to each other in memory. A filter scan over a million flows then
+	// streams through memory instead of chasing a pointer per field, and
+	// no flow pays for allocation headers and size-class rounding. Each
+	// chunk has slabs of its own (flowArena starts afresh with every
+	// chunk), and what the intern tables keep has its own (tableArena):
+	// an event points into its chunk, so a slab shared by two chunks would
+	// chain every chunk to the next and none would ever be freed, and an
+	// interned address would pin a slab of evicted flows' strings.
+	flowArena  arena
+	tableArena arena
+}
+
+// arena hands out objects from slabs and charges each slab, when it is
+// allocated, to where charged points: the flow being copied, or the
+// intern tables.
+type arena struct {
+	events  []Event
+	tuples  []Tuple
+	bytes   []byte
+	charged *int64
 }
 
 // ruleKey and ctKey identify equal rules and conntrack entries: a busy
@@ -104,7 +116,7 @@ func NewStore() *Store { return NewCappedStore(Caps{}) }
 // NewCappedStore returns an empty store that evicts its oldest flows
 // beyond caps.
 func NewCappedStore(caps Caps) *Store {
-	return &Store{
+	s := &Store{
 		caps:     caps,
 		verdicts: map[string]int{},
 		strs:     map[string]string{},
@@ -116,6 +128,8 @@ func NewCappedStore(caps Caps) *Store {
 		lists:    map[string][]string{},
 		addrs:    map[string]string{},
 	}
+	s.flowArena.charged, s.tableArena.charged = &s.flowBytes, &s.tableBytes
+	return s
 }
 
 // Append copies f into the store and returns its index. f itself is not
@@ -146,6 +160,7 @@ func (s *Store) Append(f *Flow) int {
 const chunkArrays = storeChunk * int64(unsafe.Sizeof(Flow{})+unsafe.Sizeof(AddrKeys{}))
 
 func (s *Store) addChunk() {
+	s.flowArena = arena{charged: &s.flowBytes}
 	s.chunks = append(s.chunks, make([]Flow, storeChunk))
 	s.keys = append(s.keys, make([]AddrKeys, storeChunk))
 	s.cost = append(s.cost, chunkArrays)
@@ -327,26 +342,27 @@ func (s *Store) intern(n int, cost int64) bool {
 	return true
 }
 
-// own charges bytes to the flow being copied.
-func (s *Store) own(bytes int64) { s.flowBytes += bytes }
-
-func (s *Store) str(x string) string {
+// str returns a shared copy of x, or a copy in a when the table is full.
+// A string kept as it came would pin a small block among the caller's
+// garbage, so evicting its flow would fragment the heap rather than
+// shrink it.
+func (s *Store) str(x string, a *arena) string {
 	if x == "" {
 		return ""
 	}
 	if y, ok := s.strs[x]; ok {
 		return y
 	}
-	if s.intern(len(s.strs), mapEntry(sizeString, sizeString)+int64(len(x))) {
-		s.strs[x] = x
-	} else {
-		s.own(int64(len(x)))
+	if s.intern(len(s.strs), mapEntry(sizeString, sizeString)) {
+		y := s.tableArena.copyString(x)
+		s.strs[y] = y
+		return y
 	}
-	return x
+	return a.copyString(x)
 }
 
 // strSlice returns a shared copy of xs (conntrack status lists repeat).
-func (s *Store) strSlice(xs []string) []string {
+func (s *Store) strSlice(xs []string, a *arena) []string {
 	if xs == nil {
 		return nil
 	}
@@ -354,21 +370,27 @@ func (s *Store) strSlice(xs []string) []string {
 	if out, ok := s.lists[key]; ok && len(out) == len(xs) {
 		return out
 	}
-	out := make([]string, len(xs))
-	for i, x := range xs {
-		out[i] = s.str(x)
-	}
 	size := sizeString * int64(len(xs))
 	if s.intern(len(s.lists), mapEntry(sizeString, sizeString+2*sizePointer)+int64(len(key))+size) {
+		out := s.newStrSlice(xs, &s.tableArena)
 		s.lists[key] = out
-	} else {
-		s.own(size)
+		return out
+	}
+	*a.charged += size
+	return s.newStrSlice(xs, a)
+}
+
+func (s *Store) newStrSlice(xs []string, a *arena) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = s.str(x, a)
 	}
 	return out
 }
 
 // tuple returns a shared copy of t: the flow's own tuples when equal
-// (events usually repeat them), else an interned one.
+// (events usually repeat them), else an interned one, else one in the
+// flow's arena.
 func (s *Store) tuple(t *Tuple, flow *Flow) *Tuple {
 	if t == nil {
 		return nil
@@ -382,62 +404,68 @@ func (s *Store) tuple(t *Tuple, flow *Flow) *Tuple {
 	if p, ok := s.tuples[*t]; ok {
 		return p
 	}
-	if s.intern(len(s.tuples), mapEntry(sizeTuple, sizePointer)+sizeTuple) {
-		p := s.newTuple(Tuple{Src: s.addr(t.Src), Dst: s.addr(t.Dst)})
+	if s.intern(len(s.tuples), mapEntry(sizeTuple, sizePointer)) {
+		a := &s.tableArena
+		p := a.tuple(Tuple{Src: s.addr(t.Src, a), Dst: s.addr(t.Dst, a)})
 		s.tuples[*p] = p
 		return p
 	}
-	s.own(sizeTuple)
-	return s.newTuple(Tuple{Src: s.addr(t.Src), Dst: s.addr(t.Dst)})
+	a := &s.flowArena
+	return a.tuple(Tuple{Src: s.addr(t.Src, a), Dst: s.addr(t.Dst, a)})
 }
 
-func (s *Store) podRef(p *PodRef) *PodRef {
+func (s *Store) podRef(p *PodRef, a *arena) *PodRef {
 	if p == nil {
 		return nil
 	}
 	if q, ok := s.pods[*p]; ok {
 		return q
 	}
-	q := &PodRef{Namespace: s.str(p.Namespace), Name: s.str(p.Name)}
 	if s.intern(len(s.pods), mapEntry(sizePod, sizePointer)+sizePod) {
+		q := &PodRef{Namespace: s.str(p.Namespace, &s.tableArena), Name: s.str(p.Name, &s.tableArena)}
 		s.pods[*q] = q
-	} else {
-		s.own(sizePod)
+		return q
 	}
-	return q
+	*a.charged += sizePod
+	return &PodRef{Namespace: s.str(p.Namespace, a), Name: s.str(p.Name, a)}
 }
 
-func (s *Store) serviceRef(r *ServiceRef) *ServiceRef {
+func (s *Store) serviceRef(r *ServiceRef, a *arena) *ServiceRef {
 	if r == nil {
 		return nil
 	}
 	if q, ok := s.services[*r]; ok {
 		return q
 	}
-	q := &ServiceRef{Namespace: s.str(r.Namespace), Name: s.str(r.Name), Port: s.str(r.Port)}
 	if s.intern(len(s.services), mapEntry(sizeService, sizePointer)+sizeService) {
+		q := s.newService(r, &s.tableArena)
 		s.services[*q] = q
-	} else {
-		s.own(sizeService)
+		return q
 	}
-	return q
+	*a.charged += sizeService
+	return s.newService(r, a)
+}
+
+func (s *Store) newService(r *ServiceRef, a *arena) *ServiceRef {
+	return &ServiceRef{Namespace: s.str(r.Namespace, a), Name: s.str(r.Name, a), Port: s.str(r.Port, a)}
 }
 
 func (s *Store) copyFlow(dst, f *Flow) {
+	a := &s.flowArena
 	*dst = Flow{
 		Type:        TypeFlow,
 		Time:        f.Time,
-		Proto:       s.str(f.Proto),
-		Orig:        Tuple{Src: s.addr(f.Orig.Src), Dst: s.addr(f.Orig.Dst)},
-		Verdict:     s.str(f.Verdict),
-		Explanation: s.str(f.Explanation),
-		SrcPod:      s.podRef(f.SrcPod),
-		DstPod:      s.podRef(f.DstPod),
+		Proto:       s.str(f.Proto, a),
+		Orig:        Tuple{Src: s.addr(f.Orig.Src, a), Dst: s.addr(f.Orig.Dst, a)},
+		Verdict:     s.str(f.Verdict, a),
+		Explanation: s.str(f.Explanation, a),
+		SrcPod:      s.podRef(f.SrcPod, a),
+		DstPod:      s.podRef(f.DstPod, a),
 	}
 	if f.Reply != nil {
 		dst.Reply = s.tuple(f.Reply, dst)
 	}
-	dst.Service = s.serviceRef(f.Service)
+	dst.Service = s.serviceRef(f.Service, a)
 	if f.Rule != nil {
 		dst.Rule = s.rule(f.Rule)
 	}
@@ -445,7 +473,7 @@ func (s *Store) copyFlow(dst, f *Flow) {
 		dst.Conntrack = s.conntrack(f.Conntrack)
 	}
 	if len(f.Events) > 0 {
-		dst.Events = s.newEvents(len(f.Events))
+		dst.Events = a.newEvents(len(f.Events))
 		for i := range f.Events {
 			s.copyEvent(&dst.Events[i], &f.Events[i], dst)
 		}
@@ -469,35 +497,46 @@ func ruleKeyOf(r *Rule) ruleKey {
 	return key
 }
 
+// rule returns a shared copy of r. The table's key is made from the copy,
+// so that it holds none of the caller's strings.
 func (s *Store) rule(r *Rule) *Rule {
 	key := ruleKeyOf(r)
 	if out, ok := s.rules[key]; ok && (out.Owner != nil) == (r.Owner != nil) && len(out.Path) == len(r.Path) {
 		return out
 	}
-	out := &Rule{
-		Backend:    s.str(r.Backend),
-		Family:     s.str(r.Family),
-		Handle:     r.Handle,
-		Table:      s.str(r.Table),
-		Chain:      s.str(r.Chain),
-		EntryChain: s.str(r.EntryChain),
-		Path:       s.strSlice(r.Path),
-		Text:       s.str(r.Text),
-		Uncertain:  s.str(r.Uncertain),
-	}
 	size := sizeRule
-	if e := r.Element; e != nil {
-		out.Element = &RuleElement{Map: s.str(e.Map), Key: s.str(e.Key), Comment: s.str(e.Comment)}
+	if r.Element != nil {
 		size += sizeElement
 	}
 	if r.Owner != nil {
-		out.Owner = &Owner{ContainerID: s.str(r.Owner.ContainerID), Pod: s.podRef(r.Owner.Pod)}
 		size += sizeOwner
 	}
 	if s.intern(len(s.rules), mapEntry(int64(unsafe.Sizeof(key)), sizePointer)+size+int64(len(key.path))) {
-		s.rules[key] = out
-	} else {
-		s.own(size)
+		out := s.newRule(r, &s.tableArena)
+		s.rules[ruleKeyOf(out)] = out
+		return out
+	}
+	s.flowBytes += size
+	return s.newRule(r, &s.flowArena)
+}
+
+func (s *Store) newRule(r *Rule, a *arena) *Rule {
+	out := &Rule{
+		Backend:    s.str(r.Backend, a),
+		Family:     s.str(r.Family, a),
+		Handle:     r.Handle,
+		Table:      s.str(r.Table, a),
+		Chain:      s.str(r.Chain, a),
+		EntryChain: s.str(r.EntryChain, a),
+		Path:       s.strSlice(r.Path, a),
+		Text:       s.str(r.Text, a),
+		Uncertain:  s.str(r.Uncertain, a),
+	}
+	if e := r.Element; e != nil {
+		out.Element = &RuleElement{Map: s.str(e.Map, a), Key: s.str(e.Key, a), Comment: s.str(e.Comment, a)}
+	}
+	if r.Owner != nil {
+		out.Owner = &Owner{ContainerID: s.str(r.Owner.ContainerID, a), Pod: s.podRef(r.Owner.Pod, a)}
 	}
 	return out
 }
@@ -507,101 +546,110 @@ func (s *Store) conntrack(ct *Conntrack) *Conntrack {
 	if out, ok := s.cts[key]; ok && (out.Status == nil) == (ct.Status == nil) {
 		return out
 	}
-	out := &Conntrack{State: s.str(ct.State), Status: s.strSlice(ct.Status), Mark: ct.Mark, Replied: ct.Replied}
 	if s.intern(len(s.cts), mapEntry(int64(unsafe.Sizeof(key)), sizePointer)+sizeCT+int64(len(key.status))) {
+		a := &s.tableArena
+		out := &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Replied: ct.Replied}
+		key.state = out.State
 		s.cts[key] = out
-	} else {
-		s.own(sizeCT)
+		return out
 	}
-	return out
+	a := &s.flowArena
+	s.flowBytes += sizeCT
+	return &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Replied: ct.Replied}
 }
 
 func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
+	a := &s.flowArena
 	*dst = *e
 	dst.Type = ""
-	dst.Kind = s.str(e.Kind)
-	dst.Hook = s.str(e.Hook)
-	dst.Via = s.str(e.Via)
-	dst.Proto = s.str(e.Proto)
+	dst.Kind = s.str(e.Kind, a)
+	dst.Hook = s.str(e.Hook, a)
+	dst.Via = s.str(e.Via, a)
+	dst.Proto = s.str(e.Proto, a)
 	dst.Packet = s.tuple(e.Packet, flow)
 	dst.Orig = s.tuple(e.Orig, flow)
 	dst.Reply = s.tuple(e.Reply, flow)
-	dst.To = s.addr(e.To)
-	dst.Virtual = s.addr(e.Virtual)
-	dst.Forward = s.str(e.Forward)
-	dst.NFHook = s.str(e.NFHook)
-	dst.Reason = s.str(e.Reason)
-	dst.CTStatus = s.strSlice(e.CTStatus)
-	dst.By = s.str(e.By)
+	dst.To = s.addr(e.To, a)
+	dst.Virtual = s.addr(e.Virtual, a)
+	dst.Forward = s.str(e.Forward, a)
+	dst.NFHook = s.str(e.NFHook, a)
+	dst.Reason = s.str(e.Reason, a)
+	dst.CTStatus = s.strSlice(e.CTStatus, a)
+	dst.By = s.str(e.By, a)
 	// One-byte allocations share 16-byte tiny blocks.
 	if e.ICMPType != nil {
 		v := *e.ICMPType
 		dst.ICMPType = &v
-		s.own(8)
+		s.flowBytes += 8
 	}
 	if e.ICMPCode != nil {
 		v := *e.ICMPCode
 		dst.ICMPCode = &v
-		s.own(8)
+		s.flowBytes += 8
 	}
 }
 
+// Slab sizes: a chunk's last slabs are partly empty, at most one of each
+// kind per chunk of 4096 flows.
 const (
-	eventSlab = 1 << 13
-	tupleSlab = 1 << 12
-	byteSlab  = 1 << 16
+	eventSlab = 1 << 10
+	tupleSlab = 1 << 10
+	byteSlab  = 1 << 14
 )
 
 // newEvents returns n zeroed events from the event slab.
-func (s *Store) newEvents(n int) []Event {
-	s.own(int64(n) * sizeEvent)
+func (a *arena) newEvents(n int) []Event {
 	if n > eventSlab/4 {
+		*a.charged += int64(n) * sizeEvent
 		return make([]Event, n)
 	}
-	if len(s.eventArena)+n > cap(s.eventArena) {
-		s.eventArena = make([]Event, 0, eventSlab)
+	if len(a.events)+n > cap(a.events) {
+		a.events = make([]Event, 0, eventSlab)
+		*a.charged += eventSlab * sizeEvent
 	}
-	start := len(s.eventArena)
-	s.eventArena = s.eventArena[:start+n]
-	return s.eventArena[start : start+n : start+n]
+	start := len(a.events)
+	a.events = a.events[:start+n]
+	return a.events[start : start+n : start+n]
 }
 
-func (s *Store) newTuple(t Tuple) *Tuple {
-	if len(s.tupleArena) == cap(s.tupleArena) {
-		s.tupleArena = make([]Tuple, 0, tupleSlab)
+func (a *arena) tuple(t Tuple) *Tuple {
+	if len(a.tuples) == cap(a.tuples) {
+		a.tuples = make([]Tuple, 0, tupleSlab)
+		*a.charged += tupleSlab * sizeTuple
 	}
-	s.tupleArena = append(s.tupleArena, t)
-	return &s.tupleArena[len(s.tupleArena)-1]
+	a.tuples = append(a.tuples, t)
+	return &a.tuples[len(a.tuples)-1]
+}
+
+func (a *arena) copyString(x string) string {
+	if len(x) > byteSlab/16 {
+		*a.charged += int64(len(x))
+		return strings.Clone(x)
+	}
+	if len(a.bytes)+len(x) > cap(a.bytes) {
+		a.bytes = make([]byte, 0, byteSlab)
+		*a.charged += byteSlab
+	}
+	start := len(a.bytes)
+	a.bytes = append(a.bytes, x...)
+	return unsafe.String(&a.bytes[start], len(x))
 }
 
 // addr interns an address; once the table is full (a busy node's client
-// addresses are unique), it copies the address into the byte slab.
-func (s *Store) addr(x string) string {
+// addresses are unique), it copies the address into a's byte slab.
+func (s *Store) addr(x string, a *arena) string {
 	if x == "" {
 		return ""
 	}
 	if y, ok := s.addrs[x]; ok {
 		return y
 	}
-	if s.intern(len(s.addrs), mapEntry(sizeString, sizeString)+int64(len(x))) {
-		y := s.copyString(x)
+	if s.intern(len(s.addrs), mapEntry(sizeString, sizeString)) {
+		y := s.tableArena.copyString(x)
 		s.addrs[y] = y
 		return y
 	}
-	s.own(int64(len(x)))
-	return s.copyString(x)
-}
-
-func (s *Store) copyString(x string) string {
-	if len(x) > byteSlab/16 {
-		return strings.Clone(x)
-	}
-	if len(s.byteArena)+len(x) > cap(s.byteArena) {
-		s.byteArena = make([]byte, 0, byteSlab)
-	}
-	start := len(s.byteArena)
-	s.byteArena = append(s.byteArena, x...)
-	return unsafe.String(&s.byteArena[start], len(x))
+	return a.copyString(x)
 }
 
 // DefaultCaps suit a node: at the mix's 685 bytes of heap per flow,

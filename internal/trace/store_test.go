@@ -16,7 +16,8 @@ var feedStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 var feedVerdicts = []string{VerdictReset, VerdictDropped, VerdictIPVSNoEndpoint}
 
 // feedFlow is flow i of a synthetic node's traffic: a unique client
-// address and port, one of a few pods, Services and rules, two events,
+// address and port, one of a few pods, Services and rules, one or two
+// events,
 // i microseconds after feedStart. Everything about it follows from i, so
 // a test knows what a stored flow must be without asking the store.
 func feedFlow(i int) *Flow {
@@ -40,7 +41,7 @@ func feedFlow(i int) *Flow {
 		Events: []Event{
 			{Time: at, Kind: "nat", Hook: "nf_nat_ipv4_manip_pkt", Via: "fentry", Proto: "tcp", Packet: &orig, Orig: &orig, Reply: &reply, To: backend},
 			{Time: at.Add(time.Millisecond), Kind: "ct_confirm", Hook: "__nf_conntrack_confirm", Via: "kprobe", Proto: "tcp", Orig: &orig, Reply: &reply},
-		},
+		}[:1+i%4/3], // 1.25 events a flow, so event slabs and chunks do not line up
 	}
 }
 
