@@ -254,3 +254,33 @@ func TestStoreViewFrom(t *testing.T) {
 		t.Errorf("verdicts %v, want the paused view's %v", v.Verdicts(), paused.Verdicts())
 	}
 }
+
+// TestStoreHeapFlatUnderFeed appends window after window of distinct
+// flows to a capped store. The intern tables fill with the first 65536
+// client addresses and reply tuples, and stop there (internLimit); from
+// then on the heap after each window must stay within 10% of the heap
+// after the fourth, or evicted chunks are being kept alive.
+func TestStoreHeapFlatUnderFeed(t *testing.T) {
+	const perWindow, levelAfter = 5 * storeChunk, 4
+	windows := 12
+	if testing.Short() {
+		windows = 7
+	}
+	s := NewCappedStore(Caps{Flows: 4 * storeChunk})
+	base := heapInuse()
+	var level int64
+	for w := 1; w <= windows; w++ {
+		for i := (w - 1) * perWindow; i < w*perWindow; i++ {
+			s.Append(feedFlow(i))
+		}
+		heap := heapInuse() - base
+		t.Logf("after %d flows: heap %d bytes, estimate %d", w*perWindow, heap, s.Memory())
+		switch {
+		case w == levelAfter:
+			level = heap
+		case w > levelAfter && float64(heap) > 1.1*float64(level):
+			t.Fatalf("after %d flows the heap grew %d bytes, over 1.1x the %d after %d", w*perWindow, heap, level, levelAfter*perWindow)
+		}
+	}
+	runtime.KeepAlive(s)
+}
