@@ -197,11 +197,12 @@ func (s *Store) dropChunk() {
 func (s *Store) memory() int64 { return s.chunkBytes + s.tableBytes }
 
 // Memory returns the estimate of the bytes the store holds, which the
-// memory cap bounds: every retained chunk's flow and key arrays, what its
-// flows own (events, tuples and addresses carved from the arenas, rules,
-// pods and strings not shared through the intern tables), and the intern
-// tables with what only they keep alive, at a fixed cost per map entry.
-// A test holds it within a stated factor of the Go heap.
+// memory cap bounds: every retained chunk's flow and key arrays, the
+// slabs its flows' events, tuples and strings are carved from (charged
+// whole when allocated), and what else its flows own (rules, pods and
+// string lists the tables could not take); and the intern tables, at a
+// fixed cost per map entry, with the slabs of what they keep. Tests hold
+// it within 1.25x of the heap it grows.
 func (s *Store) Memory() int64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -652,9 +653,10 @@ func (s *Store) addr(x string, a *arena) string {
 	return a.copyString(x)
 }
 
-// DefaultCaps suit a node: at the mix's 685 bytes of heap per flow,
-// 200,000 flows take about 130 MiB, so the count cap binds first and the
-// memory cap of 256 MiB catches flows twice as heavy (long decision
+// DefaultCaps suit a node: the mix's diagnosed flows take about 790
+// bytes each by the store's estimate (nodebench's one-hour feed: 150 MiB
+// for 200,000, 164 MiB of heap), so the count cap binds first and the
+// memory cap of 256 MiB catches flows 1.7 times as heavy (long decision
 // chains, unique rule text). At 5,000 connections/s that is the last 40
 // seconds; at 100/s, the last half hour.
 var DefaultCaps = Caps{Flows: 200_000, Memory: 256 << 20}
