@@ -284,3 +284,35 @@ func TestStoreHeapFlatUnderFeed(t *testing.T) {
 	}
 	runtime.KeepAlive(s)
 }
+
+// TestStoreInternTablesBounded floods every intern table with distinct
+// values: none may pass internLimit entries, and under a memory cap the
+// tables together stay within a quarter of it (plus the slabs being
+// filled).
+func TestStoreInternTablesBounded(t *testing.T) {
+	for _, caps := range []Caps{{}, {Memory: MinMemory}} {
+		s := NewCappedStore(caps)
+		for i := range internLimit + 1000 {
+			f := feedFlow(i)
+			u := fmt.Sprint(i)
+			f.Explanation += " " + u
+			f.SrcPod = &PodRef{Namespace: "ns", Name: "pod-" + u}
+			f.Service = &ServiceRef{Namespace: "ns", Name: "svc-" + u, Port: "http"}
+			f.Rule = &Rule{Table: "nat", Chain: "KUBE-SEP-" + u, Text: "-j DNAT"}
+			f.Conntrack = &Conntrack{State: "ESTABLISHED", Status: []string{"SEEN_REPLY", u}}
+			s.Append(f)
+		}
+		sizes := map[string]int{"strs": len(s.strs), "tuples": len(s.tuples), "pods": len(s.pods), "services": len(s.services),
+			"rules": len(s.rules), "cts": len(s.cts), "lists": len(s.lists), "addrs": len(s.addrs)}
+		for name, n := range sizes {
+			if n > internLimit {
+				t.Errorf("caps %+v: table %s has %d entries, over %d", caps, name, n, internLimit)
+			}
+		}
+		filling := int64(byteSlab + tupleSlab*sizeTuple)
+		if caps.Memory > 0 && s.tableBytes > caps.Memory/4+filling {
+			t.Errorf("caps %+v: the tables take %d bytes, over a quarter of the cap (%d) and the slabs being filled", caps, s.tableBytes, caps.Memory/4)
+		}
+		t.Logf("caps %+v: tables %v, %d bytes; estimate %d", caps, sizes, s.tableBytes, s.Memory())
+	}
+}
