@@ -65,7 +65,7 @@ func New(src Source, opts Options) *Model {
 		opts.RefreshEvery = 250 * time.Millisecond
 	}
 	if src.Store == nil {
-		src.Store = trace.NewStore()
+		src.Store = trace.NewCappedStore(trace.DefaultCaps)
 	}
 	m := &Model{src: src, opts: opts, width: 80, height: 24, follow: true}
 	m.flows.reset(src.Store.Snapshot(), 0, nil)
