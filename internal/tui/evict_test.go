@@ -160,3 +160,40 @@ func checkRows(t *testing.T, m *Model) {
 		prev = i
 	}
 }
+
+// Rebasing the filter's matches, as a store past 2^31 flows needs, keeps
+// every row on its flow.
+func TestRebaseKeepsRows(t *testing.T) {
+	store := trace.NewCappedStore(trace.Caps{Flows: 20})
+	for i := range 50 {
+		store.Append(synthFlow(i))
+	}
+	m := New(Source{Store: store, Live: true}, Options{Now: fixedNow, Filter: "verdict:reset"})
+	for i := 50; i < 60; i++ {
+		store.Append(synthFlow(i)) // evicts 30-39, so that the rebase moves
+	}
+	m.Update(refreshMsg{})
+	if m.flows.base != 30 || m.flows.start() != 40 {
+		t.Fatalf("matches from %d, rows from %d; want 30 and 40", m.flows.base, m.flows.start())
+	}
+	var before []int
+	for p := range m.flows.count() {
+		before = append(before, m.flows.at(p))
+	}
+	m.flows.rebase()
+	var after []int
+	for p := range m.flows.count() {
+		after = append(after, m.flows.at(p))
+	}
+	if !reflect.DeepEqual(after, before) || m.flows.base != m.flows.start() || len(before) != 10 {
+		t.Fatalf("rows %v after a rebase to %d, want %v", after, m.flows.base, before)
+	}
+	for i := 60; i < 75; i++ {
+		store.Append(synthFlow(i))
+	}
+	m.Update(refreshMsg{})
+	checkRows(t, m)
+	if m.flows.count() != 10 || m.flows.at(0) != 55 {
+		t.Errorf("%d rows from %d after the rebase and 15 more flows, want 10 from 55", m.flows.count(), m.flows.at(0))
+	}
+}

@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"math"
 	"runtime"
 	"sort"
 	"sync"
@@ -19,7 +20,8 @@ type flowIndex struct {
 	view     trace.StoreView
 	from     int // first store index shown; clear moves it
 	filter   filter.Filter
-	matches  []int // store indexes passing the filter; nil when it is empty
+	matches  []int32 // store indexes passing the filter, less base; nil when it is empty
+	base     int     // the store index matches count from
 	before   map[string]int
 	verdicts map[string]int // flows from `from` by verdict, evicted ones included
 }
@@ -32,9 +34,9 @@ const parallelMin = 1 << 15
 func (x *flowIndex) reset(v trace.StoreView, from int, before map[string]int) {
 	x.view, x.from, x.before = trace.StoreView{}, from, before
 	x.verdicts = map[string]int{}
-	x.matches = nil
+	x.matches, x.base = nil, from
 	if !x.filter.Empty() {
-		x.matches = []int{}
+		x.matches = []int32{}
 	}
 	x.extend(v)
 }
@@ -55,7 +57,7 @@ func (x *flowIndex) at(p int) int {
 	if x.matches == nil {
 		return x.start() + p
 	}
-	return x.matches[p]
+	return x.base + int(x.matches[p])
 }
 
 // seen is how many flows were stored from `from` on, evicted ones included.
@@ -74,7 +76,10 @@ func (x *flowIndex) extend(v trace.StoreView) (added, dropped int) {
 	x.verdicts = subtract(v.Verdicts(), x.before)
 	kept := x.keep(oldEnd)
 	if newFrom := max(oldEnd, v.First()); newFrom < v.Len() && x.matches != nil {
-		x.matches = append(x.matches, scan(v, x.filter, newFrom, v.Len())...)
+		if v.Len()-x.base > math.MaxInt32 {
+			x.rebase()
+		}
+		x.matches = append(x.matches, scan(v, x.filter, newFrom, v.Len(), x.base)...)
 	}
 	return x.count() - kept, rows - kept
 }
@@ -85,9 +90,21 @@ func (x *flowIndex) keep(oldEnd int) int {
 	if x.matches == nil {
 		return max(oldEnd-x.start(), 0)
 	}
-	k := sort.SearchInts(x.matches, x.start())
+	first := int32(x.start() - x.base)
+	k := sort.Search(len(x.matches), func(k int) bool { return x.matches[k] >= first })
 	x.matches = x.matches[k:]
 	return len(x.matches)
+}
+
+// rebase counts the matches from the first retained flow: a live store's
+// indexes pass 2^31 after some days, the retained ones stay far apart
+// less than that.
+func (x *flowIndex) rebase() {
+	d := x.start() - x.base
+	for k := range x.matches {
+		x.matches[k] -= int32(d)
+	}
+	x.base += d
 }
 
 // evictUnder takes in what the store evicted since v was taken, keeping
@@ -104,7 +121,8 @@ func (x *flowIndex) setFilter(f filter.Filter) {
 		x.matches = nil
 		return
 	}
-	x.matches = scan(x.view, f, x.start(), x.view.Len())
+	x.base = x.start()
+	x.matches = scan(x.view, f, x.start(), x.view.Len(), x.base)
 }
 
 // clear hides the flows seen so far.
@@ -125,23 +143,23 @@ func subtract(a, b map[string]int) map[string]int {
 	return out
 }
 
-// scan returns the store indexes in [from, to) that f matches, splitting a
-// long range across the CPUs: re-filtering a million flows on a keystroke
-// must stay well under the 100 ms a typist notices.
-func scan(v trace.StoreView, f filter.Filter, from, to int) []int {
+// scan returns the store indexes in [from, to) that f matches, less base,
+// splitting a long range across the CPUs: re-filtering a million flows on
+// a keystroke must stay well under the 100 ms a typist notices.
+func scan(v trace.StoreView, f filter.Filter, from, to, base int) []int32 {
 	n := to - from
 	workers := min(runtime.GOMAXPROCS(0), n/parallelMin)
 	if workers <= 1 {
-		return scanRange(v, f, from, to, nil)
+		return scanRange(v, f, from, to, base, nil)
 	}
-	parts := make([][]int, workers)
+	parts := make([][]int32, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		lo, hi := from+n*w/workers, from+n*(w+1)/workers
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			parts[w] = scanRange(v, f, lo, hi, nil)
+			parts[w] = scanRange(v, f, lo, hi, base, nil)
 		}()
 	}
 	wg.Wait()
@@ -149,21 +167,21 @@ func scan(v trace.StoreView, f filter.Filter, from, to int) []int {
 	for _, p := range parts {
 		total += len(p)
 	}
-	out := make([]int, 0, total)
+	out := make([]int32, 0, total)
 	for _, p := range parts {
 		out = append(out, p...)
 	}
 	return out
 }
 
-func scanRange(v trace.StoreView, f filter.Filter, from, to int, out []int) []int {
+func scanRange(v trace.StoreView, f filter.Filter, from, to, base int, out []int32) []int32 {
 	if out == nil {
-		out = []int{}
+		out = []int32{}
 	}
 	m := f.Matcher()
 	for i := from; i < to; i++ {
 		if m.Match(v.At(i), v.Keys(i)) {
-			out = append(out, i)
+			out = append(out, int32(i-base))
 		}
 	}
 	return out
