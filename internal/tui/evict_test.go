@@ -162,7 +162,7 @@ func checkRows(t *testing.T, m *Model) {
 }
 
 // Rebasing the filter's matches, as a store past 2^31 flows needs, keeps
-// every row on its flow.
+// every row on its flow, and leaves an export's copy of the rows alone.
 func TestRebaseKeepsRows(t *testing.T) {
 	store := trace.NewCappedStore(trace.Caps{Flows: 20})
 	for i := range 50 {
@@ -180,10 +180,15 @@ func TestRebaseKeepsRows(t *testing.T) {
 	for p := range m.flows.count() {
 		before = append(before, m.flows.at(p))
 	}
+	exporting := m.flows // what an export in progress reads
 	m.flows.rebase()
-	var after []int
+	var after, exported []int
 	for p := range m.flows.count() {
 		after = append(after, m.flows.at(p))
+		exported = append(exported, exporting.at(p))
+	}
+	if !reflect.DeepEqual(exported, before) {
+		t.Fatalf("a rebase changed the rows an export reads to %v, from %v", exported, before)
 	}
 	if !reflect.DeepEqual(after, before) || m.flows.base != m.flows.start() || len(before) != 10 {
 		t.Fatalf("rows %v after a rebase to %d, want %v", after, m.flows.base, before)

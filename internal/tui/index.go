@@ -98,13 +98,15 @@ func (x *flowIndex) keep(oldEnd int) int {
 
 // rebase counts the matches from the first retained flow: a live store's
 // indexes pass 2^31 after some days, the retained ones stay far apart
-// less than that.
+// less than that. The matches are copied, not changed in place: an
+// export may still be reading a copy of the index.
 func (x *flowIndex) rebase() {
 	d := x.start() - x.base
-	for k := range x.matches {
-		x.matches[k] -= int32(d)
+	out := make([]int32, len(x.matches))
+	for k, i := range x.matches {
+		out[k] = i - int32(d)
 	}
-	x.base += d
+	x.matches, x.base = out, x.base+d
 }
 
 // evictUnder takes in what the store evicted since v was taken, keeping
