@@ -202,3 +202,21 @@ func TestRebaseKeepsRows(t *testing.T) {
 		t.Errorf("%d rows from %d after the rebase and 15 more flows, want 10 from 55", m.flows.count(), m.flows.at(0))
 	}
 }
+
+// A store that evicts by memory names its memory cap.
+func TestEvictedByMemoryCap(t *testing.T) {
+	store := trace.NewCappedStore(trace.Caps{Memory: trace.MinMemory})
+	n := 0
+	for ; store.Eviction().Evicted == 0; n++ {
+		store.Append(synthFlow(n))
+	}
+	m := New(Source{Store: store}, Options{Now: fixedNow})
+	m.Update(tea.WindowSizeMsg{Width: 160, Height: 24})
+	want := fmt.Sprintf("%d flows · %d older flows dropped (cap 16 MiB)", n, store.Eviction().Evicted)
+	if screen := ansi.Strip(m.Render()); !strings.Contains(screen, want) {
+		t.Errorf("header lacks %q:\n%s", want, screen)
+	}
+	if m.flows.count() != store.Retained() {
+		t.Errorf("%d rows, the store retains %d", m.flows.count(), store.Retained())
+	}
+}
