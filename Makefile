@@ -66,8 +66,13 @@ demo: deps build
 
 # Cost on the node, loss, userspace throughput, memory and attach time next
 # to conntrack -E and nft tracing; writes BENCHMARKS.md (root, ~6 min).
+# With qemu-system-x86_64, also the overhead rounds in a QEMU guest per
+# kernel of BENCH_VM (the kprobe and fentry tiers, under emulation; a few
+# minutes per kernel). BENCH_VM= skips them.
+BENCH_VM ?= 5.10 6.1 6.12
 bench: deps
-	$(GO) run ./bench/cmd/nodebench -out BENCHMARKS.md
+	$(GO) run ./bench/cmd/nodebench -out BENCHMARKS.md \
+		$(if $(and $(strip $(BENCH_VM)),$(shell command -v qemu-system-x86_64)),-vm "$(BENCH_VM)")
 
 clean:
 	rm -rf bin

@@ -9,7 +9,14 @@
 // cost), the full live pipeline, conntrack -E and nft monitor trace.
 // Without root only the userspace figures are measured.
 //
+// With -vm it also runs the overhead rounds in a QEMU guest per kernel
+// (tests/vm's vmrun, command mode): the kprobe and fentry tiers this
+// host's kernel lacks, measured under emulation. Each guest runs this
+// binary with -json into vmrun's writable share, read back for section 7.
+//
 //	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
+//	go run ./bench/cmd/nodebench -vm "5.10 6.1 6.12" [-vm-rounds 2] [-vm-round 3s]
+//	go run ./bench/cmd/nodebench -kernel=false -userside=false -vm 6.12 -out /tmp/vm.md
 package main
 
 import (
@@ -41,11 +48,18 @@ type config struct {
 	benchtime string
 	out       string
 	gotest    bool
+	// observers are the overhead rounds' observers, by short name
+	// (observerNames); userside runs the userspace figures.
+	observers []string
+	userside  bool
+	kernel    bool   // measure the kernel side on this host
+	json      string // the overhead rounds as JSON ("" for none)
+	vm        vmConfig
 }
 
 func main() {
 	var cfg config
-	var ramp, mem, childSpec string
+	var ramp, mem, childSpec, observers, vmKernels string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
@@ -58,6 +72,15 @@ func main() {
 	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
 	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
 	flag.StringVar(&childSpec, "child", "", "internal: measure in a child process")
+	flag.StringVar(&observers, "observers", strings.Join(observerNames, ","), "observers of the overhead rounds, comma separated")
+	flag.BoolVar(&cfg.kernel, "kernel", true, "measure the kernel side (overhead rounds, loss ramp, attach) on this host")
+	flag.BoolVar(&cfg.userside, "userside", true, "measure the userspace figures (throughput, memory, feed, Go benchmarks)")
+	flag.StringVar(&cfg.json, "json", "", "also write the overhead rounds, BPF statistics and attach plan to this JSON `file`")
+	flag.StringVar(&vmKernels, "vm", "", "kernel series to also measure in QEMU guests (\"5.10 6.1 6.12\"; \"\" for none)")
+	flag.IntVar(&cfg.vm.rounds, "vm-rounds", 2, "interleaved rounds of every observer in each guest")
+	flag.DurationVar(&cfg.vm.round, "vm-round", 3*time.Second, "traffic per observer per round in each guest")
+	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,live", "observers of the guests' rounds")
+	flag.DurationVar(&cfg.vm.timeout, "vm-timeout", 15*time.Minute, "kill a guest that has not finished after this long")
 	flag.Parse()
 	if childSpec != "" {
 		if err := runChild(childSpec); err != nil {
@@ -67,6 +90,15 @@ func main() {
 		return
 	}
 	var err error
+	if cfg.observers, err = parseObservers(observers); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -observers:", err)
+		os.Exit(2)
+	}
+	if _, err = parseObservers(cfg.vm.observers); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -vm-observers:", err)
+		os.Exit(2)
+	}
+	cfg.vm.kernels = strings.FieldsFunc(vmKernels, func(r rune) bool { return r == ',' || r == ' ' })
 	if cfg.ramp, err = ints(ramp); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -ramp:", err)
 		os.Exit(2)
@@ -129,6 +161,7 @@ type report struct {
 	feed       childResult
 	notes      []string
 	previous   previousRun
+	vm         []vmKernel // the overhead rounds in QEMU guests (-vm)
 }
 
 type attachTime struct{ Attach, Detach time.Duration }
@@ -157,7 +190,9 @@ func run(ctx context.Context, cfg config) error {
 	rep := &report{cfg: cfg, started: time.Now(), loadStart: loadavg(), machine: describeMachine()}
 	rep.commands = append(rep.commands, strings.TrimSpace("go run ./bench/cmd/nodebench "+strings.Join(os.Args[1:], " ")))
 	logf("load average %s", rep.loadStart)
-	if os.Geteuid() != 0 {
+	if !cfg.kernel {
+		rep.skippedKernel = "not asked for (-kernel=false)"
+	} else if os.Geteuid() != 0 {
 		rep.skippedKernel = "not root: the kernel-side figures (overhead, loss, attach) need root"
 	} else if err := loader.Preflight(); err != nil {
 		rep.skippedKernel = fmt.Sprintf("kernel side unavailable: %v", err)
@@ -169,10 +204,24 @@ func run(ctx context.Context, cfg config) error {
 	} else {
 		logf("%s", rep.skippedKernel)
 	}
-	if err := userSide(ctx, rep); err != nil {
-		return err
+	if cfg.userside {
+		if err := userSide(ctx, rep); err != nil {
+			return err
+		}
 	}
 	rep.ended, rep.loadEnd = time.Now(), loadavg()
+	if cfg.json != "" {
+		if err := writeGuestResult(cfg.json, rep.guestResult()); err != nil {
+			return err
+		}
+		logf("wrote %s", cfg.json)
+	}
+	if len(cfg.vm.kernels) > 0 {
+		rep.vm = runVMs(ctx, cfg.vm)
+		for _, k := range cfg.vm.kernels {
+			rep.commands = append(rep.commands, guestCommand(cfg.vm, k))
+		}
+	}
 	fmt.Print(rep.table())
 	if cfg.out != "" {
 		if old, err := os.ReadFile(cfg.out); err == nil {
@@ -219,7 +268,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 		rep.attach = append(rep.attach, attachTime{t1.Sub(t0), time.Since(t1)})
 	}
 
-	variants := []observer{none{}, &kernelOnly{}, &kernelOnly{stats: true}, &fullLive{}, &conntrackE{}, &nftTrace{}}
+	variants := observersOf(cfg.observers)
 	for r := range cfg.rounds {
 		for k := range variants {
 			v := variants[(k+r)%len(variants)] // rotate so no variant always follows another

@@ -69,11 +69,14 @@ func (r *report) markdown() string {
 		r.rampMarkdown(p)
 		r.attachMarkdown(p)
 	}
-	r.throughputMarkdown(p)
-	r.memoryMarkdown(p)
-	if r.cfg.gotest {
+	if r.cfg.userside {
+		r.throughputMarkdown(p)
+		r.memoryMarkdown(p)
+	}
+	if r.cfg.userside && r.cfg.gotest {
 		r.nftMarkdown(p)
 	}
+	r.vmMarkdown(p)
 	if len(r.notes) > 0 {
 		p("## Notes\n\n")
 		for _, n := range r.notes {

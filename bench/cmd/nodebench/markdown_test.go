@@ -9,7 +9,7 @@ import (
 // fakeReport is a run's figures made up for the test: every observer for
 // two rounds, BPF statistics, a ramp, stages and memory.
 func fakeReport(wholeRate float64) *report {
-	r := &report{cfg: config{rounds: 2, round: 5 * time.Second, workers: 8, rampStep: 5 * time.Second},
+	r := &report{cfg: config{rounds: 2, round: 5 * time.Second, workers: 8, rampStep: 5 * time.Second, userside: true, kernel: true},
 		started: time.Unix(0, 0), ended: time.Unix(300, 0), loadStart: "1.00 1.00 1.00", loadEnd: "2.00 2.00 2.00"}
 	perConnCPU := map[string]time.Duration{"none": 100, kernelName: 120, statsName: 125, "tracer (full live pipeline)": 220,
 		"conntrack -E -e NEW": 110, "nft monitor trace": 180}

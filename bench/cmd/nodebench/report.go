@@ -228,6 +228,9 @@ func (r *report) targets() []target {
 	if t, ok := r.feedTarget(); ok {
 		ts = append(ts, t)
 	}
+	if t, ok := r.vmTarget(); ok {
+		ts = append(ts, t)
+	}
 	return ts
 }
 
