@@ -23,7 +23,9 @@ type variantSummary struct {
 	Machine     machineCPU
 	// RoundCPU is the CPU per connection of each round, in µs.
 	RoundCPU []float64
-	Extra    []string
+	// RoundRates is the conn/s of each round.
+	RoundRates []float64
+	Extra      []string
 }
 
 // CPUPerConn is the CPU time (this process and its children) per
@@ -58,6 +60,7 @@ func (r *report) variants() []variantSummary {
 		v.Machine.Busy += x.Machine.Busy
 		v.Machine.Total += x.Machine.Total
 		v.RoundCPU = append(v.RoundCPU, float64(x.CPU.Microseconds())/float64(max(x.Load.OK, 1)))
+		v.RoundRates = append(v.RoundRates, x.Load.rate())
 		if x.Obs.Extra != "" {
 			v.Extra = append(v.Extra, x.Obs.Extra)
 		}
@@ -267,8 +270,10 @@ func (r *report) table() string {
 			fmt.Fprintf(&b, "\nattach median %.0f ms, detach median %.0f ms (%d runs)\n", median(at), median(de), len(r.attach))
 		}
 	}
-	fmt.Fprintf(&b, "\nuserspace pipeline, one core: %.0f events/s (%d events, %d flows in %.1f s)\n", r.throughput.Rate,
-		r.throughput.Events, r.throughput.Flows, r.throughput.Seconds)
+	if r.cfg.userside {
+		fmt.Fprintf(&b, "\nuserspace pipeline, one core: %.0f events/s (%d events, %d flows in %.1f s)\n", r.throughput.Rate,
+			r.throughput.Events, r.throughput.Flows, r.throughput.Seconds)
+	}
 	for _, s := range r.stages {
 		fmt.Fprintf(&b, "  %-22s %10.0f ns/op %12.0f %-9s %8.0f B/op %6.0f allocs/op\n", s.Name, s.NsOp, s.Metric, s.Unit, s.BytesOp, s.Allocs)
 	}

@@ -84,6 +84,8 @@ func TestVMMarkdownFromFigures(t *testing.T) {
 		"| tr_nf_dnat | netfilter | nf_nat_setup_info | 8.00 | 380 | 3.040 | 84% |",
 		"| all programs | - | - | 9.00 | 404 | 3.640 | 100% |",
 		"Guest run 1m35s, boot to power-off",
+		// none: 40100 and 40200 connections in 5 s rounds, mean 8030 conn/s
+		"With nothing attached, conn/s ranged from 100% to 100% of its mean between rounds",
 		"### Kernel 5.10: not measured\n\nvmrun: exit status 1.",
 		"| kprobe and fentry tiers, QEMU guests | measured per kernel, as ratios (measured under emulation (QEMU TCG, no KVM)) | 6.12 (fentry + tracepoint): kernel side -12.5% conn/s, full live pipeline -49.8% conn/s | measured, emulated (section 7); not measured: 5.10 |",
 	} {
@@ -133,5 +135,18 @@ func TestGuestCommand(t *testing.T) {
 	want := `-kernels 6.12 -- /tmp/nodebench -rounds 3 -round 3s -observers "none,kernel" -ramp "" -attach 1 -userside=false -out "" -json /vmresults/nodebench.json`
 	if !strings.Contains(c, want) {
 		t.Errorf("guestCommand = %s\nwant it to contain %s", c, want)
+	}
+}
+
+// The spread of the rounds with nothing attached is computed from their
+// rates, and needs two of them.
+func TestBaseSpread(t *testing.T) {
+	vs := []variantSummary{{Name: "none", Rate: 100, RoundRates: []float64{80, 120, 100}}}
+	if got := baseSpread(vs); !strings.Contains(got, "from 80% to 120% of its mean") {
+		t.Errorf("baseSpread = %q", got)
+	}
+	vs[0].RoundRates = vs[0].RoundRates[:1]
+	if got := baseSpread(vs); got != "" {
+		t.Errorf("one round gives a spread: %q", got)
 	}
 }

@@ -56,6 +56,9 @@ func vmKernelMarkdown(p printer, k vmKernel, cfg vmConfig) {
 		p("| %s | %.3f | %.3f | %s | %s | %s | %s | %s |\n", v.Name, v.Ratio, v.MedianRatio, pct(v.Ratio),
 			counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), extraCPU(v, vs[0]))
 	}
+	if s := baseSpread(vs); s != "" {
+		p("\n%s\n", s)
+	}
 	c := sub.programCost()
 	if len(c.Programs) == 0 {
 		p("\nNo round had BPF statistics.\n\n")
@@ -137,4 +140,16 @@ func (r *report) vmTarget() (target, bool) {
 		t.Verdict = "measured, emulated (section 7); not measured: " + strings.Join(failed, ", ")
 	}
 	return t, true
+}
+
+// baseSpread says how far apart the rounds with nothing attached were: a
+// ratio inside that spread is not told from the guest's noise.
+func baseSpread(vs []variantSummary) string {
+	base := find(vs, (none{}).name())
+	if base == nil || len(base.RoundRates) < 2 || base.Rate <= 0 {
+		return ""
+	}
+	lo, hi := slices.Min(base.RoundRates), slices.Max(base.RoundRates)
+	return fmt.Sprintf("With nothing attached, conn/s ranged from %.0f%% to %.0f%% of its mean between rounds: an observer's ratio inside that spread is not told from the guest's noise.",
+		100*lo/base.Rate, 100*hi/base.Rate)
 }
