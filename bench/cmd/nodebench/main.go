@@ -15,7 +15,7 @@
 // binary with -json into vmrun's writable share, read back for section 7.
 //
 //	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
-//	go run ./bench/cmd/nodebench -vm "5.10 6.1 6.12" [-vm-rounds 2] [-vm-round 3s]
+//	go run ./bench/cmd/nodebench -vm "5.10 6.1 6.12" [-vm-rounds 4] [-vm-round 3s]
 //	go run ./bench/cmd/nodebench -kernel=false -userside=false -vm 6.12 -out /tmp/vm.md
 package main
 
@@ -77,7 +77,7 @@ func main() {
 	flag.BoolVar(&cfg.userside, "userside", true, "measure the userspace figures (throughput, memory, feed, Go benchmarks)")
 	flag.StringVar(&cfg.json, "json", "", "also write the overhead rounds, BPF statistics and attach plan to this JSON `file`")
 	flag.StringVar(&vmKernels, "vm", "", "kernel series to also measure in QEMU guests (\"5.10 6.1 6.12\"; \"\" for none)")
-	flag.IntVar(&cfg.vm.rounds, "vm-rounds", 2, "interleaved rounds of every observer in each guest")
+	flag.IntVar(&cfg.vm.rounds, "vm-rounds", 4, "interleaved rounds of every observer in each guest")
 	flag.DurationVar(&cfg.vm.round, "vm-round", 3*time.Second, "traffic per observer per round in each guest")
 	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,live", "observers of the guests' rounds")
 	flag.DurationVar(&cfg.vm.timeout, "vm-timeout", 15*time.Minute, "kill a guest that has not finished after this long")

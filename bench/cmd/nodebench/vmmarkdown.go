@@ -65,10 +65,11 @@ func vmKernelMarkdown(p printer, k vmKernel, cfg vmConfig) {
 		return
 	}
 	p("\nBPF statistics (%s of **%s**, %d connections; ns and µs emulated). %s\n\n", plural(c.Rounds, "round"), statsName, c.Conns, whereProgramsRun(c.Programs))
-	p("| program | via | hooks | runs/conn | ns/run | µs/conn | share of all programs |\n|---|---|---|---|---|---|---|\n")
+	p("| program | via | hooks | runs | runs/conn | ns/run | µs/conn | share of all programs |\n|---|---|---|---|---|---|---|---|\n")
 	all := c.total()
 	for _, pr := range append(c.Programs, all) {
-		p("| %s | %s | %s | %.2f | %.0f | %.3f | %s |\n", pr.Program, orDash(pr.Via), orDash(pr.Hooks), c.runsPerConn(pr), nsPerRun(pr), c.usPerConn(pr), share(pr, all))
+		p("| %s | %s | %s | %d | %.2f | %.0f | %.3f | %s |\n", pr.Program, orDash(pr.Via), orDash(pr.Hooks), pr.Runs, c.runsPerConn(pr), nsPerRun(pr),
+			c.usPerConn(pr), share(pr, all))
 	}
 	p("\n")
 }
