@@ -71,6 +71,10 @@ func vmKernelMarkdown(p printer, k vmKernel, cfg vmConfig) {
 		p("| %s | %s | %s | %d | %.2f | %.0f | %.3f | %s |\n", pr.Program, orDash(pr.Via), orDash(pr.Hooks), pr.Runs, c.runsPerConn(pr), nsPerRun(pr),
 			c.usPerConn(pr), share(pr, all))
 	}
+	if base := find(vs, (none{}).name()); base != nil && base.CPUPerConn() > 0 {
+		p("\nThe programs ran %.1f µs per connection, %.1f%% of the %.0f µs CPU per connection of the rounds with nothing attached (both emulated: the share is the figure).\n",
+			c.usPerConn(all), 100*c.usPerConn(all)/base.CPUPerConn(), base.CPUPerConn())
+	}
 	p("\n")
 }
 
@@ -115,7 +119,7 @@ func (r *report) vmTarget() (target, bool) {
 	if len(r.vm) == 0 {
 		return target{}, false
 	}
-	t := target{What: "kprobe and fentry tiers, QEMU guests", Goal: "measured per kernel, as ratios (" + emulationLabel + ")"}
+	t := target{What: "kprobe and fentry tiers, QEMU guests", Goal: "each kernel's ratios to none, " + emulationLabel}
 	var got, failed []string
 	for _, k := range r.vm {
 		if k.Result == nil || k.Result.Skipped != "" {
