@@ -67,9 +67,11 @@ demo: deps build
 # Cost on the node, loss, userspace throughput, memory and attach time next
 # to conntrack -E and nft tracing; writes BENCHMARKS.md (root, ~6 min).
 # With qemu-system-x86_64, also the overhead rounds in a QEMU guest per
-# kernel of BENCH_VM (the kprobe and fentry tiers, under emulation; a few
-# minutes per kernel). BENCH_VM= skips them.
-BENCH_VM ?= 5.10 6.1 6.12
+# kernel of BENCH_VM (the kprobe and fentry tiers, under emulation; about
+# 1.5-2.5 min per kernel with the default 4 rounds: 2m15s each with 6 rounds
+# and 1.5-2.5 min with 3, boot included). 6.12:kprobe+... is 6.12 again with
+# fentry left out, so one kernel shows both tiers. BENCH_VM= skips them.
+BENCH_VM ?= 5.10 6.1 6.12 6.12:kprobe+tracepoint+netfilter
 bench: deps
 	$(GO) run ./bench/cmd/nodebench -out BENCHMARKS.md \
 		$(if $(and $(strip $(BENCH_VM)),$(shell command -v qemu-system-x86_64)),-vm "$(BENCH_VM)")

@@ -22,6 +22,8 @@ type guestResult struct {
 	Rounds    int           `json:"rounds"`
 	Round     time.Duration `json:"round_ns"`
 	Workers   int           `json:"workers"`
+	// Only is the tiers the tracer was restricted to ("" for any).
+	Only string `json:"only,omitempty"`
 	// Skipped is why the kernel side was not measured ("" when it was).
 	Skipped string        `json:"skipped,omitempty"`
 	Plan    []hookTier    `json:"plan"`
@@ -48,7 +50,7 @@ func tiersOf(plan loader.Plan) []hookTier {
 
 func (r *report) guestResult() guestResult {
 	return guestResult{Kernel: r.machine.Kernel, Machine: r.machine, Started: r.started, Ended: r.ended,
-		LoadStart: r.loadStart, LoadEnd: r.loadEnd, Rounds: r.cfg.rounds, Round: r.cfg.round, Workers: r.cfg.workers,
+		LoadStart: r.loadStart, LoadEnd: r.loadEnd, Rounds: r.cfg.rounds, Round: r.cfg.round, Workers: r.cfg.workers, Only: tierList(r.cfg.only),
 		Skipped: r.skippedKernel, Plan: tiersOf(r.plan), Attach: r.attach, Results: r.rounds}
 }
 

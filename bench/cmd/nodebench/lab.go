@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
 
@@ -31,6 +33,15 @@ type lab struct {
 	rInode  uint32
 	ln      net.Listener
 	served  atomic.Uint64
+	// only restricts the tracer's ladders to these tiers (-only), so a
+	// kernel that allows fentry can be measured with kprobes too.
+	only []event.Via
+}
+
+// loaderConfig is how every observer attaches the tracer to the lab: the
+// router namespace only.
+func (b *lab) loaderConfig() loader.Config {
+	return loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}, Only: b.only}
 }
 
 func newLab(prefix string) (*lab, error) {

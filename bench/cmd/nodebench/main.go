@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 )
 
@@ -52,14 +53,15 @@ type config struct {
 	// (observerNames); userside runs the userspace figures.
 	observers []string
 	userside  bool
-	kernel    bool   // measure the kernel side on this host
-	json      string // the overhead rounds as JSON ("" for none)
+	kernel    bool        // measure the kernel side on this host
+	json      string      // the overhead rounds as JSON ("" for none)
+	only      []event.Via // the tiers the tracer may attach by (-only; none: any)
 	vm        vmConfig
 }
 
 func main() {
 	var cfg config
-	var ramp, mem, childSpec, observers, vmKernels string
+	var ramp, mem, childSpec, observers, vmKernels, only string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
@@ -76,7 +78,8 @@ func main() {
 	flag.BoolVar(&cfg.kernel, "kernel", true, "measure the kernel side (overhead rounds, loss ramp, attach) on this host")
 	flag.BoolVar(&cfg.userside, "userside", true, "measure the userspace figures (throughput, memory, feed, Go benchmarks)")
 	flag.StringVar(&cfg.json, "json", "", "also write the overhead rounds, BPF statistics and attach plan to this JSON `file`")
-	flag.StringVar(&vmKernels, "vm", "", "kernel series to also measure in QEMU guests (\"5.10 6.1 6.12\"; \"\" for none)")
+	flag.StringVar(&only, "only", "", "restrict the tracer to these tiers, comma separated (fentry, kprobe, tracepoint, netfilter; \"\" for any)")
+	flag.StringVar(&vmKernels, "vm", "", "kernel series to also measure in QEMU guests (\"5.10 6.1 6.12\"; SERIES:TIER+TIER restricts the tiers, as -only; \"\" for none)")
 	flag.IntVar(&cfg.vm.rounds, "vm-rounds", 4, "interleaved rounds of every observer in each guest")
 	flag.DurationVar(&cfg.vm.round, "vm-round", 3*time.Second, "traffic per observer per round in each guest")
 	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,live", "observers of the guests' rounds")
@@ -98,7 +101,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nodebench: -vm-observers:", err)
 		os.Exit(2)
 	}
+	if cfg.only, err = parseTiers(only); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -only:", err)
+		os.Exit(2)
+	}
 	cfg.vm.kernels = strings.FieldsFunc(vmKernels, func(r rune) bool { return r == ',' || r == ' ' })
+	for _, e := range cfg.vm.kernels {
+		if _, only := vmEntry(e); only != "" {
+			if _, err := parseTiers(only); err != nil {
+				fmt.Fprintf(os.Stderr, "nodebench: -vm %s: %v\n", e, err)
+				os.Exit(2)
+			}
+		}
+	}
 	if cfg.ramp, err = ints(ramp); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -ramp:", err)
 		os.Exit(2)
@@ -218,8 +233,8 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if len(cfg.vm.kernels) > 0 {
 		rep.vm = runVMs(ctx, cfg.vm)
-		for _, k := range cfg.vm.kernels {
-			rep.commands = append(rep.commands, guestCommand(cfg.vm, k))
+		for _, k := range rep.vm {
+			rep.commands = append(rep.commands, guestCommand(cfg.vm, k.Series, k.Only))
 		}
 	}
 	fmt.Print(rep.table())
@@ -241,6 +256,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 	if err != nil {
 		return err
 	}
+	b.only = cfg.only
 	defer func() {
 		if err := b.close(); err != nil {
 			logf("remove lab: %v", err)
@@ -254,7 +270,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 	logf("attach+detach of the whole hook set, %d times", cfg.attach)
 	for range cfg.attach {
 		t0 := time.Now()
-		t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+		t, err := loader.Open(b.loaderConfig())
 		if err != nil {
 			return fmt.Errorf("attach: %w", err)
 		}

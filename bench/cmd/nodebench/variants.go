@@ -100,7 +100,7 @@ func (k *kernelOnly) name() string {
 }
 
 func (k *kernelOnly) start(b *lab) error {
-	t, err := loader.Open(loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}})
+	t, err := loader.Open(b.loaderConfig())
 	if err != nil {
 		return fmt.Errorf("attach tracer: %w", err)
 	}
@@ -217,7 +217,7 @@ func (*fullLive) name() string { return "tracer (full live pipeline)" }
 func (f *fullLive) start(b *lab) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := live.Start(ctx, live.Config{
-		Loader:    loader.Config{Netns: []uint32{b.rInode}, NetnsPaths: []string{b.r.Path()}},
+		Loader:    b.loaderConfig(),
 		NetnsPath: b.r.Path(), NodeName: "bench", Command: "nodebench",
 	})
 	if err != nil {

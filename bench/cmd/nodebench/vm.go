@@ -24,6 +24,7 @@ type vmConfig struct {
 // vmKernel is one guest's run: its figures, or why there are none.
 type vmKernel struct {
 	Series string
+	Only   string // the tiers the guest's tracer was restricted to, comma separated
 	Result *guestResult
 	Err    string
 	Took   time.Duration // vmrun, boot to power-off
@@ -38,22 +39,30 @@ const guestResultFile = "nodebench.json"
 // figures. A guest that fails is recorded with its error.
 func runVMs(ctx context.Context, cfg vmConfig) []vmKernel {
 	var out []vmKernel
-	for _, series := range cfg.kernels {
+	for _, entry := range cfg.kernels {
 		if ctx.Err() != nil {
 			break
 		}
-		logf("overhead rounds in a QEMU guest, kernel %s", series)
-		k := runVM(ctx, cfg, series)
+		series, only := vmEntry(entry)
+		logf("overhead rounds in a QEMU guest, kernel %s, tiers %s", series, orDash(only))
+		k := runVM(ctx, cfg, series, only)
 		if k.Err != "" {
-			logf("kernel %s: %s", series, k.Err)
+			logf("kernel %s: %s", entry, k.Err)
 		}
 		out = append(out, k)
 	}
 	return out
 }
 
-func runVM(ctx context.Context, cfg vmConfig, series string) vmKernel {
-	k := vmKernel{Series: series}
+// vmEntry splits a -vm entry, SERIES or SERIES:TIER+TIER (6.12:kprobe+tracepoint+netfilter
+// measures 6.12 with fentry left out), into the series and an -only list.
+func vmEntry(entry string) (series, only string) {
+	series, tiers, _ := strings.Cut(entry, ":")
+	return series, strings.ReplaceAll(tiers, "+", ",")
+}
+
+func runVM(ctx context.Context, cfg vmConfig, series, only string) vmKernel {
+	k := vmKernel{Series: series, Only: only}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		k.Err = "qemu-system-x86_64 is not installed"
 		return k
@@ -74,7 +83,7 @@ func runVM(ctx context.Context, cfg vmConfig, series string) vmKernel {
 		return k
 	}
 	args := append([]string{"run", "./tests/vm/cmd/vmrun", "-cache", cache, "-kernels", series,
-		"-timeout", cfg.timeout.String(), "--", exe}, guestArgs(cfg)...)
+		"-timeout", cfg.timeout.String(), "--", exe}, guestArgs(cfg, only)...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	// The guest's console and nodebench's log lines, prefixed by vmrun.
@@ -97,9 +106,13 @@ func runVM(ctx context.Context, cfg vmConfig, series string) vmKernel {
 
 // guestArgs are the flags of the nodebench run inside a guest: the
 // overhead rounds only, the attach plan recorded by one attach.
-func guestArgs(cfg vmConfig) []string {
-	return []string{"-rounds", fmt.Sprint(cfg.rounds), "-round", cfg.round.String(), "-observers", cfg.observers,
+func guestArgs(cfg vmConfig, only string) []string {
+	args := []string{"-rounds", fmt.Sprint(cfg.rounds), "-round", cfg.round.String(), "-observers", cfg.observers,
 		"-ramp", "", "-attach", "1", "-userside=false", "-out", "", "-json", "/vmresults/" + guestResultFile}
+	if only != "" {
+		args = append(args, "-only", only)
+	}
+	return args
 }
 
 // moduleRoot is the directory of go.mod above the working directory:
@@ -129,9 +142,9 @@ func vmCache(root string) (string, error) {
 }
 
 // guestCommand is the command line that reruns one guest's figures.
-func guestCommand(cfg vmConfig, series string) string {
+func guestCommand(cfg vmConfig, series, only string) string {
 	var quoted []string
-	for _, a := range guestArgs(cfg) {
+	for _, a := range guestArgs(cfg, only) {
 		if a == "" || strings.ContainsAny(a, " ,") {
 			a = fmt.Sprintf("%q", a)
 		}

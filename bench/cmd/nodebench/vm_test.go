@@ -66,7 +66,10 @@ func TestVMMarkdownFromFigures(t *testing.T) {
 	g := guestOf(t)
 	r := fakeReport(100000)
 	r.cfg.vm = vmConfig{kernels: []string{"6.12", "5.10"}, rounds: 2, round: 3 * time.Second, observers: "none,kernel,stats,live"}
-	r.vm = []vmKernel{{Series: "6.12", Result: &g, Took: 95 * time.Second}, {Series: "5.10", Err: "vmrun: exit status 1"}}
+	kp := g
+	kp.Only = "kprobe,tracepoint"
+	r.vm = []vmKernel{{Series: "6.12", Result: &g, Took: 95 * time.Second}, {Series: "5.10", Err: "vmrun: exit status 1"},
+		{Series: "6.12", Only: kp.Only, Result: &kp}}
 	md := r.markdown()
 	for _, bad := range []string{"%!", "NaN", "+Inf"} {
 		if strings.Contains(md, bad) {
@@ -89,7 +92,9 @@ func TestVMMarkdownFromFigures(t *testing.T) {
 		// none: 40100 and 40200 connections in 5 s rounds, mean 8030 conn/s
 		"With nothing attached, conn/s ranged from 100% to 100% of its mean between rounds",
 		"### Kernel 5.10: not measured\n\nvmrun: exit status 1.",
-		"| kprobe and fentry tiers, QEMU guests | each kernel's ratios to none, measured under emulation (QEMU TCG, no KVM) | 6.12 (fentry + tracepoint): kernel side -12.5% conn/s, full live pipeline -49.8% conn/s | measured, emulated (section 7); not measured: 5.10 |",
+		"### Kernel 6.12 (6.12.117+deb12-amd64), tiers limited to kprobe, tracepoint: fentry + tracepoint",
+		`-json /vmresults/nodebench.json -only "kprobe,tracepoint"`,
+		"| kprobe and fentry tiers, QEMU guests | each kernel's ratios to none, measured under emulation (QEMU TCG, no KVM) | 6.12 (fentry + tracepoint): kernel side -12.5% conn/s, full live pipeline -49.8% conn/s; 6.12, tiers limited to kprobe, tracepoint (fentry + tracepoint): kernel side -12.5% conn/s, full live pipeline -49.8% conn/s | measured, emulated (section 7); not measured: 5.10 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -133,10 +138,32 @@ func TestParseObservers(t *testing.T) {
 
 // The guest's command line quotes what a shell would split or drop.
 func TestGuestCommand(t *testing.T) {
-	c := guestCommand(vmConfig{rounds: 3, round: 3 * time.Second, observers: "none,kernel"}, "6.12")
+	cfg := vmConfig{rounds: 3, round: 3 * time.Second, observers: "none,kernel"}
+	c := guestCommand(cfg, "6.12", "")
 	want := `-kernels 6.12 -- /tmp/nodebench -rounds 3 -round 3s -observers "none,kernel" -ramp "" -attach 1 -userside=false -out "" -json /vmresults/nodebench.json`
-	if !strings.Contains(c, want) {
-		t.Errorf("guestCommand = %s\nwant it to contain %s", c, want)
+	if !strings.HasSuffix(c, want) {
+		t.Errorf("guestCommand = %s\nwant it to end in %s", c, want)
+	}
+	if c := guestCommand(cfg, "6.12", "kprobe,tracepoint"); !strings.HasSuffix(c, want+` -only "kprobe,tracepoint"`) {
+		t.Errorf("guestCommand with tiers = %s", c)
+	}
+}
+
+// A -vm entry names a series and, after a colon, the tiers joined by +.
+func TestVMEntryAndTiers(t *testing.T) {
+	series, only := vmEntry("6.12:kprobe+tracepoint+netfilter")
+	if series != "6.12" || only != "kprobe,tracepoint,netfilter" {
+		t.Errorf("vmEntry = %q, %q", series, only)
+	}
+	if series, only := vmEntry("5.10"); series != "5.10" || only != "" {
+		t.Errorf("vmEntry(5.10) = %q, %q", series, only)
+	}
+	vs, err := parseTiers(only)
+	if err != nil || !reflect.DeepEqual(vs, []event.Via{event.ViaKprobe, event.ViaTracepoint, event.ViaNetfilter}) || tierList(vs) != only {
+		t.Errorf("parseTiers(%q) = %v, %v", only, vs, err)
+	}
+	if _, err := parseTiers("kprobe,ebpf"); err == nil {
+		t.Error("an unknown tier is accepted")
 	}
 }
 

@@ -42,9 +42,9 @@ func vmKernelMarkdown(p printer, k vmKernel, cfg vmConfig) {
 		p("### Kernel %s (%s): not measured\n\n%s.\n\n", k.Series, g.Kernel, g.Skipped)
 		return
 	}
-	p("### Kernel %s (%s): %s\n\n", k.Series, g.Kernel, tierNames(g.Plan))
+	p("### Kernel %s (%s)%s: %s\n\n", k.Series, g.Kernel, restricted(g.Only), tierNames(g.Plan))
 	p("Guest run %s, boot to power-off, load average in the guest %s at the start and %s at the end. Rerun: `%s`.\n\n",
-		k.Took.Round(time.Second), g.LoadStart, g.LoadEnd, guestCommand(cfg, k.Series))
+		k.Took.Round(time.Second), g.LoadStart, g.LoadEnd, guestCommand(cfg, k.Series, k.Only))
 	p("| hook | tier | attached to | program |\n|---|---|---|---|\n")
 	for _, h := range g.Plan {
 		p("| %s | %s | %s | %s |\n", h.Hook, h.Via, orDash(h.Target), orDash(h.Program))
@@ -133,7 +133,7 @@ func (r *report) vmTarget() (target, bool) {
 				parts = append(parts, fmt.Sprintf("%s %s conn/s", o.label, pct(v.Ratio)))
 			}
 		}
-		got = append(got, fmt.Sprintf("%s (%s): %s", k.Series, tierNames(k.Result.Plan), strings.Join(parts, ", ")))
+		got = append(got, fmt.Sprintf("%s%s (%s): %s", k.Series, restricted(k.Result.Only), tierNames(k.Result.Plan), strings.Join(parts, ", ")))
 	}
 	t.Got = strings.Join(got, "; ")
 	switch {
@@ -157,4 +157,12 @@ func baseSpread(vs []variantSummary) string {
 	lo, hi := slices.Min(base.RoundRates), slices.Max(base.RoundRates)
 	return fmt.Sprintf("With nothing attached, conn/s ranged from %.0f%% to %.0f%% of its mean between rounds: an observer's ratio inside that spread is not told from the guest's noise.",
 		100*lo/base.Rate, 100*hi/base.Rate)
+}
+
+// restricted names the tiers a guest's tracer was limited to, if it was.
+func restricted(only string) string {
+	if only == "" {
+		return ""
+	}
+	return ", tiers limited to " + strings.ReplaceAll(only, ",", ", ")
 }
