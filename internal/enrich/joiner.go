@@ -206,7 +206,7 @@ func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 }
 
 func newFlow(key event.Tuple, rec trace.Event) *trace.Flow {
-	return &trace.Flow{Type: trace.TypeFlow, Time: rec.Time, Proto: event.ProtoName(key.Proto), Orig: *event.TupleRecord(key)}
+	return &trace.Flow{Type: trace.TypeFlow, Time: rec.Time, Proto: event.ProtoName(key.Proto), Orig: *trace.TupleOf(key)}
 }
 
 // Expire finishes every flow quiet since its deadline.
@@ -315,7 +315,7 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if j.CT == nil {
 		if p.reply.Valid() {
-			f.Reply = event.TupleRecord(p.reply)
+			f.Reply = trace.TupleOf(p.reply)
 		}
 		return
 	}
@@ -323,16 +323,16 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key)
 		if ok {
-			f.Orig = *event.TupleRecord(e.Orig)
+			f.Orig = *trace.TupleOf(e.Orig)
 			f.Proto = event.ProtoName(e.Orig.Proto)
 		}
 	}
 	switch {
 	case ok:
-		f.Reply = event.TupleRecord(e.Reply)
+		f.Reply = trace.TupleOf(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
 	case p.reply.Valid():
-		f.Reply = event.TupleRecord(p.reply)
+		f.Reply = trace.TupleOf(p.reply)
 	}
 }
 

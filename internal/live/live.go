@@ -276,7 +276,7 @@ func (p *Pipeline) read(out chan<- decoded) {
 			continue
 		}
 		p.events.Add(1)
-		out <- decoded{ev: ev, rec: ev.Record(p.tracer.Reasons())}
+		out <- decoded{ev: ev, rec: trace.EventOf(ev, p.tracer.Reasons())}
 	}
 }
 
