@@ -39,24 +39,35 @@ type source interface {
 	// lost since the last call (the source stays usable); errClosed that
 	// Close was called.
 	Receive() ([]change, error)
+	// Get asks for the live entry holding tu as either of its tuples; ok
+	// is false when the table has none.
+	Get(tu event.Tuple) (e Entry, ok bool, err error)
+	// DumpSource returns the live entries whose original tuple leaves
+	// from src.
+	DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error)
 	Close() error
 }
 
-// netlinkSource has two sockets: the event socket only ever receives
-// multicast events, and dumps go over their own socket so that a dump's
-// replies never interleave with events.
+// netlinkSource has four sockets: the event socket only ever receives
+// multicast events, and dumps, queries and gets go over their own sockets
+// so that their replies never interleave with events or each other. query
+// carries the requests ti-mo/conntrack cannot make (a dump filtered by
+// source); getter the single-entry GETs.
 type netlinkSource struct {
 	events *netfilter.Conn
 	dumper *ct.Conn
+	query  *netfilter.Conn
+	getter *getter
 	// decodeErrors counts event messages ti-mo/conntrack could not parse.
 	decodeErrors atomic.Uint64
 	closed       chan struct{}
 }
 
-// dialNetlink opens both sockets in the namespace whose fd is nsFD (0: the
-// caller's). mdlayher/socket creates the socket on a locked thread switched
-// into that namespace and switches back, so no goroutine is left in it.
-func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
+// dialNetlink opens the sockets in the namespace whose fd is nsFD (0: the
+// caller's), the event socket in groups. mdlayher/socket creates the socket
+// on a locked thread switched into that namespace and switches back, so no
+// goroutine is left in it.
+func dialNetlink(nsFD int, readBuffer int, groups []netfilter.NetlinkGroup) (*netlinkSource, error) {
 	cfg := &netlink.Config{NetNS: nsFD}
 	evc, err := netfilter.Dial(cfg)
 	if err != nil {
@@ -70,7 +81,7 @@ func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
 	}
 	// Join the groups before the first dump, so that no change between the
 	// dump and the subscription can be missed.
-	if err := evc.JoinGroups(netfilter.GroupsCT); err != nil {
+	if err := evc.JoinGroups(groups); err != nil {
 		evc.Close()
 		return nil, fmt.Errorf("join conntrack event groups: %w", err)
 	}
@@ -79,7 +90,20 @@ func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
 		evc.Close()
 		return nil, fmt.Errorf("open conntrack dump socket: %w", err)
 	}
-	return &netlinkSource{events: evc, dumper: dc, closed: make(chan struct{})}, nil
+	qc, err := netfilter.Dial(&netlink.Config{NetNS: nsFD})
+	if err != nil {
+		evc.Close()
+		dc.Close()
+		return nil, fmt.Errorf("open conntrack query socket: %w", err)
+	}
+	g, err := newGetter(&netlink.Config{NetNS: nsFD})
+	if err != nil {
+		evc.Close()
+		dc.Close()
+		qc.Close()
+		return nil, err
+	}
+	return &netlinkSource{events: evc, dumper: dc, query: qc, getter: g, closed: make(chan struct{})}, nil
 }
 
 func (s *netlinkSource) Dump() ([]Entry, error) {
@@ -130,7 +154,9 @@ func (s *netlinkSource) Close() error {
 	close(s.closed)
 	err1 := s.events.Close()
 	err2 := s.dumper.Close()
-	if err := errors.Join(err1, err2); err != nil {
+	err3 := s.query.Close()
+	err4 := s.getter.Close()
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return fmt.Errorf("close conntrack sockets: %w", err)
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -58,6 +59,9 @@ type Stats struct {
 	Destroyed int
 	// Evicted counts entries forgotten because the table was full.
 	Evicted uint64
+	// QueryErrors counts the kernel queries of targeted lookups that
+	// failed (the lookup then answered from the destroyed entries).
+	QueryErrors uint64
 	// DecodeErrors counts event messages that could not be parsed.
 	DecodeErrors uint64
 	// LastDump is how long the most recent full dump took to read and
@@ -85,6 +89,16 @@ type Options struct {
 	// minimum). Default 4 MiB, so that bursts of new connections overrun
 	// less often; tests make it tiny to force overruns.
 	ReadBuffer int
+
+	// Targeted keeps only destroyed entries from events, subscribing to
+	// DESTROY alone, and asks the kernel for a live entry each time one is
+	// looked up (a ctnetlink GET of the tuple; BySource a dump the kernel
+	// filters by source). The kernel then builds one event message per
+	// connection, not one per state change, and the tracker decodes no
+	// event of a connection nobody looks up. Overruns are counted; there
+	// is nothing to re-dump (live entries are always asked for), and the
+	// DESTROYs lost in one are lost.
+	Targeted bool
 
 	// pruneEvery overrides how often destroyed entries are pruned (tests
 	// with a fake clock).
@@ -129,6 +143,7 @@ type Tracker struct {
 	queue chan item
 
 	overruns, redumps, dropped atomic.Uint64
+	queryErrors                atomic.Uint64
 	lastDump                   atomic.Int64
 	dumped                     atomic.Int64
 	errMu                      sync.Mutex
@@ -167,7 +182,11 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 4 << 20
 	}
-	src, err := dialNetlink(nsFD, opts.ReadBuffer)
+	groups := netfilter.GroupsCT
+	if opts.Targeted {
+		groups = []netfilter.NetlinkGroup{netfilter.GroupCTDestroy}
+	}
+	src, err := dialNetlink(nsFD, opts.ReadBuffer, groups)
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
 	}
@@ -192,8 +211,10 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		queue:   make(chan item, 1024),
 		done:    make(chan struct{}),
 	}
-	if err := t.dump(false); err != nil {
-		return nil, err
+	if !opts.Targeted {
+		if err := t.dump(false); err != nil {
+			return nil, err
+		}
 	}
 	ctx, t.cancel = context.WithCancel(ctx)
 	readerDone := make(chan struct{})
@@ -316,6 +337,9 @@ func pruneInterval(retention time.Duration) time.Duration {
 }
 
 func (t *Tracker) handle(it item) {
+	if it.overrun && t.opts.Targeted {
+		return
+	}
 	if it.overrun {
 		// Coalesce overruns already queued behind this one: one dump
 		// repairs them all, as long as it starts after they happened.
@@ -385,9 +409,26 @@ func (t *Tracker) setErr(err error) {
 // included), live or destroyed within the retention.
 func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	if t.opts.Targeted {
+		if e, ok := t.get(tu); ok {
+			return e, true
+		}
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.tab.lookup(tu, t.now())
+}
+
+// get asks the kernel for tu's live entry (targeted lookups).
+func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
+	e, ok, err := t.src.Get(tu)
+	if err != nil {
+		t.queryErrors.Add(1)
+		return Entry{}, false
+	}
+	e.Seen = t.now()
+	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
+	return e, ok
 }
 
 // Updates delivers every change after Open (and the changes a re-dump
@@ -407,6 +448,7 @@ func (t *Tracker) Stats() Stats {
 		Entries:        live + dead,
 		Destroyed:      dead,
 		Evicted:        evicted,
+		QueryErrors:    t.queryErrors.Load(),
 		LastDump:       time.Duration(t.lastDump.Load()),
 		DumpedEntries:  int(t.dumped.Load()),
 	}
@@ -441,7 +483,26 @@ func (t *Tracker) Close() error {
 // was meant for.
 func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
+	var live []Entry
+	if t.opts.Targeted {
+		live = t.dumpSource(proto, src)
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.tab.bySource(proto, src, t.now())
+	return append(live, t.tab.bySource(proto, src, t.now())...)
+}
+
+// dumpSource asks the kernel for the live entries from src (targeted
+// lookups).
+func (t *Tracker) dumpSource(proto uint8, src netip.AddrPort) []Entry {
+	live, err := t.src.DumpSource(proto, src)
+	if err != nil {
+		t.queryErrors.Add(1)
+		return nil
+	}
+	now := t.now()
+	for i := range live {
+		live[i].Seen = now
+	}
+	return live
 }

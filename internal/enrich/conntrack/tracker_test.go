@@ -17,12 +17,15 @@ import (
 // fakeSource is a kernel table the test edits behind the tracker's back,
 // and an event stream the test feeds, including overruns.
 type fakeSource struct {
-	mu     sync.Mutex
-	table  map[event.Tuple]Entry
-	dumps  int
-	events chan fakeRecv
-	closed chan struct{}
-	once   sync.Once
+	mu    sync.Mutex
+	table map[event.Tuple]Entry
+	dumps int
+	gets  int
+	// queryErr fails Get and DumpSource.
+	queryErr error
+	events   chan fakeRecv
+	closed   chan struct{}
+	once     sync.Once
 }
 
 type fakeRecv struct {
@@ -56,6 +59,36 @@ func (f *fakeSource) Receive() ([]change, error) {
 	case <-f.closed:
 		return nil, errClosed
 	}
+}
+
+func (f *fakeSource) Get(tu event.Tuple) (Entry, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gets++
+	if f.queryErr != nil {
+		return Entry{}, false, f.queryErr
+	}
+	for _, e := range f.table {
+		if e.Orig == tu || e.Reply == tu {
+			return e, true, nil
+		}
+	}
+	return Entry{}, false, nil
+}
+
+func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.queryErr != nil {
+		return nil, f.queryErr
+	}
+	var out []Entry
+	for _, e := range f.table {
+		if e.Orig.Proto == proto && e.Orig.SrcAddrPort() == src {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeSource) Close() error {
