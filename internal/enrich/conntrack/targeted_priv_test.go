@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	ct "github.com/ti-mo/conntrack"
+
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
@@ -273,4 +275,49 @@ func TestPrivTargetedOverrun(t *testing.T) {
 		t.Fatalf("lookup after the overrun: %+v %v, kernel has %+v", e, ok, want)
 	}
 	t.Logf("%d destroys: %d overruns, %d destroyed entries kept", total, s.Overruns, s.Destroyed)
+}
+
+// TestPrivTargetedExpired: entries that time out before they are looked up
+// (the kernel destroys an expired entry when asked for it, or its garbage
+// collector did) are answered as destroyed, every one, never a miss.
+func TestPrivTargetedExpired(t *testing.T) {
+	requirePriv(t)
+	lab, err := netlab.New("trcc-t4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c := dialIn(t, ns)
+	defer c.Close()
+	var tuples []event.Tuple
+	for i := range 200 {
+		src := netip.AddrFrom4([4]byte{10, 1, 0, byte(i)})
+		f := ct.NewFlow(17, 0, src, netip.MustParseAddr("10.2.0.1"), uint16(20000+i), 53, 1, 0)
+		if err := c.Create(f); err != nil {
+			t.Fatalf("create flow %d: %v", i, err)
+		}
+		tuples = append(tuples, fromFlow(&f).Orig)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	missed := 0
+	for _, tu := range tuples {
+		if e, ok := tr.Lookup(tu); !ok || !e.Destroyed {
+			missed++
+		}
+	}
+	if len(conntrackList(t, ns)) != 0 {
+		t.Fatal("the kernel still has entries past their timeout")
+	}
+	if missed > 0 {
+		t.Fatalf("%d of %d expired entries not answered as destroyed (stats %+v)", missed, len(tuples), tr.Stats())
+	}
 }

@@ -99,3 +99,25 @@ func TestTargetedQueryErrorCounted(t *testing.T) {
 		t.Errorf("query errors %d, want 2", s.QueryErrors)
 	}
 }
+
+// TestTargetedLookupTakesInQueuedDestroy: the kernel, asked for an entry
+// that has just expired, destroys it, queues its DESTROY and answers "no
+// such entry". The lookup must answer with the destroyed entry, not a
+// miss, although the tracker's own reader has not seen the event yet.
+func TestTargetedLookupTakesInQueuedDestroy(t *testing.T) {
+	a := dnatEntry(40140, StatusSeenReply)
+	a.State = "TIME_WAIT"
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.mu.Lock()
+	src.onMiss = func(tu event.Tuple) {
+		if tu == a.Orig {
+			src.pending = append(src.pending, fakeRecv{ch: []change{{entry: a, destroy: true}}})
+		}
+	}
+	src.mu.Unlock()
+	e, ok := tr.Lookup(a.Orig)
+	if !ok || !e.Destroyed || e.State != "TIME_WAIT" || !e.Replied {
+		t.Fatalf("lookup of the entry destroyed while asked for: %+v %v", e, ok)
+	}
+}

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -142,6 +141,12 @@ type Tracker struct {
 	// before the overrun was applied and before any received after it.
 	queue chan item
 
+	// drainer is a targeted tracker's source; rx makes each drain see
+	// every event queued before it started.
+	drainer drainer
+	rx      sync.Mutex
+	stopped bool // under rx: Updates is closed, nothing is applied any more
+
 	overruns, redumps, dropped atomic.Uint64
 	queryErrors                atomic.Uint64
 	lastDump                   atomic.Int64
@@ -182,11 +187,7 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 4 << 20
 	}
-	groups := netfilter.GroupsCT
-	if opts.Targeted {
-		groups = []netfilter.NetlinkGroup{netfilter.GroupCTDestroy}
-	}
-	src, err := dialNetlink(nsFD, opts.ReadBuffer, groups)
+	src, err := dialNetlink(nsFD, opts.ReadBuffer, opts.Targeted)
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
 	}
@@ -211,15 +212,23 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		queue:   make(chan item, 1024),
 		done:    make(chan struct{}),
 	}
-	if !opts.Targeted {
+	ctx, t.cancel = context.WithCancel(ctx)
+	if opts.Targeted {
+		d, ok := src.(drainer)
+		if !ok {
+			return nil, errors.New("targeted conntrack tracker: the source cannot be drained")
+		}
+		t.drainer = d
+		go t.waitLoop()
+		go t.pruneLoop(ctx)
+	} else {
 		if err := t.dump(false); err != nil {
 			return nil, err
 		}
+		readerDone := make(chan struct{})
+		go t.read(readerDone)
+		go t.apply(ctx, readerDone)
 	}
-	ctx, t.cancel = context.WithCancel(ctx)
-	readerDone := make(chan struct{})
-	go t.read(readerDone)
-	go t.apply(ctx, readerDone)
 	go func() {
 		<-ctx.Done()
 		t.Close()
@@ -337,9 +346,6 @@ func pruneInterval(retention time.Duration) time.Duration {
 }
 
 func (t *Tracker) handle(it item) {
-	if it.overrun && t.opts.Targeted {
-		return
-	}
 	if it.overrun {
 		// Coalesce overruns already queued behind this one: one dump
 		// repairs them all, as long as it starts after they happened.
@@ -413,6 +419,9 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 		if e, ok := t.get(tu); ok {
 			return e, true
 		}
+		// A DESTROY the kernel sent before it said it has no such
+		// entry is in the table once drained.
+		t.drain()
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -486,6 +495,7 @@ func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	var live []Entry
 	if t.opts.Targeted {
 		live = t.dumpSource(proto, src)
+		t.drain()
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -505,4 +515,71 @@ func (t *Tracker) dumpSource(proto uint8, src netip.AddrPort) []Entry {
 		live[i].Seen = now
 	}
 	return live
+}
+
+// drainer is the source of a targeted tracker: Wait blocks until events
+// are queued (errClosed once closed); Drain hands over every change queued
+// now without blocking (errOverrun when the kernel dropped some).
+type drainer interface {
+	Wait() error
+	Drain(fn func(change)) error
+}
+
+// waitLoop applies the DESTROY events as they come, so the socket does
+// not overrun between lookups.
+func (t *Tracker) waitLoop() {
+	defer func() {
+		t.rx.Lock()
+		t.stopped = true
+		close(t.updates)
+		t.rx.Unlock()
+	}()
+	for {
+		err := t.drainer.Wait()
+		if errors.Is(err, errClosed) {
+			return
+		}
+		if err != nil {
+			t.setErr(err)
+			return
+		}
+		t.drain()
+	}
+}
+
+// drain applies every event queued now. Overruns are counted: there is no
+// live copy to repair, and the DESTROYs lost in one stay lost.
+func (t *Tracker) drain() {
+	t.rx.Lock()
+	defer t.rx.Unlock()
+	if t.stopped {
+		return
+	}
+	var batch []change
+	err := t.drainer.Drain(func(c change) { batch = append(batch, c) })
+	if len(batch) > 0 {
+		t.applyChanges(batch)
+	}
+	switch {
+	case errors.Is(err, errOverrun):
+		t.overruns.Add(1)
+	case err != nil && !errors.Is(err, errClosed):
+		t.setErr(err)
+	}
+}
+
+// pruneLoop forgets expired destroyed entries (targeted trackers).
+func (t *Tracker) pruneLoop(ctx context.Context) {
+	prune := time.NewTicker(t.opts.pruneEvery)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-prune.C:
+			t.mu.Lock()
+			t.tab.prune(t.now())
+			t.mu.Unlock()
+		}
+	}
 }

@@ -23,9 +23,14 @@ type fakeSource struct {
 	gets  int
 	// queryErr fails Get and DumpSource.
 	queryErr error
-	events   chan fakeRecv
-	closed   chan struct{}
-	once     sync.Once
+	// pending is what a targeted tracker's Wait took from events, and
+	// what a test queues as the kernel does while it answers a Get.
+	pending []fakeRecv
+	// onMiss runs (with mu held) when Get finds nothing.
+	onMiss func(tu event.Tuple)
+	events chan fakeRecv
+	closed chan struct{}
+	once   sync.Once
 }
 
 type fakeRecv struct {
@@ -73,6 +78,9 @@ func (f *fakeSource) Get(tu event.Tuple) (Entry, bool, error) {
 			return e, true, nil
 		}
 	}
+	if f.onMiss != nil {
+		f.onMiss(tu)
+	}
 	return Entry{}, false, nil
 }
 
@@ -89,6 +97,46 @@ func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error
 		}
 	}
 	return out, nil
+}
+
+// Wait and Drain read the same event stream as Receive, for targeted
+// trackers: Wait moves the next item to pending, Drain hands over pending
+// and whatever else is queued.
+func (f *fakeSource) Wait() error {
+	select {
+	case r := <-f.events:
+		f.mu.Lock()
+		f.pending = append(f.pending, r)
+		f.mu.Unlock()
+		return nil
+	case <-f.closed:
+		return errClosed
+	}
+}
+
+func (f *fakeSource) Drain(fn func(change)) error {
+	f.mu.Lock()
+	items := f.pending
+	f.pending = nil
+	f.mu.Unlock()
+	for more := true; more; {
+		select {
+		case r := <-f.events:
+			items = append(items, r)
+		default:
+			more = false
+		}
+	}
+	var err error
+	for _, r := range items {
+		if r.err != nil {
+			err = r.err
+		}
+		for _, c := range r.ch {
+			fn(c)
+		}
+	}
+	return err
 }
 
 func (f *fakeSource) Close() error {
