@@ -205,7 +205,9 @@ type fullLive struct {
 	err    error
 	nat    atomic.Int64
 	flows  atomic.Int64
-	prof   windowProfile
+	// noCT counts the flows that came out without their conntrack entry.
+	noCT atomic.Int64
+	prof windowProfile
 }
 
 func (*fullLive) name() string { return "tracer (full live pipeline)" }
@@ -244,10 +246,14 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 	f.p, f.cancel, f.done = p, cancel, make(chan struct{})
 	f.nat.Store(0)
 	f.flows.Store(0)
+	f.noCT.Store(0)
 	go func() {
 		defer close(f.done)
 		f.sum, f.err = p.Run(ctx, func(fl *trace.Flow) {
 			f.flows.Add(1)
+			if fl.Conntrack == nil {
+				f.noCT.Add(1)
+			}
 			w.WriteFlow(fl)
 		}, func(e trace.Event) {
 			if e.Kind == trace.KindDNAT && e.Orig != nil && e.Orig.Dst == vipPort {
@@ -265,7 +271,7 @@ func (f *fullLive) stop() (observed, error) {
 	cerr := f.p.Close()
 	perr := f.prof.stop()
 	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events),
-		Extra: fmt.Sprintf("%d flows", f.flows.Load())}
+		Extra: fmt.Sprintf("%d flows, %d without conntrack", f.flows.Load(), f.noCT.Load())}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
 	}
@@ -420,9 +426,10 @@ func (n *nftTrace) stop() (observed, error) {
 	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: extra}, err
 }
 
-// ctTracker is the kernel side and drain of kernelOnly plus the live
-// pipeline's conntrack tracker on R, and nothing else: what the tracker
-// costs on its own is its difference to kernelOnly.
+// ctTracker is the kernel side and drain of kernelOnly plus a conntrack
+// tracker on R opened as the live pipeline opens its own, and nothing
+// else (no lookups): what the tracker costs on its own is its difference
+// to kernelOnly.
 type ctTracker struct {
 	kernelOnly
 	ct   *conntrack.Tracker
@@ -443,7 +450,7 @@ func (c *ctTracker) start(b *lab) error {
 		return err
 	}
 	var err error
-	labelled("ct", func(ctx context.Context) { c.ct, err = conntrack.Open(ctx, b.r.Path()) })
+	labelled("ct", func(ctx context.Context) { c.ct, err = conntrack.OpenWith(ctx, b.r.Path(), live.ConntrackOptions()) })
 	if err != nil {
 		c.kernelOnly.stop()
 		c.prof.stop()
