@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -119,5 +120,29 @@ func TestTargetedLookupTakesInQueuedDestroy(t *testing.T) {
 	e, ok := tr.Lookup(a.Orig)
 	if !ok || !e.Destroyed || e.State != "TIME_WAIT" || !e.Replied {
 		t.Fatalf("lookup of the entry destroyed while asked for: %+v %v", e, ok)
+	}
+}
+
+// TestTargetedReusedTupleDestroyedTwice: two connections of one tuple,
+// destroyed one after the other, are two entries: a lookup finds the
+// newer one, with its own state, not the first one refreshed.
+func TestTargetedReusedTupleDestroyedTwice(t *testing.T) {
+	first := dnatEntry(40150, StatusSeenReply)
+	first.State = "CLOSE"
+	second := dnatEntry(40150, 0)
+	second.Reply.Src = netip.MustParseAddr("10.244.2.6") // another backend
+	second.State = "SYN_SENT"
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: first, destroy: true}}}
+	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
+	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
+	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
+	e, ok := tr.Lookup(second.Orig)
+	if !ok || !e.Destroyed || e.State != "SYN_SENT" || e.Reply != second.Reply || e.Replied {
+		t.Fatalf("lookup after two connections of one tuple: %+v %v, want the second", e, ok)
+	}
+	if e, ok := tr.Lookup(first.Reply); !ok || e.State != "CLOSE" {
+		t.Errorf("the first connection by its own reply tuple: %+v %v", e, ok)
 	}
 }

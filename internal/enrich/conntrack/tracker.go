@@ -558,13 +558,32 @@ func (t *Tracker) drain() {
 	var batch []change
 	err := t.drainer.Drain(func(c change) { batch = append(batch, c) })
 	if len(batch) > 0 {
-		t.applyChanges(batch)
+		t.applyDestroys(batch)
 	}
 	switch {
 	case errors.Is(err, errOverrun):
 		t.overruns.Add(1)
 	case err != nil && !errors.Is(err, errClosed):
 		t.setErr(err)
+	}
+}
+
+// applyDestroys records a targeted tracker's DESTROYs as the table would
+// have had them from every event: the connection's entry, then its end.
+// A destroyed entry already held for the tuple is then an earlier
+// connection's (the client reused its source port), never this one's.
+func (t *Tracker) applyDestroys(ch []change) {
+	now := t.now()
+	out := make([]Entry, 0, len(ch))
+	t.mu.Lock()
+	for _, c := range ch {
+		c.entry.Seen = now
+		t.tab.upsert(c.entry, true)
+		out = append(out, t.tab.destroy(c.entry))
+	}
+	t.mu.Unlock()
+	for _, e := range out {
+		t.publish(e)
 	}
 }
 
