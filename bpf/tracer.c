@@ -196,8 +196,16 @@ static __always_inline void follow_tuple(const struct tuple *t, __u8 why)
 	struct flow_key k = {};
 	tuple_key(&k, t);
 	__u8 *old = bpf_map_lookup_elem(&followed, &k);
-	__u8 v = why | (old ? *old : 0);
-	bpf_map_update_elem(&followed, &k, &v, BPF_ANY);
+	if (old) {
+		/* In place: an LRU update takes the map's locks and a free
+		 * node, and a connection's second decision (SNAT after DNAT)
+		 * finds its original tuple followed already. Not atomic (BPF
+		 * has no byte atomics), no more racy than the update was. */
+		if ((*old & why) != why)
+			*old |= why;
+		return;
+	}
+	bpf_map_update_elem(&followed, &k, &why, BPF_ANY);
 }
 
 /* Waking the reader for every record costs more than the programs

@@ -290,7 +290,7 @@ func writeTrace(w io.Writer, run *labRun) error {
 			return err
 		}
 	}
-	tw.SetLost(run.summary.LostEvents, run.summary.LostByHook)
+	tw.SetLoss(run.summary)
 	return tw.Close()
 }
 

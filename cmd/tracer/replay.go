@@ -139,7 +139,7 @@ func emitJSON(stdout io.Writer, tr *trace.File, flt filter.Filter) error {
 		}
 	}
 	if s := tr.Summary; s != nil {
-		w.SetLost(s.LostEvents, s.LostByHook)
+		w.SetLoss(*s)
 		w.Now = func() time.Time { return s.Ended }
 	}
 	return w.Close()

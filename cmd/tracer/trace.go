@@ -262,7 +262,7 @@ func (o *output) close(sum trace.Summary) error {
 		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
 	}
 	return o.each(func(w *trace.Writer) error {
-		w.SetLost(sum.LostEvents, sum.LostByHook)
+		w.SetLoss(sum)
 		return w.Close()
 	})
 }

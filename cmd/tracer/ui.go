@@ -94,7 +94,7 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, title strin
 	cancel()
 	wg.Wait()
 	if rec != nil {
-		rec.SetLost(sum.LostEvents, sum.LostByHook)
+		rec.SetLoss(sum)
 		recErr = errors.Join(recErr, rec.Close())
 	}
 	if errors.Is(uiErr, tui.ErrNotTerminal) {
@@ -116,6 +116,6 @@ func rateOf(p *live.Pipeline) func() tui.Stats {
 			rate = float64(s.Events-last) / dt
 			last, lastAt = s.Events, time.Now()
 		}
-		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost}
+		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns}
 	}
 }

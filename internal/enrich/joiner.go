@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
@@ -21,6 +22,13 @@ type SourceIndex interface {
 	BySource(proto uint8, src netip.AddrPort) []conntrack.Entry
 }
 
+// History lists the entries of a reused tuple, newest first (conntrack's
+// Tracker.History). Optional: without it, a flow a newer connection of the
+// same tuple replaced gets no conntrack entry rather than the newer one's.
+type History interface {
+	History(event.Tuple) []conntrack.Entry
+}
+
 // DefaultLinger is how long a flow stays open after its last event: long
 // enough for the rest of its decisions (SNAT after DNAT, the drop after a
 // REJECT) and for a reply to show in conntrack, short enough to read live.
@@ -35,8 +43,11 @@ type Joiner struct {
 	Env    func() Env // the current node and cluster state
 	Emit   func(*trace.Flow)
 
-	open    map[event.Tuple]*pending
+	open    map[event.Tuple]*pending // the newest flow of each key
 	byTuple map[event.Tuple]event.Tuple
+	// replaced are flows a newer connection of the same tuple took the
+	// key from; they take no more events and finish at their deadline.
+	replaced []*pending
 }
 
 type pending struct {
@@ -45,6 +56,66 @@ type pending struct {
 	tuples   []event.Tuple
 	deadline time.Time
 	reply    event.Tuple
+	nat      []natDecision
+	answer   answerOf
+	// replaced is set once a newer connection of the same tuple took the
+	// key: this connection's conntrack entry is among the tuple's
+	// destroyed ones.
+	replaced bool
+}
+
+// natDecision is a decision the kernel makes once per connection and
+// namespace: conntrack sets up each NAT manipulation of an entry once, and
+// IPVS creates one connection per client connection.
+type natDecision struct {
+	netns uint32
+	kind  event.Kind
+}
+
+// answerOf is what a connection's NAT decisions say its conntrack reply
+// tuple holds: where the DNAT (or IPVS) sent it, and what address the SNAT
+// gave it. Zero fields are unknown. It is read from the targets rather
+// than from the events' reply tuples, which the kprobe and fentry tiers
+// read before the translation.
+type answerOf struct {
+	from, to netip.AddrPort // reply.src, reply.dst; port 0: any
+}
+
+func (a *answerOf) note(ev event.Event) {
+	r := ev.To
+	if !r.MinAddr.IsValid() || r.MinAddr != r.MaxAddr {
+		return
+	}
+	var port uint16
+	if r.MinPort == r.MaxPort {
+		port = r.MinPort
+	}
+	switch ev.Kind {
+	case event.KindDNAT, event.KindIPVS:
+		a.from = netip.AddrPortFrom(r.MinAddr, port)
+	case event.KindSNAT:
+		a.to = netip.AddrPortFrom(r.MinAddr, port)
+	}
+}
+
+func (a answerOf) matches(reply event.Tuple) bool {
+	return endpointMatches(a.from, reply.SrcAddrPort()) && endpointMatches(a.to, reply.DstAddrPort())
+}
+
+// endpointMatches: an unknown want matches anything, port 0 any port.
+func endpointMatches(want, got netip.AddrPort) bool {
+	if !want.IsValid() {
+		return true
+	}
+	return want.Addr() == got.Addr() && (want.Port() == 0 || want.Port() == got.Port())
+}
+
+func natDecisionOf(ev event.Event) (natDecision, bool) {
+	switch ev.Kind {
+	case event.KindDNAT, event.KindSNAT, event.KindIPVS:
+		return natDecision{ev.Netns, ev.Kind}, true
+	}
+	return natDecision{}, false
 }
 
 // Add joins one decoded event (rec is its trace form).
@@ -62,17 +133,40 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 	}
 	key, reply := j.resolve(tu, ev)
 	p := j.open[key]
+	d, isNAT := natDecisionOf(ev)
+	if p != nil && isNAT && slices.Contains(p.nat, d) {
+		// The same decision twice for one tuple: the client reused its
+		// source port, and the kernel made a new connection of it.
+		j.retire(p)
+		p = nil
+	}
 	if p == nil {
 		p = &pending{key: key, flow: newFlow(key, rec)}
 		j.open[key] = p
 		j.index(p, key)
 	}
-	if reply.Valid() && !p.reply.Valid() {
+	if isNAT {
+		p.nat = append(p.nat, d)
+		p.answer.note(ev)
+	}
+	if reply.Valid() && reply != p.reply {
 		p.reply = reply
 		j.index(p, reply, reply.Reverse())
 	}
 	p.flow.Events = append(p.flow.Events, rec)
 	p.deadline = now.Add(j.linger())
+}
+
+// retire takes the key from old, which a new connection of the same tuple
+// replaces: old keeps its deadline, but no tuple leads to it any more.
+func (j *Joiner) retire(old *pending) {
+	for _, t := range old.tuples {
+		delete(j.byTuple, t)
+	}
+	old.tuples = nil
+	old.replaced = true
+	delete(j.open, old.key)
+	j.replaced = append(j.replaced, old)
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -122,25 +216,44 @@ func newFlow(key event.Tuple, rec trace.Event) *trace.Flow {
 
 // Expire finishes every flow quiet since its deadline.
 func (j *Joiner) Expire(now time.Time) {
+	j.finishReplaced(func(p *pending) bool { return !now.Before(p.deadline) })
 	for key, p := range j.open {
 		if !now.Before(p.deadline) {
-			j.finish(key, p)
+			delete(j.open, key)
+			j.finish(p)
 		}
 	}
 }
 
 // Flush finishes every open flow (at exit).
 func (j *Joiner) Flush() {
+	j.finishReplaced(func(*pending) bool { return true })
 	for key, p := range j.open {
-		j.finish(key, p)
+		delete(j.open, key)
+		j.finish(p)
 	}
 }
 
-// Open is the number of flows still collecting events.
-func (j *Joiner) Open() int { return len(j.open) }
+// finishReplaced finishes the replaced flows done says are done, oldest
+// connection first.
+func (j *Joiner) finishReplaced(done func(*pending) bool) {
+	kept := j.replaced[:0]
+	for _, p := range j.replaced {
+		if done(p) {
+			j.finish(p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(j.replaced[len(kept):])
+	j.replaced = kept
+}
 
-func (j *Joiner) finish(key event.Tuple, p *pending) {
-	delete(j.open, key)
+// Open is the number of flows still collecting events or waiting out
+// their linger.
+func (j *Joiner) Open() int { return len(j.open) + len(j.replaced) }
+
+func (j *Joiner) finish(p *pending) {
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
@@ -154,6 +267,47 @@ func (j *Joiner) finish(key event.Tuple, p *pending) {
 	}
 }
 
+// entryOf is the conntrack entry of p's connection.
+func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
+	if !p.replaced {
+		return j.CT.Lookup(p.key)
+	}
+	h, ok := j.CT.(History)
+	if !ok {
+		return conntrack.Entry{}, false
+	}
+	return agreedEntry(h.History(p.key), p.answer)
+}
+
+// agreedEntry picks a replaced connection's entry from its tuple's
+// history: a destroyed entry (the kernel destroyed it to make the newer
+// one) whose reply tuple is what the connection's own NAT decisions made
+// it.
+// Conntrack's events and the kernel's decisions arrive apart, so which of
+// several such entries is this connection's cannot be told; one is taken
+// only when all of them say the same of the connection, since an entry of
+// another connection is worse than none.
+func agreedEntry(history []conntrack.Entry, answer answerOf) (conntrack.Entry, bool) {
+	var got conntrack.Entry
+	found := false
+	for _, e := range history {
+		if !e.Destroyed || !answer.matches(e.Reply) {
+			continue
+		}
+		if found && !sameConnectionState(got, e) {
+			return conntrack.Entry{}, false
+		}
+		got, found = e, true
+	}
+	return got, found
+}
+
+func sameConnectionState(a, b conntrack.Entry) bool {
+	// DYING may be set on one and not yet on another destroyed entry.
+	return a.State == b.State && a.Replied == b.Replied && a.Mark == b.Mark &&
+		a.Status&^conntrack.StatusDying == b.Status&^conntrack.StatusDying
+}
+
 // addConntrack records the connection's entry as it stands now, and ties
 // a stray reply (a packet nobody's conntrack entry holds) to the client
 // connection it answers.
@@ -164,8 +318,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 		}
 		return
 	}
-	e, ok := j.CT.Lookup(p.key)
-	if !ok {
+	e, ok := j.entryOf(p)
+	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key)
 		if ok {
 			f.Orig = *event.TupleRecord(e.Orig)

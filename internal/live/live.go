@@ -53,6 +53,11 @@ type Stats struct {
 	Flows        uint64
 	DecodeErrors uint64
 	Lost         uint64
+	// ConntrackOverruns counts the conntrack events the kernel dropped
+	// because the tracker read too slowly (ENOBUFS), and ConntrackRedumps
+	// the table rebuilds that recovered: entries made and destroyed
+	// meanwhile are missing from the joins.
+	ConntrackOverruns, ConntrackRedumps uint64
 }
 
 // Pipeline is the attached, running tracer.
@@ -181,6 +186,11 @@ func (p *Pipeline) Stats() Stats {
 			s.Lost += n
 		}
 	}
+	for _, ct := range p.ct {
+		cs := ct.Stats()
+		s.ConntrackOverruns += cs.Overruns
+		s.ConntrackRedumps += cs.Redumps
+	}
 	return s
 }
 
@@ -248,6 +258,8 @@ func (p *Pipeline) read(out chan<- decoded) {
 func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.Ended = time.Now().UTC()
 	sum.DecodeErrors = int(p.decodeErrors.Load())
+	st := p.Stats()
+	sum.ConntrackOverruns, sum.ConntrackRedumps = st.ConntrackOverruns, st.ConntrackRedumps
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}
 		for h, n := range lost {
@@ -291,6 +303,15 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 		}
 	}
 	return conntrack.Entry{}, false
+}
+
+func (m multiConntrack) History(tu event.Tuple) []conntrack.Entry {
+	for _, t := range m {
+		if h := t.History(tu); len(h) > 0 {
+			return h
+		}
+	}
+	return nil
 }
 
 func (m multiConntrack) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {

@@ -60,7 +60,7 @@ func TestWriterRoundTrip(t *testing.T) {
 	if len(cut.Flows) != len(in.Flows) || cut.Summary != nil || len(cut.Warnings) != 1 || !strings.Contains(cut.Warnings[0], "no summary line") {
 		t.Fatalf("unclosed trace: %d of %d flows, summary %v, warnings %q", len(cut.Flows), len(in.Flows), cut.Summary, cut.Warnings)
 	}
-	w.SetLost(3, map[string]uint64{"kfree_skb": 3})
+	w.SetLoss(Summary{LostEvents: 3, LostByHook: map[string]uint64{"kfree_skb": 3}, ConntrackOverruns: 2, ConntrackRedumps: 1})
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,8 @@ func TestWriterRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(out.Flows, in.Flows) {
 		t.Error("flows differ after a write and read")
 	}
-	if out.Summary.LostEvents != 3 || out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 {
+	if out.Summary.LostEvents != 3 || out.Summary.ConntrackOverruns != 2 || out.Summary.ConntrackRedumps != 1 ||
+		out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 {
 		t.Errorf("summary %+v", out.Summary)
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {

@@ -309,6 +309,10 @@ type Summary struct {
 	DecodeErrors int               `json:"decode_errors,omitempty"`
 	Verdicts     map[string]int    `json:"verdicts,omitempty"`
 	LostByHook   map[string]uint64 `json:"lost_by_hook,omitempty"`
+	// ConntrackOverruns and ConntrackRedumps: conntrack events the kernel
+	// dropped before the tracker read them, and the table rebuilds after.
+	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
+	ConntrackRedumps  uint64 `json:"conntrack_redumps,omitempty"`
 }
 
 // Key is "namespace/name" (without the port), or "" for no Service.

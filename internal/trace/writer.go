@@ -98,13 +98,16 @@ func (w *Writer) WriteEvent(e *Event) error {
 	return nil
 }
 
-// SetLost records the events the kernel could not deliver, in total and by
-// hook, for the summary. The capture stage calls it before Close.
-func (w *Writer) SetLost(total uint64, byHook map[string]uint64) {
+// SetLoss records, for the summary, what the capture stage could not
+// deliver: s's lost events in total and by hook, and its conntrack
+// overruns and redumps. The capture stage calls it before Close.
+func (w *Writer) SetLoss(s Summary) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.summary.LostEvents = total
-	w.summary.LostByHook = byHook
+	w.summary.LostEvents = s.LostEvents
+	w.summary.LostByHook = s.LostByHook
+	w.summary.ConntrackOverruns = s.ConntrackOverruns
+	w.summary.ConntrackRedumps = s.ConntrackRedumps
 }
 
 // Close writes the summary and, for a file from Create, syncs and closes

@@ -43,6 +43,9 @@ type Source struct {
 type Stats struct {
 	EventsPerSec float64
 	LostEvents   uint64
+	// ConntrackOverruns counts conntrack events the kernel dropped before
+	// the tracker read them: some flows lack their conntrack entry.
+	ConntrackOverruns uint64
 }
 
 // Options adjust the UI.

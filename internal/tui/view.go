@@ -95,14 +95,17 @@ func (m *Model) hooksLine() string {
 	if len(missing) > 0 {
 		line += styleWarn.Render(" · missing " + strings.Join(missing, ","))
 	}
-	rate, lost := m.rate, m.src.LostEvents
+	rate, lost, overruns := m.rate, m.src.LostEvents, uint64(0)
 	if m.src.Stats != nil {
 		st := m.src.Stats()
-		rate, lost = st.EventsPerSec, st.LostEvents
+		rate, lost, overruns = st.EventsPerSec, st.LostEvents, st.ConntrackOverruns
 	}
 	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", rate, lost)
 	if lost > 0 {
 		stats = styleWarn.Render(stats)
+	}
+	if overruns > 0 {
+		stats += styleWarn.Render(fmt.Sprintf(" · conntrack overruns %d", overruns))
 	}
 	return line + stats
 }

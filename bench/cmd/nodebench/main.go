@@ -131,6 +131,7 @@ type report struct {
 	stages     []goBench
 	memory     []childResult
 	notes      []string
+	previous   previousRun
 }
 
 type attachTime struct{ Attach, Detach time.Duration }
@@ -177,6 +178,9 @@ func run(ctx context.Context, cfg config) error {
 	rep.ended, rep.loadEnd = time.Now(), loadavg()
 	fmt.Print(rep.table())
 	if cfg.out != "" {
+		if old, err := os.ReadFile(cfg.out); err == nil {
+			rep.previous = readPrevious(string(old))
+		}
 		if err := os.WriteFile(cfg.out, []byte(rep.markdown()), 0o644); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}

@@ -21,6 +21,30 @@ type printer func(format string, a ...any)
 // ratios, and the targets with what limits the missed ones. Sentences
 // that state a result are computed from the figures; the others describe
 // the method as the code does it.
+// targetsMarkdown prints the targets, with the previous run's verdict and
+// figure beside each when there was one.
+func (r *report) targetsMarkdown(p printer) {
+	p("## Targets\n\n")
+	if r.previous.When == "" {
+		p("| what | target | result | verdict |\n|---|---|---|---|\n")
+		for _, t := range r.targets() {
+			p("| %s | %s | %s | %s |\n", t.What, t.Goal, t.Got, t.Verdict)
+		}
+		p("\n")
+		return
+	}
+	p("The last column is the previous run's (%s), as its BENCHMARKS.md said.\n\n", r.previous.When)
+	p("| what | target | result | verdict | previous run |\n|---|---|---|---|---|\n")
+	for _, t := range r.targets() {
+		old, ok := r.previous.Results[t.What]
+		if !ok {
+			old = "not measured"
+		}
+		p("| %s | %s | %s | %s | %s |\n", t.What, t.Goal, t.Got, t.Verdict, old)
+	}
+	p("\n")
+}
+
 func (r *report) markdown() string {
 	var b strings.Builder
 	p := printer(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) })
@@ -28,11 +52,7 @@ func (r *report) markdown() string {
 	p("Written by `make bench` (`go run ./bench/cmd/nodebench`); rerun it rather than editing this file. ")
 	p("Every figure below is from the run described here, on this machine; the load average says how much other work ran meanwhile.\n\n")
 	r.machineMarkdown(p)
-	p("## Targets\n\n| what | target | result | verdict |\n|---|---|---|---|\n")
-	for _, t := range r.targets() {
-		p("| %s | %s | %s | %s |\n", t.What, t.Goal, t.Got, t.Verdict)
-	}
-	p("\n")
+	r.targetsMarkdown(p)
 	if ls := r.limits(); len(ls) > 0 {
 		p("### What limits the missed targets\n\n")
 		for _, l := range ls {

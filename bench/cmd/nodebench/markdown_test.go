@@ -66,3 +66,29 @@ func TestMarkdownFromFigures(t *testing.T) {
 		}
 	}
 }
+
+// A new report shows the previous report's target figures beside its own,
+// read from the previous BENCHMARKS.md, and a target the old one lacked
+// says so.
+func TestMarkdownKeepsPreviousFigures(t *testing.T) {
+	old := fakeReport(50000)
+	old.started = time.Date(2026, 11, 30, 13, 58, 0, 0, time.UTC)
+	oldMD := old.markdown()
+	prev := readPrevious(oldMD)
+	if prev.When == "" || len(prev.Results) == 0 {
+		t.Fatalf("nothing read from the previous report: %+v", prev)
+	}
+	r := fakeReport(100000)
+	r.previous = prev
+	r.previous.Results["userspace throughput, one core"] = "missed: 7.4% of the target (14x short): 73948 events/s"
+	delete(r.previous.Results, "attach + detach")
+	md := r.markdown()
+	for _, want := range []string{"previous run's (" + prev.When + ")", "| missed: 7.4% of the target (14x short): 73948 events/s |", "| not measured |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if got := readPrevious(md); len(got.Results) != len(r.targets()) || got.Results["attach + detach"] == "" {
+		t.Errorf("a report with a previous column reads back %d targets %v, want its %d", len(got.Results), got.Results, len(r.targets()))
+	}
+}

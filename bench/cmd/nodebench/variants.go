@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,7 +46,11 @@ type observed struct {
 	// Programs is what the kernel's BPF statistics counted for each of
 	// the tracer's programs over the window (only with stats on).
 	Programs []programRun
-	Extra    string
+	// Flows is the flows of the lab's connections the full live pipeline
+	// reported (a flow to the VIP with a DNAT): one per connection when
+	// the join keeps connections apart.
+	Flows int64
+	Extra string
 }
 
 // programRun is one program's runs and run time over a window.
@@ -198,13 +203,14 @@ func (k *kernelOnly) stopStats() ([]programRun, error) {
 // fullLive is live.Start + Run on R: kernel side, conntrack, node watcher,
 // join, enrichment and diagnosis; flows are counted, not printed.
 type fullLive struct {
-	p      *live.Pipeline
-	cancel context.CancelFunc
-	done   chan struct{}
-	sum    trace.Summary
-	err    error
-	nat    atomic.Int64
-	flows  atomic.Int64
+	p        *live.Pipeline
+	cancel   context.CancelFunc
+	done     chan struct{}
+	sum      trace.Summary
+	err      error
+	nat      atomic.Int64
+	flows    atomic.Int64
+	labFlows atomic.Int64
 	// noCT counts the flows that came out without their conntrack entry.
 	noCT atomic.Int64
 	prof windowProfile
@@ -246,11 +252,15 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 	f.p, f.cancel, f.done = p, cancel, make(chan struct{})
 	f.nat.Store(0)
 	f.flows.Store(0)
+	f.labFlows.Store(0)
 	f.noCT.Store(0)
 	go func() {
 		defer close(f.done)
 		f.sum, f.err = p.Run(ctx, func(fl *trace.Flow) {
 			f.flows.Add(1)
+			if isLabFlow(fl) {
+				f.labFlows.Add(1)
+			}
 			if fl.Conntrack == nil {
 				f.noCT.Add(1)
 			}
@@ -270,12 +280,16 @@ func (f *fullLive) stop() (observed, error) {
 	<-f.done
 	cerr := f.p.Close()
 	perr := f.prof.stop()
-	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events),
+	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events), Flows: f.labFlows.Load(),
 		Extra: fmt.Sprintf("%d flows, %d without conntrack", f.flows.Load(), f.noCT.Load())}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
 	}
 	return o, errors.Join(f.err, cerr, perr)
+}
+
+func isLabFlow(f *trace.Flow) bool {
+	return f.Orig.Dst == vipPort && slices.ContainsFunc(f.Events, func(e trace.Event) bool { return e.Kind == trace.KindDNAT })
 }
 
 // lineCounter runs a command in R and counts its stdout lines that match.

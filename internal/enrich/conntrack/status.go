@@ -9,6 +9,7 @@ const (
 	StatusAssured   uint32 = 1 << 2
 	StatusConfirmed uint32 = 1 << 3
 	StatusDstNAT    uint32 = 1 << 5
+	StatusDying     uint32 = 1 << 9
 )
 
 // FormatStatus names the IPS_* bits set in status, lowest bit first. It is

@@ -14,6 +14,13 @@ type node struct {
 	e          Entry
 	prev, next *node
 	dead       bool
+	// earlier is the destroyed entry this one took the original tuple
+	// over from: a client that reuses a source port makes a new entry for
+	// the same tuple, and a flow of the old connection still asks for its
+	// own entry. gone marks a node no longer in the table, where such a
+	// chain ends.
+	earlier *node
+	gone    bool
 }
 
 // list is an intrusive doubly linked list, most recent first. It is
@@ -128,15 +135,20 @@ func (t *table) unindex(n *node) {
 // the entry as stored and whether anything a consumer cares about changed.
 func (t *table) upsert(e Entry, full bool) (Entry, bool) {
 	n := t.find(&e)
+	var earlier *node
 	if n != nil && n.dead {
 		// The kernel reuses a destroyed connection's tuple for a new
 		// connection: that is a new entry; the destroyed one stays
-		// resolvable by any key the new one does not take over.
+		// resolvable by any key the new one does not take over, and
+		// through the new one's history.
+		if n.e.Orig == e.Orig {
+			earlier = n
+		}
 		n = nil
 	}
 	if n == nil {
 		e.Replied = e.Replied || e.Status&StatusSeenReply != 0
-		n = &node{e: e}
+		n = &node{e: e, earlier: earlier}
 		t.live.pushFront(n)
 		t.index(n)
 		t.evict()
@@ -220,7 +232,15 @@ func (t *table) drop(n *node) {
 		t.live.remove(n)
 	}
 	t.unindex(n)
+	t.forget(n)
 	t.evicted++
+}
+
+// forget ends the history chains through n, so a node that left the table
+// is neither returned nor kept alive by a newer entry.
+func (t *table) forget(n *node) {
+	n.gone = true
+	n.earlier = nil
 }
 
 // prune forgets destroyed entries older than the retention. The dead list
@@ -230,6 +250,7 @@ func (t *table) prune(now time.Time) int {
 	for n := t.dead.tail; n != nil && now.Sub(n.e.Seen) > t.retention; n = t.dead.tail {
 		t.dead.remove(n)
 		t.unindex(n)
+		t.forget(n)
 		pruned++
 	}
 	return pruned
@@ -261,6 +282,20 @@ func (t *table) replace(dump []Entry, now time.Time) []Entry {
 		changed = append(changed, t.destroy(e))
 	}
 	return changed
+}
+
+// history lists the entries whose original tuple is tu, newest first: the
+// one lookup finds, then the destroyed ones it replaced, within the
+// retention.
+func (t *table) history(tu event.Tuple, now time.Time) []Entry {
+	var out []Entry
+	for n := t.byTuple[tu]; n != nil && !n.gone && n.e.Orig == tu; n = n.earlier {
+		if n.dead && now.Sub(n.e.Seen) > t.retention {
+			break
+		}
+		out = append(out, n.e)
+	}
+	return out
 }
 
 func (t *table) len() (live, dead int) { return t.live.n, t.dead.n }

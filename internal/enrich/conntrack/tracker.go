@@ -440,6 +440,25 @@ func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
 	return e, ok
 }
 
+// History lists the entries whose original tuple is tu, newest first:
+// Lookup's entry, then the destroyed connections it replaced, within the
+// retention. A client reusing a source port makes one entry per
+// connection for the same tuple. A targeted tracker's live entry is the
+// kernel's, ahead of the destroyed ones its table holds.
+func (t *Tracker) History(tu event.Tuple) []Entry {
+	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	var live []Entry
+	if t.opts.Targeted {
+		if e, ok := t.get(tu); ok && e.Orig == tu {
+			live = append(live, e)
+		}
+		t.drain()
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return append(live, t.tab.history(tu, t.now())...)
+}
+
 // Updates delivers every change after Open (and the changes a re-dump
 // found). It is closed when the tracker stops.
 func (t *Tracker) Updates() <-chan Entry { return t.updates }

@@ -502,3 +502,43 @@ func TestMemoryPerEntry(t *testing.T) {
 	}
 	runtime.KeepAlive(tab)
 }
+
+// TestHistoryOfAReusedTuple: three connections from one source port, one
+// after the other, are three entries; the history lists them newest first
+// with their own state, and stops where the table forgot an entry.
+func TestHistoryOfAReusedTuple(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newTable(100, 100, time.Minute)
+	conn := func(status uint32, state string, at time.Duration) Entry {
+		e := dnatEntry(1, status)
+		e.State, e.Seen = state, now.Add(at)
+		return e
+	}
+	first, second, third := conn(StatusSeenReply, "CLOSE", 0), conn(StatusSeenReply, "TIME_WAIT", time.Second), conn(0, "SYN_SENT", 2*time.Second)
+	tab.upsert(first, false)
+	tab.destroy(first)
+	tab.upsert(second, false)
+	tab.destroy(second)
+	tab.upsert(third, false)
+	h := tab.history(first.Orig, now.Add(2*time.Second))
+	if len(h) != 3 {
+		t.Fatalf("history has %d entries, want 3: %+v", len(h), h)
+	}
+	for i, want := range []struct {
+		state     string
+		destroyed bool
+	}{{"SYN_SENT", false}, {"TIME_WAIT", true}, {"CLOSE", true}} {
+		if h[i].State != want.state || h[i].Destroyed != want.destroyed {
+			t.Errorf("history[%d] = %s destroyed=%v, want %s destroyed=%v", i, h[i].State, h[i].Destroyed, want.state, want.destroyed)
+		}
+	}
+	if r := tab.history(first.Reply, now); len(r) != 0 {
+		t.Errorf("a reply tuple has no history of its own: %+v", r)
+	}
+	// The first is pruned first (destroyed earliest): the chain ends at
+	// the second.
+	tab.prune(now.Add(time.Minute + time.Second/2))
+	if h := tab.history(first.Orig, now.Add(time.Minute+time.Second/2)); len(h) != 2 || h[1].State != "TIME_WAIT" {
+		t.Errorf("after pruning the first entry: %+v", h)
+	}
+}

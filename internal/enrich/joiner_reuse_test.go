@@ -1,0 +1,161 @@
+package enrich
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// historyCT is a conntrack table holding, per original tuple, its entries
+// newest first, as conntrack.Tracker's History lists them.
+type historyCT map[event.Tuple][]conntrack.Entry
+
+func (h historyCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
+	if es := h[tu]; len(es) > 0 {
+		return es[0], true
+	}
+	return conntrack.Entry{}, false
+}
+
+func (h historyCT) History(tu event.Tuple) []conntrack.Entry { return h[tu] }
+
+// reusedPortNAT is a connection's DNAT and masquerade from a client
+// source port to a VIP, sent to backend, as the netfilter tier reports
+// them (the reply tuple after each translation).
+func reusedPortNAT(netns uint32, backend string) []event.Event {
+	orig := tuple(6, "10.0.1.2:40000", "10.97.0.8:80")
+	be := netip.MustParseAddrPort(backend)
+	masqAddr := netip.MustParseAddr("10.0.2.1")
+	return []event.Event{
+		{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 0, Orig: orig,
+			Reply: tuple(6, backend, "10.0.1.2:40000"),
+			To:    event.Range{MinAddr: be.Addr(), MaxAddr: be.Addr(), MinPort: be.Port(), MaxPort: be.Port()}},
+		{Kind: event.KindSNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: netns, NFHook: 4, Orig: orig,
+			Reply: tuple(6, backend, "10.0.2.1:40000"),
+			To:    event.Range{MinAddr: masqAddr, MaxAddr: masqAddr}},
+	}
+}
+
+// beforeTranslation is evs as the kprobe and fentry tiers report them:
+// read on entry to nf_nat_setup_info, each reply tuple is the one before
+// that translation.
+func beforeTranslation(evs []event.Event) []event.Event {
+	out := slices.Clone(evs)
+	for i := range out {
+		if out[i].Kind == event.KindDNAT {
+			out[i].Reply = out[i].Orig.Reverse()
+		} else {
+			out[i].Reply = out[i-1].Reply
+		}
+		out[i].Via = event.ViaKprobe
+	}
+	return out
+}
+
+func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
+	var out []*trace.Flow
+	j.Emit = func(f *trace.Flow) { out = append(out, f) }
+	now := time.Unix(1700000000, 0)
+	for i, e := range evs {
+		at := now.Add(time.Duration(i) * time.Millisecond)
+		e.Time = at
+		j.Add(e, e.Record(nil), at)
+	}
+	j.Expire(now.Add(time.Hour))
+	return out
+}
+
+// TestJoinReusedSourcePort: a client reusing its source port within the
+// linger makes a new conntrack entry and new NAT decisions for the same
+// tuple each time; each connection is its own flow with its own events
+// and its own entry of the tuple's history (the destroyed one with its
+// reply tuple), not the newest one's.
+func TestJoinReusedSourcePort(t *testing.T) {
+	backends := []string{"10.0.2.2:8080", "10.0.2.3:8080", "10.0.2.2:8080"}
+	var netfilterTier, kprobeTier []event.Event
+	for _, be := range backends {
+		netfilterTier = append(netfilterTier, reusedPortNAT(7, be)...)
+		kprobeTier = append(kprobeTier, beforeTranslation(reusedPortNAT(7, be))...)
+	}
+	orig := netfilterTier[0].Orig
+	states := []string{"CLOSE", "TIME_WAIT", "ESTABLISHED"} // oldest first
+	ct := historyCT{}
+	for i := len(backends) - 1; i >= 0; i-- {
+		ct[orig] = append(ct[orig], conntrack.Entry{Orig: orig, Reply: tuple(6, backends[i], "10.0.2.1:40000"),
+			State: states[i], Destroyed: i < len(backends)-1, Status: conntrack.StatusSeenReply})
+	}
+	for tier, evs := range map[string][]event.Event{"netfilter": netfilterTier, "kprobe": kprobeTier} {
+		flows := joinAll(&Joiner{CT: ct}, evs)
+		if len(flows) != len(backends) {
+			t.Fatalf("%s: %d flows for %d connections", tier, len(flows), len(backends))
+		}
+		for i, f := range flows {
+			if len(f.Events) != 2 || f.Events[0].Kind != trace.KindDNAT || f.Events[1].Kind != trace.KindSNAT {
+				t.Errorf("%s flow %d: events %+v, want its own dnat and snat", tier, i, f.Events)
+				continue
+			}
+			if got := f.Events[0].To; got != backends[i] {
+				t.Errorf("%s flow %d: DNAT to %s, want %s", tier, i, got, backends[i])
+			}
+			if f.Conntrack == nil || f.Conntrack.State != states[i] {
+				t.Errorf("%s flow %d: conntrack %+v, want its own entry (%s)", tier, i, f.Conntrack, states[i])
+			}
+		}
+	}
+}
+
+// TestJoinReusedPortWithoutItsEntry: when the tuple's history no longer
+// holds a replaced connection's entry (pruned, its reply differs, not yet
+// destroyed), or holds several that disagree, the flow carries no
+// conntrack entry rather than another connection's.
+func TestJoinReusedPortWithoutItsEntry(t *testing.T) {
+	evs := append(reusedPortNAT(7, "10.0.2.2:8080"), reusedPortNAT(7, "10.0.2.3:8080")...)
+	orig := evs[0].Orig
+	newest := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.3:8080", "10.0.2.1:40000"), State: "ESTABLISHED"}
+	other := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.9:8080", "10.0.2.1:40000"), State: "CLOSE", Destroyed: true}
+	mine := func(state string, destroyed bool) conntrack.Entry {
+		return conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.2:8080", "10.0.2.1:40000"), State: state, Destroyed: destroyed}
+	}
+	for name, ct := range map[string]historyCT{
+		"pruned":            {orig: {newest}},
+		"another's entry":   {orig: {newest, other}},
+		"no history there":  {},
+		"not destroyed yet": {orig: {mine("TIME_WAIT", false), newest}},
+		"two that disagree": {orig: {newest, mine("CLOSE", true), mine("TIME_WAIT", true)}},
+	} {
+		flows := joinAll(&Joiner{CT: ct}, evs)
+		if len(flows) != 2 {
+			t.Fatalf("%s: %d flows", name, len(flows))
+		}
+		first := flows[0]
+		if first.Conntrack != nil {
+			t.Errorf("%s: the replaced connection got entry %+v", name, first.Conntrack)
+		}
+		if first.Reply == nil || first.Reply.Src != "10.0.2.2:8080" {
+			t.Errorf("%s: the replaced connection's reply %+v, want its own decisions' reply", name, first.Reply)
+		}
+	}
+}
+
+// Near misses: the same decision in two namespaces (a connection NATed on
+// two observed nodes), and a DNAT followed by a reset and a drop of the
+// same connection, are one flow each.
+func TestJoinOneConnectionStaysOneFlow(t *testing.T) {
+	twoNetns := append(reusedPortNAT(7, "10.0.2.2:8080")[:1], reusedPortNAT(8, "10.0.2.2:8080")[:1]...)
+	rst := event.Event{Kind: event.KindReset, Hook: event.HookTCPSendReset, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+		Packet: tuple(6, "10.0.2.2:8080", "10.0.2.1:40000")}
+	drop := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+		Packet: tuple(6, "10.0.1.2:40000", "10.97.0.8:80")}
+	withReset := append(reusedPortNAT(7, "10.0.2.2:8080"), rst, drop)
+	for name, evs := range map[string][]event.Event{"two namespaces": twoNetns, "dnat, snat, reset, drop": withReset} {
+		flows := joinAll(&Joiner{}, evs)
+		if len(flows) != 1 || len(flows[0].Events) != len(evs) {
+			t.Errorf("%s: %d flows, want one holding all %d events", name, len(flows), len(evs))
+		}
+	}
+}
