@@ -2,11 +2,13 @@
 // kept current by conntrack netlink events, so the joiner can find the
 // connection a kernel decision belongs to (by either of its tuples), see
 // whether it was ever replied to, and still find it shortly after the kernel
-// destroyed it.
+// destroyed it. A targeted tracker (Options.Targeted, what the live pipeline
+// runs) keeps only the destroyed entries and asks the kernel for a live one
+// when it is looked up.
 //
 // Lost events are never silent: when the event socket overruns (ENOBUFS),
 // the overrun is counted and the table is rebuilt from a fresh dump while
-// events keep flowing.
+// events keep flowing (a targeted tracker has no live copy to rebuild).
 package conntrack
 
 import (
