@@ -45,6 +45,7 @@ type labOptions struct {
 	list   bool
 	record string
 	linger time.Duration
+	caps   trace.Caps
 }
 
 func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -54,8 +55,13 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.BoolVar(&o.list, "list", false, "list the scenarios")
 	fs.StringVar(&o.record, "record", "", "also write the flows of every scenario as one trace to `FILE`")
 	fs.DurationVar(&o.linger, "linger", enrich.DefaultLinger, "how long a flow waits for more of its events")
+	var sc storeCaps
+	sc.register(fs)
 	names, err := parseLabArgs(fs, args)
 	if err != nil {
+		return err
+	}
+	if o.caps, err = sc.caps(); err != nil {
 		return err
 	}
 	if o.list {
@@ -300,7 +306,7 @@ func writeTrace(w io.Writer, run *labRun) error {
 func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, stderr io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	store := trace.NewStore()
+	store := trace.NewCappedStore(o.caps)
 	hdr := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: "lab", Kernel: live.KernelRelease(), Started: time.Now().UTC(), Command: "lab"}
 	// The scenarios attach one after another; the header shows the plan
 	// every one of them gets.

@@ -48,8 +48,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlagSet("replay", stderr)
 	output := fs.String("o", "ui", "output: ui (the terminal UI) or json (NDJSON on stdout)")
 	filterExpr := fs.String("filter", "", "show only flows matching `EXPR` (pod:, ns:, port:, ip:, verdict:, proto:, words, !term)")
+	var sc storeCaps
+	sc.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tracer replay [-o ui|json] [--filter EXPR] FILE")
+		fmt.Fprintln(stderr, "usage: tracer replay [-o ui|json] [--filter EXPR] [--max-flows N] [--max-memory SIZE] FILE")
 		fs.PrintDefaults()
 	}
 	path, err := parseReplayArgs(fs, args)
@@ -62,6 +64,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	flt, err := filter.Parse(*filterExpr)
 	if err != nil {
 		return usagef("--filter: %w", err)
+	}
+	caps, err := sc.caps()
+	if err != nil {
+		return err
 	}
 	tr, err := readTrace(path)
 	if err != nil {
@@ -76,7 +82,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *output == "json" {
 		return emitJSON(stdout, tr, flt)
 	}
-	return replayUI(ctx, path, tr, *filterExpr)
+	return replayUI(ctx, path, tr, *filterExpr, caps)
 }
 
 // parseReplayArgs accepts flags before and after FILE, since people type
@@ -145,8 +151,9 @@ func emitJSON(stdout io.Writer, tr *trace.File, flt filter.Filter) error {
 	return w.Close()
 }
 
-func replayUI(ctx context.Context, path string, tr *trace.File, filterExpr string) error {
-	store := trace.NewStore()
+// replayUI shows the trace; beyond caps the UI keeps its newest flows.
+func replayUI(ctx context.Context, path string, tr *trace.File, filterExpr string, caps trace.Caps) error {
+	store := trace.NewCappedStore(caps)
 	for _, f := range tr.Flows {
 		store.Append(f)
 	}

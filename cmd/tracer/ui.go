@@ -26,9 +26,15 @@ func init() {
 
 func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o traceOptions
+	var sc storeCaps
 	fs := newFlagSet("ui", stderr)
 	o.register(fs)
+	sc.register(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	caps, err := sc.caps()
+	if err != nil {
 		return err
 	}
 	if err := requireTerminal(); err != nil {
@@ -42,7 +48,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer p.Close()
-	return showLive(ctx, p, o, "live", stderr)
+	return showLive(ctx, p, o, caps, "live", stderr)
 }
 
 // requireTerminal: the UI needs a terminal; pipes and files get a pointer
@@ -56,7 +62,7 @@ func requireTerminal() error {
 
 // showLive runs the pipeline into the UI's store until the user quits,
 // the context ends or --duration passes; --record gets the whole trace.
-func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, title string, stderr io.Writer) error {
+func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.Caps, title string, stderr io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if o.duration > 0 {
@@ -75,7 +81,7 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, title strin
 			return fmt.Errorf("write ready file: %w", err)
 		}
 	}
-	store := trace.NewStore()
+	store := trace.NewCappedStore(caps)
 	var wg sync.WaitGroup
 	var sum trace.Summary
 	var runErr, recErr error

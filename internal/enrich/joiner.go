@@ -267,10 +267,16 @@ func (j *Joiner) finish(p *pending) {
 	}
 }
 
-// entryOf is the conntrack entry of p's connection.
+// entryOf is the conntrack entry of p's connection: the tuple's entry,
+// unless its reply tuple is not what p's NAT decisions made it, which
+// means a newer connection of the tuple made it (one whose decisions are
+// not read yet) and p's own is among the destroyed ones.
 func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 	if !p.replaced {
-		return j.CT.Lookup(p.key)
+		e, ok := j.CT.Lookup(p.key)
+		if !ok || p.answer.matches(e.Reply) {
+			return e, ok
+		}
 	}
 	h, ok := j.CT.(History)
 	if !ok {

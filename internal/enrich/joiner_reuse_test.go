@@ -159,3 +159,18 @@ func TestJoinOneConnectionStaysOneFlow(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinNewerConnectionNotReadYet: the tracker already holds a newer
+// connection of the tuple (its decisions still in the ring buffer when
+// the flow closes); the flow takes its own, destroyed entry, not the
+// newer one the tuple now leads to.
+func TestJoinNewerConnectionNotReadYet(t *testing.T) {
+	evs := reusedPortNAT(7, "10.0.2.2:8080")
+	orig := evs[0].Orig
+	newer := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.3:8080", "10.0.2.1:40000"), State: "ESTABLISHED"}
+	own := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.2:8080", "10.0.2.1:40000"), State: "CLOSE", Destroyed: true}
+	flows := joinAll(&Joiner{CT: historyCT{orig: {newer, own}}}, evs)
+	if len(flows) != 1 || flows[0].Conntrack == nil || flows[0].Conntrack.State != "CLOSE" {
+		t.Fatalf("flows %+v: want one with its own entry (CLOSE)", flows)
+	}
+}

@@ -11,19 +11,50 @@ import (
 
 // IndexMetadata serves Metadata from the live metadata index. The index
 // answers by address; the diagnosis later asks about the pods and Services
-// those answers named, so they are remembered here.
+// those answers named, so they are remembered here, for a while: a
+// cluster's pods come and go, and a tracer running for weeks must not
+// remember every pod it ever named.
 type IndexMetadata struct {
 	idx      meta.Index
 	mu       sync.Mutex
-	podNode  map[trace.PodRef]string
-	services map[trace.ServiceRef]trace.Service
+	podNode  memo[trace.PodRef, string]
+	services memo[trace.ServiceRef, trace.Service]
+}
+
+// memoLimit is how many answers a memo's generation holds; a memo holds
+// two generations at most.
+const memoLimit = 1 << 14
+
+// memo remembers recent answers: once the current generation is full it
+// becomes the old one and the one before is forgotten. An answer is asked
+// about soon after it was given, by the diagnosis of the same flow.
+type memo[K comparable, V any] struct {
+	cur, old map[K]V
+}
+
+func (m *memo[K, V]) put(k K, v V) {
+	if m.cur == nil {
+		m.cur = map[K]V{}
+	}
+	if _, ok := m.cur[k]; !ok && len(m.cur) >= memoLimit {
+		m.old, m.cur = m.cur, map[K]V{}
+	}
+	m.cur[k] = v
+}
+
+func (m *memo[K, V]) get(k K) (V, bool) {
+	if v, ok := m.cur[k]; ok {
+		return v, true
+	}
+	v, ok := m.old[k]
+	return v, ok
 }
 
 var _ Metadata = (*IndexMetadata)(nil)
 
 // NewIndexMetadata wraps a metadata index.
 func NewIndexMetadata(idx meta.Index) *IndexMetadata {
-	return &IndexMetadata{idx: idx, podNode: map[trace.PodRef]string{}, services: map[trace.ServiceRef]trace.Service{}}
+	return &IndexMetadata{idx: idx}
 }
 
 func (m *IndexMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool) {
@@ -33,7 +64,7 @@ func (m *IndexMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool)
 	}
 	ref := p.Ref()
 	m.mu.Lock()
-	m.podNode[ref] = p.Node
+	m.podNode.put(ref, p.Node)
 	m.mu.Unlock()
 	return ref, true
 }
@@ -41,7 +72,8 @@ func (m *IndexMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool)
 func (m *IndexMetadata) PodNode(p trace.PodRef) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.podNode[p]
+	node, _ := m.podNode.get(p)
+	return node
 }
 
 func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool) {
@@ -57,7 +89,7 @@ func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, n
 		return trace.ServiceRef{}, false
 	}
 	m.mu.Lock()
-	m.services[trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}] = s.Trace()
+	m.services.put(trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}, s.Trace())
 	m.mu.Unlock()
 	return ref, true
 }
@@ -65,8 +97,7 @@ func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, n
 func (m *IndexMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s, ok := m.services[trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name}]
-	return s, ok
+	return m.services.get(trace.ServiceRef{Namespace: ref.Namespace, Name: ref.Name})
 }
 
 func (m *IndexMetadata) HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool) {

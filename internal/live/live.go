@@ -194,9 +194,12 @@ func (p *Pipeline) Stats() Stats {
 	return s
 }
 
+// decoded is one event read from the ring buffer, or (idle set) the time
+// the ring buffer was found empty.
 type decoded struct {
-	ev  event.Event
-	rec trace.Event
+	ev   event.Event
+	rec  trace.Event
+	idle time.Time
 }
 
 // Run joins events into flows until ctx is done, handing each finished
@@ -220,6 +223,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	var clock eventClock
 	for {
 		select {
 		case d, ok := <-evc:
@@ -227,31 +231,61 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 				j.Flush()
 				return p.finish(sum), nil
 			}
+			if !d.idle.IsZero() {
+				clock.idle(d.idle)
+				continue
+			}
 			sum.Events++
 			if onEvent != nil {
 				onEvent(d.rec)
 			}
-			j.Add(d.ev, d.rec, time.Now())
-		case now := <-tick.C:
-			j.Expire(now)
+			j.Add(d.ev, d.rec, clock.event(d.ev.Time))
+		case <-tick.C:
+			j.Expire(clock.now)
 		}
 	}
+}
+
+// eventClock is the pipeline's time: how far the events read so far
+// reach. A flow closes when the pipeline has read past its deadline, not
+// when the wall clock has: a reader running late (a loaded node, a slow
+// VM) would otherwise close a connection's flow before reading the
+// decisions that followed it.
+type eventClock struct{ now time.Time }
+
+// event moves the clock to an event's own time.
+func (c *eventClock) event(t time.Time) time.Time {
+	if t.After(c.now) {
+		c.now = t
+	}
+	return c.now
+}
+
+// idle moves the clock to when the ring buffer was found empty: every
+// event made before then has been read. The margin covers the instant
+// between a program taking an event's time and submitting it.
+func (c *eventClock) idle(at time.Time) {
+	c.event(at.Add(-time.Millisecond))
 }
 
 // read decodes the ring buffer until the tracer is closed.
 func (p *Pipeline) read(out chan<- decoded) {
 	defer close(out)
 	for {
-		ev, err := p.tracer.Next()
-		if errors.Is(err, os.ErrClosed) {
+		ev, err := p.tracer.NextOrEmpty()
+		var empty loader.Empty
+		switch {
+		case errors.Is(err, os.ErrClosed):
 			return
-		}
-		if err != nil {
+		case errors.As(err, &empty):
+			out <- decoded{idle: empty.At}
+			continue
+		case err != nil:
 			p.decodeErrors.Add(1)
 			continue
 		}
 		p.events.Add(1)
-		out <- decoded{ev, ev.Record(p.tracer.Reasons())}
+		out <- decoded{ev: ev, rec: ev.Record(p.tracer.Reasons())}
 	}
 }
 

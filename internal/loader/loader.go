@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
 )
@@ -379,23 +380,55 @@ func (t *Tracer) Lost() (map[event.Hook]uint64, error) {
 // Records that do not decode are returned as errors, never dropped
 // silently. One goroutine reads: the record buffer is reused between calls.
 func (t *Tracer) Next() (event.Event, error) {
-	rec := &t.rec
 	for {
-		// The programs wake the reader only when a backlog builds up
-		// (bpf/tracer.c, submit): otherwise it looks on its own, often
-		// enough that an event is never shown more than pollEvery late.
-		t.reader.SetDeadline(time.Now().Add(pollEvery))
-		err := t.reader.ReadInto(rec)
-		switch {
-		case err == nil:
-			return event.Decode(rec.RawSample, t.clock)
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			continue
-		case errors.Is(err, ringbuf.ErrClosed):
-			return event.Event{}, os.ErrClosed
+		ev, err := t.NextOrEmpty()
+		if !errors.Is(err, ErrEmpty) {
+			return ev, err
 		}
-		return event.Event{}, fmt.Errorf("read ring buffer: %w", err)
 	}
+}
+
+// ErrEmpty says the ring buffer held no record for a while: every event
+// the programs made before the Empty time it comes with has been read.
+var ErrEmpty = errors.New("ring buffer empty")
+
+// Empty is ErrEmpty with the time the ring buffer was found empty.
+type Empty struct{ At time.Time }
+
+func (e Empty) Error() string { return ErrEmpty.Error() }
+func (Empty) Unwrap() error   { return ErrEmpty }
+
+// NextOrEmpty is Next, but returns an Empty error when the ring buffer
+// stayed empty for pollEvery: a consumer that orders its work by the
+// events' own times (the joiner) learns that time has passed with nothing
+// more to read.
+func (t *Tracer) NextOrEmpty() (event.Event, error) {
+	rec := &t.rec
+	// The programs wake the reader only when a backlog builds up
+	// (bpf/tracer.c, submit): otherwise it looks on its own, often
+	// enough that an event is never shown more than pollEvery late.
+	t.reader.SetDeadline(time.Now().Add(pollEvery))
+	err := t.reader.ReadInto(rec)
+	switch {
+	case err == nil:
+		return event.Decode(rec.RawSample, t.clock)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return event.Event{}, Empty{At: t.monotonicNow()}
+	case errors.Is(err, ringbuf.ErrClosed):
+		return event.Event{}, os.ErrClosed
+	}
+	return event.Event{}, fmt.Errorf("read ring buffer: %w", err)
+}
+
+// monotonicNow is now on the events' clock (CLOCK_MONOTONIC from the
+// boot time Open read), so it compares with event times however the wall
+// clock has been stepped or slewed since.
+func (t *Tracer) monotonicNow() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return time.Now()
+	}
+	return t.clock.Wall(uint64(ts.Nano()))
 }
 
 // pollEvery bounds how late a quiet ring buffer is read.

@@ -1,6 +1,7 @@
 package trace_test
 
 import (
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -65,4 +66,33 @@ func BenchmarkStoreAppend(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "flows/s")
+}
+
+// BenchmarkStoreAppendCapped copies diagnosed flows of the mix, each with
+// its own client address, into a store with the default caps, so that
+// past the first 200,000 flows every append also evicts.
+func BenchmarkStoreAppendCapped(b *testing.B) {
+	flows := diagnosedFlows(b, 1000)
+	// More addresses than the cap retains, made before the clock starts.
+	clients := make([]string, 1<<18)
+	for i := range clients {
+		clients[i] = clientAddr(i)
+	}
+	s := trace.NewCappedStore(trace.DefaultCaps)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		f := *flows[i%len(flows)]
+		f.Orig.Src = clients[i%len(clients)]
+		s.Append(&f)
+		i++
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "flows/s")
+	b.ReportMetric(float64(s.Memory())/(1<<20), "est-MiB")
+	b.ReportMetric(float64(s.Retained()), "retained")
+}
+
+// clientAddr is a distinct client address and port for each i.
+func clientAddr(i int) string {
+	return fmt.Sprintf("10.%d.%d.%d:%d", i>>16&0xff, i>>8&0xff, i&0xff, 30000+i%30000)
 }

@@ -12,7 +12,7 @@ import (
 // then the decision chain in kernel order, the rule, conntrack, and the
 // pods and Service.
 func (m *Model) detailsLines() []string {
-	f := m.flows.view.At(m.detailFlow)
+	f := m.detail
 	look := lookOf(f.Verdict)
 	verdict := f.Verdict
 	if verdict == "" {

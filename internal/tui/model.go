@@ -42,7 +42,7 @@ type Model struct {
 	oldestFirst bool
 	paused      bool
 
-	detailFlow   int // store index of the flow in the details view
+	detail       *trace.Flow // the flow in the details view, kept if evicted
 	detailScroll int
 	helpScroll   int
 	moreLines    int // lines below the details or help screen's bottom
@@ -65,10 +65,10 @@ func New(src Source, opts Options) *Model {
 		opts.RefreshEvery = 250 * time.Millisecond
 	}
 	if src.Store == nil {
-		src.Store = trace.NewStore()
+		src.Store = trace.NewCappedStore(trace.DefaultCaps)
 	}
 	m := &Model{src: src, opts: opts, width: 80, height: 24, follow: true}
-	m.flows.reset(src.Store.Snapshot(), 0)
+	m.flows.reset(src.Store.Snapshot(), 0, nil)
 	m.input = opts.Filter
 	m.applyInput()
 	m.rateAt = opts.Now()
@@ -140,7 +140,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	return m, nil
 }
 
-// refresh takes in flows stored since the last refresh, unless paused.
+// refresh takes in flows stored since the last refresh, unless paused,
+// and the store's evictions, paused or not: the selection stays on its
+// flow, or on the oldest retained one when its flow was evicted.
 func (m *Model) refresh() {
 	events, _ := m.src.Store.Counts()
 	now := m.opts.Now()
@@ -148,14 +150,26 @@ func (m *Model) refresh() {
 		m.rate = float64(events-m.rateEvents) / dt
 		m.rateEvents, m.rateAt = events, now
 	}
+	snap := m.src.Store.Snapshot()
 	if m.paused {
+		m.rowsDropped(m.flows.evictUnder(snap))
 		return
 	}
-	added := m.flows.extend(m.src.Store.Snapshot())
+	added, dropped := m.flows.extend(snap)
 	if !m.follow && !m.oldestFirst {
 		// Keep the selected flow under the cursor as rows arrive on top.
 		m.cur += added
 		m.top += added
+	}
+	m.rowsDropped(dropped)
+}
+
+// rowsDropped moves the cursor with the rows when the oldest leave: they
+// are at the bottom newest first, at the top oldest first.
+func (m *Model) rowsDropped(n int) {
+	if m.oldestFirst {
+		m.cur -= n
+		m.top -= n
 	}
 	m.clampScroll()
 }
@@ -265,7 +279,7 @@ func (m *Model) tableKey(k string) tea.Cmd {
 	case "enter":
 		if m.flows.count() > 0 {
 			m.screen, m.detailScroll = screenDetails, 0
-			m.detailFlow = m.rowFlow(m.cur)
+			m.detail = m.flows.view.At(m.rowFlow(m.cur))
 		}
 	case "space":
 		m.togglePause()

@@ -22,7 +22,9 @@ type Source struct {
 	// Title says what is shown: "live", "replay FILE" or "lab SCENARIOS".
 	Title string
 	// Store holds the flows. The UI only reads it, except for flows it
-	// receives on Flows, which it appends.
+	// receives on Flows, which it appends. nil is a store with
+	// trace.DefaultCaps; beyond its caps the store drops the oldest
+	// flows and the header says how many.
 	Store *trace.Store
 	// Flows, when not nil, is drained into Store until it is closed.
 	Flows <-chan *trace.Flow

@@ -126,7 +126,7 @@ func podsText(f *trace.Flow, wide bool) string {
 
 func (m *Model) emptyLines() []string {
 	switch {
-	case m.flows.view.Len() > m.flows.from:
+	case m.flows.view.Len() > m.flows.start():
 		return []string{"", fmt.Sprintf("  No flow matches %q.", m.flows.filter.String()),
 			"  esc clears the filter; ? lists the filter terms."}
 	case m.flows.from > 0:

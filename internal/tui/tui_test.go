@@ -2,7 +2,6 @@ package tui
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -120,15 +119,17 @@ func TestExportWritesTheFilteredView(t *testing.T) {
 	drive(t, incidentSource(t), Options{ExportDir: dir}, 80, 24, keys("/port:3306\ne")...)
 	path := filepath.Join(dir, "tracer-export-20261130-084500.ndjson")
 	// The export runs as a command; the program may quit before it
-	// reports, so wait for the file itself.
+	// reports, so wait for the file to be complete: its summary written.
 	deadline := time.Now().Add(5 * time.Second)
+	var got *trace.File
+	var err error
 	for {
-		if _, err := os.Stat(path); err == nil || time.Now().After(deadline) {
+		got, err = trace.ReadFile(path)
+		if err == nil && got.Summary != nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	got, err := trace.ReadFile(path)
 	if err != nil {
 		t.Fatalf("export is not a valid trace: %v", err)
 	}

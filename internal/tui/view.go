@@ -114,7 +114,10 @@ func (m *Model) hooksLine() string {
 // problems first. When the names do not fit, the symbols alone stand for
 // them (? lists them).
 func (m *Model) countsLine() string {
-	total := fmt.Sprintf("%d flows", m.flows.view.Len()-m.flows.from)
+	total := fmt.Sprintf("%d flows", m.flows.seen())
+	if d := m.droppedText(); d != "" {
+		total += styleWarn.Render(" · " + d)
+	}
 	for _, form := range []string{"%[1]s %[2]s %[3]d", "%[2]s %[3]d", "%[1]s%[3]d"} {
 		parts := []string{total}
 		for _, v := range trace.Verdicts {
@@ -137,6 +140,32 @@ func (m *Model) countsLine() string {
 	return total
 }
 
+// droppedText says how many of the flows counted the store evicted, and
+// under which cap: the counts line still counts them by verdict.
+func (m *Model) droppedText() string {
+	n := m.flows.dropped()
+	if n == 0 {
+		return ""
+	}
+	ev := m.src.Store.Eviction()
+	limit := fmt.Sprintf("%d flows", ev.Caps.Flows)
+	if ev.Cause == "memory" {
+		limit = sizeText(ev.Caps.Memory)
+	}
+	return fmt.Sprintf("%d older flows dropped (cap %s)", n, limit)
+}
+
+// sizeText writes a byte count in the largest binary unit it fills.
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
+}
+
 func (m *Model) filterBar() string {
 	bar := "/ " + m.input
 	switch {
@@ -145,7 +174,7 @@ func (m *Model) filterBar() string {
 	case m.input == "":
 		bar = styleFaint.Render("/ filter (? for help)")
 	}
-	shown := fmt.Sprintf("  %d of %d", m.flows.count(), m.flows.view.Len()-m.flows.from)
+	shown := fmt.Sprintf("  %d of %d", m.flows.count(), m.flows.seen()-m.flows.dropped())
 	if m.filterErr != nil {
 		return bar + "  " + styleError.Render("✗ "+m.filterErr.Error())
 	}

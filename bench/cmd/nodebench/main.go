@@ -43,6 +43,7 @@ type config struct {
 	rampStep  time.Duration
 	attach    int
 	mem       []int
+	feed      string // "RATE:MINUTES" of the store's long feed; "" skips it
 	benchtime string
 	out       string
 	gotest    bool
@@ -59,6 +60,7 @@ func main() {
 	flag.DurationVar(&cfg.rampStep, "ramp-step", 5*time.Second, "traffic per ramp step")
 	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
 	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
+	flag.StringVar(&cfg.feed, "feed", "5000:60", "`RATE:MINUTES` of the UI store's synthetic feed, on a fake clock (\"\" to skip)")
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
 	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
 	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
@@ -84,6 +86,12 @@ func main() {
 	if cfg.observers, err = observers(obs); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -observers:", err)
 		os.Exit(2)
+	}
+	if cfg.feed != "" {
+		if _, err := parseFeed(cfg.feed); err != nil {
+			fmt.Fprintln(os.Stderr, "nodebench: -feed:", err)
+			os.Exit(2)
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -130,6 +138,7 @@ type report struct {
 	throughput childResult
 	stages     []goBench
 	memory     []childResult
+	feed       childResult
 	notes      []string
 	previous   previousRun
 }
@@ -295,6 +304,12 @@ func userSide(ctx context.Context, rep *report) error {
 				return err
 			}
 			rep.memory = append(rep.memory, r)
+		}
+	}
+	if rep.cfg.feed != "" && ctx.Err() == nil {
+		logf("store under a feed of %s (flows/s:minutes)", rep.cfg.feed)
+		if rep.feed, err = child("feed:" + rep.cfg.feed); err != nil {
+			return err
 		}
 	}
 	if rep.cfg.gotest {

@@ -354,6 +354,7 @@ func (r *report) memoryMarkdown(p printer) {
 		p("\n%s\n", s)
 	}
 	p("\n")
+	r.feedMarkdown(p)
 }
 
 // memoryScaling compares the heap per flow at the smallest and largest

@@ -93,3 +93,26 @@ func TestMarkdownKeepsPreviousFigures(t *testing.T) {
 		t.Errorf("a report with a previous column reads back %d targets %v, want its %d", len(got.Results), got.Results, len(r.targets()))
 	}
 }
+
+// The feed's table and its comparison come from its samples: the heap
+// range is taken over the samples once the store evicts, and a heap that
+// grows by more than 10% misses the target.
+func TestFeedMarkdown(t *testing.T) {
+	r := fakeReport(100000)
+	r.feed = childResult{Kind: "feed", N: 18_000_000, Rate: 5000, Seconds: 200, BaseHeap: 2 << 20, BaseRSS: 20 << 20, Samples: []feedSample{
+		{Minute: 1, Seen: 300_000, Retained: 200_000, Evicted: 100_000, Estimate: 150 << 20, HeapInuse: 160 << 20, RSS: 180 << 20},
+		{Minute: 5, Seen: 1_500_000, Retained: 200_000, Evicted: 1_300_000, Estimate: 150 << 20, HeapInuse: 170 << 20, RSS: 190 << 20},
+		{Minute: 60, Seen: 18_000_000, Retained: 200_000, Evicted: 17_800_000, Estimate: 150 << 20, HeapInuse: 168 << 20, RSS: 185 << 20},
+	}}
+	md := r.markdown()
+	for _, want := range []string{"### The UI's store under a 60-minute feed", "| 5 | 1500000 | 200000 | 1300000 | 150.0 MiB | 170.0 MiB | 190.0 MiB | 1.12 |",
+		"HeapInuse stays between 160.0 MiB (minute 1) and 170.0 MiB (minute 5), the highest +6.3% over the lowest", "| UI store under a long feed | flat: HeapInuse within 10% once full | 160.0 to 170.0 MiB over 3 samples | met |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	r.feed.Samples[2].HeapInuse = 200 << 20
+	if md := r.markdown(); !strings.Contains(md, "missed: the highest +25.0% over the lowest") {
+		t.Error("a heap 25% up does not miss the target")
+	}
+}

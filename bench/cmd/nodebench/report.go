@@ -225,6 +225,9 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, t)
 	}
+	if t, ok := r.feedTarget(); ok {
+		ts = append(ts, t)
+	}
 	return ts
 }
 
@@ -270,6 +273,10 @@ func (r *report) table() string {
 	for _, m := range r.memory {
 		fmt.Fprintf(&b, "memory %-7s %8d flows: VmRSS %7.1f MiB (base %.1f), HeapInuse %7.1f MiB (base %.1f)\n", m.Kind, m.N,
 			mib(m.RSS), mib(m.BaseRSS), mib(m.HeapInuse), mib(m.BaseHeap))
+	}
+	for _, s := range r.feed.Samples {
+		fmt.Fprintf(&b, "store feed minute %3d: %9d seen, %7d retained, estimate %6.1f MiB, HeapInuse %6.1f MiB, VmRSS %6.1f MiB\n", s.Minute, s.Seen,
+			s.Retained, mib(uint64(s.Estimate)), mib(s.HeapInuse), mib(s.RSS))
 	}
 	fmt.Fprintln(&b)
 	for _, t := range r.targets() {

@@ -33,6 +33,8 @@ type childResult struct {
 	Flows     int     `json:"flows,omitempty"`
 	Seconds   float64 `json:"seconds"`
 	Rate      float64 `json:"rate,omitempty"`
+	// Samples are a feed's store over its clock.
+	Samples []feedSample `json:"samples,omitempty"`
 }
 
 // runChild measures in this process (a fresh one, so RSS is its own) and
@@ -43,6 +45,12 @@ func runChild(spec string) error {
 	switch {
 	case spec == "throughput":
 		r, err = throughput(5*time.Second, 50_000_000)
+	case strings.HasPrefix(spec, "feed:"):
+		fs, perr := parseFeed(strings.TrimPrefix(spec, "feed:"))
+		if perr != nil {
+			return perr
+		}
+		r, err = feed(fs)
 	case strings.HasPrefix(spec, "mem:"):
 		parts := strings.Split(spec, ":")
 		if len(parts) != 3 {
@@ -126,24 +134,9 @@ func throughput(d time.Duration, max int) (childResult, error) {
 // trace.Store ("store"), or n of each ("both"), and reads the resident
 // set once the garbage is collected.
 func memory(kind string, n int) (childResult, error) {
-	env, err := mix.Env()
+	byOrig, err := mixTemplates()
 	if err != nil {
 		return childResult{}, err
-	}
-	// One diagnosed flow of every shape: stored flows take its rule,
-	// pods, Service and verdict, with their own tuples and events.
-	var tmpl []*trace.Flow
-	tj := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
-	for i := range mix.Shapes {
-		for _, e := range mix.Generate(i) {
-			e.Time = mix.Clock.BootWall
-			tj.Add(e, e.Record(mix.Names{}), e.Time)
-		}
-	}
-	tj.Flush()
-	byOrig := map[string]*trace.Flow{}
-	for _, f := range tmpl {
-		byOrig[f.Orig.Src+" "+f.Orig.Dst] = f
 	}
 	baseRSS, baseHeap := measure()
 	start := time.Now()
@@ -166,25 +159,11 @@ func memory(kind string, n int) (childResult, error) {
 	if kind == "store" || kind == "both" {
 		store = trace.NewStore()
 		for i := range n {
-			at := t0.Add(time.Duration(i) * time.Microsecond)
-			evs := mix.Generate(i)
-			sk := mix.OrigOf(mix.Generate(i % mix.Shapes))
-			t := byOrig[sk.Src+" "+sk.Dst]
-			if t == nil {
-				return childResult{}, fmt.Errorf("no template for shape %d", i%mix.Shapes)
+			f, err := mixFlow(byOrig, i, t0.Add(time.Duration(i)*time.Microsecond))
+			if err != nil {
+				return childResult{}, err
 			}
-			f := *t
-			f.Time = at
-			f.Orig = mix.OrigOf(evs)
-			if evs[0].Reply.Valid() {
-				f.Reply = event.TupleRecord(evs[0].Reply)
-			}
-			f.Events = make([]trace.Event, 0, len(evs))
-			for _, e := range evs {
-				e.Time = at
-				f.Events = append(f.Events, e.Record(mix.Names{}))
-			}
-			store.Append(&f)
+			store.Append(f)
 		}
 		if store.Len() != n {
 			return childResult{}, fmt.Errorf("store holds %d flows, want %d", store.Len(), n)
@@ -200,6 +179,52 @@ func memory(kind string, n int) (childResult, error) {
 	runtime.KeepAlive(j)
 	runtime.KeepAlive(store)
 	return childResult{Kind: kind, N: n, RSS: rss, HeapInuse: heap, BaseRSS: baseRSS, BaseHeap: baseHeap, Seconds: el.Seconds()}, nil
+}
+
+// mixTemplates returns one diagnosed flow of every shape of the mix, by
+// its orig tuple: stored flows take its rule, pods, Service and verdict,
+// with their own tuples and events.
+func mixTemplates() (map[string]*trace.Flow, error) {
+	env, err := mix.Env()
+	if err != nil {
+		return nil, err
+	}
+	var tmpl []*trace.Flow
+	tj := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
+	for i := range mix.Shapes {
+		for _, e := range mix.Generate(i) {
+			e.Time = mix.Clock.BootWall
+			tj.Add(e, e.Record(mix.Names{}), e.Time)
+		}
+	}
+	tj.Flush()
+	byOrig := map[string]*trace.Flow{}
+	for _, f := range tmpl {
+		byOrig[f.Orig.Src+" "+f.Orig.Dst] = f
+	}
+	return byOrig, nil
+}
+
+// mixFlow is flow i of the mix, diagnosed as its shape's template, at.
+func mixFlow(byOrig map[string]*trace.Flow, i int, at time.Time) (*trace.Flow, error) {
+	evs := mix.Generate(i)
+	sk := mix.OrigOf(mix.Generate(i % mix.Shapes))
+	t := byOrig[sk.Src+" "+sk.Dst]
+	if t == nil {
+		return nil, fmt.Errorf("no template for shape %d", i%mix.Shapes)
+	}
+	f := *t
+	f.Time = at
+	f.Orig = mix.OrigOf(evs)
+	if evs[0].Reply.Valid() {
+		f.Reply = event.TupleRecord(evs[0].Reply)
+	}
+	f.Events = make([]trace.Event, 0, len(evs))
+	for _, e := range evs {
+		e.Time = at
+		f.Events = append(f.Events, e.Record(mix.Names{}))
+	}
+	return &f, nil
 }
 
 func writeHeapProfile(path string) error {
