@@ -185,6 +185,11 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple
 	if k, ok := j.byTuple[tu]; ok {
 		return k, reply
 	}
+	// A NAT decision carries both tuples of its connection, read from
+	// nf_conn: the original one is the key, conntrack has nothing to add.
+	if (ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT) && reply.Valid() {
+		return tu, reply
+	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
 			if k, ok := j.byTuple[e.Orig]; ok {

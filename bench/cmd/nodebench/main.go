@@ -6,10 +6,16 @@
 // iptables DNAT -> server), drives short-lived TCP connections through the
 // DNAT and interleaves rounds with nothing attached, the tracer's kernel
 // side (also with the kernel's BPF statistics on, for the programs' own
-// cost), the full live pipeline, conntrack -E and nft monitor trace.
+// cost; and with the conntrack tracker alone), the full live pipeline,
+// conntrack -E and nft monitor trace.
 // Without root only the userspace figures are measured.
 //
-//	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
+//	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-observers none,live] [-out BENCHMARKS.md]
+//
+// NODEBENCH_CPUPROFILE=FILE writes a CPU profile of each full live
+// pipeline window (FILE, FILE.2, ...) and of each conntrack tracker
+// window (FILE-ct, ...); the observer's goroutines carry the label
+// observer=live or observer=ct (-tagfocus observer=live keeps only them).
 package main
 
 import (
@@ -41,11 +47,12 @@ type config struct {
 	benchtime string
 	out       string
 	gotest    bool
+	observers []observer
 }
 
 func main() {
 	var cfg config
-	var ramp, mem, childSpec string
+	var ramp, mem, obs, childSpec string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
@@ -57,6 +64,7 @@ func main() {
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
 	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
 	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
+	flag.StringVar(&obs, "observers", strings.Join(observerKeys, ","), "observers of the overhead rounds (none is always one)")
 	flag.StringVar(&childSpec, "child", "", "internal: measure in a child process")
 	flag.Parse()
 	if childSpec != "" {
@@ -73,6 +81,10 @@ func main() {
 	}
 	if cfg.mem, err = ints(mem); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -mem:", err)
+		os.Exit(2)
+	}
+	if cfg.observers, err = observers(obs); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -observers:", err)
 		os.Exit(2)
 	}
 	if cfg.feed != "" {
@@ -219,7 +231,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 		rep.attach = append(rep.attach, attachTime{t1.Sub(t0), time.Since(t1)})
 	}
 
-	variants := []observer{none{}, &kernelOnly{}, &kernelOnly{stats: true}, &fullLive{}, &conntrackE{}, &nftTrace{}}
+	variants := cfg.observers
 	for r := range cfg.rounds {
 		for k := range variants {
 			v := variants[(k+r)%len(variants)] // rotate so no variant always follows another
