@@ -43,7 +43,7 @@ func joinWithCT(t *testing.T, ct *fakeCT, evs ...event.Event) []*trace.Flow {
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now
-		j.Add(e, e.Record(nil), now)
+		j.Add(e, trace.EventOf(e, nil), now)
 	}
 	j.Expire(now.Add(2 * time.Second))
 	return out
@@ -70,7 +70,7 @@ func TestJoinNATDecisionLooksUpOnlyAtFinish(t *testing.T) {
 	if len(ct.lookups) != 1 || ct.lookups[0] != orig {
 		t.Errorf("conntrack lookups %v, want one of %v at finish", ct.lookups, orig)
 	}
-	if f.Reply == nil || *f.Reply != *event.TupleRecord(ctReply) || f.Conntrack == nil || f.Conntrack.State != "ESTABLISHED" || !f.Conntrack.Replied {
+	if f.Reply == nil || *f.Reply != *trace.TupleOf(ctReply) || f.Conntrack == nil || f.Conntrack.State != "ESTABLISHED" || !f.Conntrack.Replied {
 		t.Errorf("flow reply %+v conntrack %+v", f.Reply, f.Conntrack)
 	}
 }
@@ -90,7 +90,7 @@ func TestJoinStrayReplyTiedToClient(t *testing.T) {
 		t.Fatalf("%d flows", len(flows))
 	}
 	f := flows[0]
-	if f.Orig != *event.TupleRecord(client.Orig) || f.Reply == nil || *f.Reply != *event.TupleRecord(client.Reply) {
+	if f.Orig != *trace.TupleOf(client.Orig) || f.Reply == nil || *f.Reply != *trace.TupleOf(client.Reply) {
 		t.Errorf("stray reply tied to %+v reply %+v, want the client connection %v", f.Orig, f.Reply, client.Orig)
 	}
 	if len(ct.lookups) == 0 || ct.lookups[0] != stray {
