@@ -200,7 +200,7 @@ func OrigOf(evs []event.Event) trace.Tuple {
 	if !t.Valid() {
 		t = evs[0].Packet
 	}
-	return *event.TupleRecord(t)
+	return *trace.TupleOf(t)
 }
 
 // Clock is the boot clock the raw records are decoded with.
@@ -320,7 +320,7 @@ func (p *Pipeline) Feed(raw []byte) {
 		p.J.Expire(now)
 		p.nextTick = now.Add(ExpireEvery)
 	}
-	p.J.Add(ev, ev.Record(Names{}), now)
+	p.J.Add(ev, trace.EventOf(ev, Names{}), now)
 }
 
 // Finish flushes the open flows.

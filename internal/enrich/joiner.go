@@ -185,6 +185,11 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple
 	if k, ok := j.byTuple[tu]; ok {
 		return k, reply
 	}
+	// A NAT decision carries both tuples of its connection, read from
+	// nf_conn: the original one is the key, conntrack has nothing to add.
+	if (ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT) && reply.Valid() {
+		return tu, reply
+	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
 			if k, ok := j.byTuple[e.Orig]; ok {
@@ -206,7 +211,7 @@ func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 }
 
 func newFlow(key event.Tuple, rec trace.Event) *trace.Flow {
-	return &trace.Flow{Type: trace.TypeFlow, Time: rec.Time, Proto: event.ProtoName(key.Proto), Orig: *event.TupleRecord(key)}
+	return &trace.Flow{Type: trace.TypeFlow, Time: rec.Time, Proto: event.ProtoName(key.Proto), Orig: *trace.TupleOf(key)}
 }
 
 // Expire finishes every flow quiet since its deadline.
@@ -315,7 +320,7 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if j.CT == nil {
 		if p.reply.Valid() {
-			f.Reply = event.TupleRecord(p.reply)
+			f.Reply = trace.TupleOf(p.reply)
 		}
 		return
 	}
@@ -323,16 +328,16 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key)
 		if ok {
-			f.Orig = *event.TupleRecord(e.Orig)
+			f.Orig = *trace.TupleOf(e.Orig)
 			f.Proto = event.ProtoName(e.Orig.Proto)
 		}
 	}
 	switch {
 	case ok:
-		f.Reply = event.TupleRecord(e.Reply)
+		f.Reply = trace.TupleOf(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
 	case p.reply.Valid():
-		f.Reply = event.TupleRecord(p.reply)
+		f.Reply = trace.TupleOf(p.reply)
 	}
 }
 

@@ -24,7 +24,7 @@ func mixEvents(b *testing.B, flows int, gap time.Duration) []decoded {
 		if err != nil {
 			b.Fatal(err)
 		}
-		out = append(out, decoded{e, e.Record(mix.Names{})})
+		out = append(out, decoded{e, trace.EventOf(e, mix.Names{})})
 	}
 	return out
 }

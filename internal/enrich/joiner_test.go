@@ -69,7 +69,7 @@ func joinOnNode(t *testing.T, node string, snap *trace.Snapshot, names event.Rea
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now
-		j.Add(e, e.Record(names), now)
+		j.Add(e, trace.EventOf(e, names), now)
 	}
 	j.Expire(now.Add(time.Second))
 	if len(out) != 0 {

@@ -24,25 +24,3 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
-
-// BenchmarkRecord turns decoded events into their trace form, as the
-// live reader does for every event.
-func BenchmarkRecord(b *testing.B) {
-	var evs []event.Event
-	for _, r := range mix.Records(1000, time.Microsecond) {
-		e, err := event.Decode(r, mix.Clock)
-		if err != nil {
-			b.Fatal(err)
-		}
-		evs = append(evs, e)
-	}
-	i := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = evs[i].Record(mix.Names{})
-		if i++; i == len(evs) {
-			i = 0
-		}
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
-}

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
-
-	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Kind is what the kernel decided.
@@ -24,8 +22,9 @@ const (
 	KindDrop       Kind = 7
 )
 
-// kindNames are the trace format's names of the kinds.
-var kindNames = [...]string{"", trace.KindDNAT, trace.KindSNAT, trace.KindIPVS, trace.KindIPVSNoDest, trace.KindReject, trace.KindReset, trace.KindDrop}
+// kindNames are the trace format's names of the kinds (trace.Kind*;
+// internal/trace's tests hold the two together).
+var kindNames = [...]string{"", "dnat", "snat", "ipvs", "ipvs-no-dest", "reject", "reset", "drop"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && k != 0 {

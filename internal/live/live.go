@@ -87,8 +87,11 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
+	// The trackers outlive ctx until Close: Run's last flows, flushed
+	// once ctx is done, still ask them for their entries.
+	ctCtx := context.WithoutCancel(ctx)
 	for _, path := range append([]string{cfg.NetnsPath}, cfg.PeerNetns...) {
-		ct, err := conntrack.Open(ctx, path)
+		ct, err := conntrack.OpenWith(ctCtx, path, ConntrackOptions())
 		if err != nil {
 			p.warn("conntrack of %s unavailable, its flows carry only what the kernel events say: %v", orCaller(path), err)
 			continue
@@ -102,6 +105,12 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	p.header = p.buildHeader()
 	return p, nil
 }
+
+// ConntrackOptions are the options of the pipeline's conntrack trackers:
+// targeted, so the join asks for the few entries its flows need rather
+// than have the kernel send, and the tracker decode, every state change
+// of every connection of the namespace.
+func ConntrackOptions() conntrack.Options { return conntrack.Options{Targeted: true} }
 
 func (p *Pipeline) warn(format string, a ...any) {
 	p.warnings = append(p.warnings, fmt.Sprintf(format, a...))
@@ -276,7 +285,7 @@ func (p *Pipeline) read(out chan<- decoded) {
 			continue
 		}
 		p.events.Add(1)
-		out <- decoded{ev: ev, rec: ev.Record(p.tracer.Reasons())}
+		out <- decoded{ev: ev, rec: trace.EventOf(ev, p.tracer.Reasons())}
 	}
 }
 

@@ -26,7 +26,7 @@ func diagnosedFlows(b *testing.B, n int) []*trace.Flow {
 		if err != nil {
 			b.Fatal(err)
 		}
-		j.Add(e, e.Record(mix.Names{}), e.Time)
+		j.Add(e, trace.EventOf(e, mix.Names{}), e.Time)
 	}
 	j.Flush()
 	return out

@@ -6,7 +6,8 @@
 // iptables DNAT -> server), drives short-lived TCP connections through the
 // DNAT and interleaves rounds with nothing attached, the tracer's kernel
 // side (also with the kernel's BPF statistics on, for the programs' own
-// cost), the full live pipeline, conntrack -E and nft monitor trace.
+// cost; and with the conntrack tracker alone), the full live pipeline,
+// conntrack -E and nft monitor trace.
 // Without root only the userspace figures are measured.
 //
 // With -vm it also runs the overhead rounds in a QEMU guest per kernel
@@ -14,9 +15,14 @@
 // host's kernel lacks, measured under emulation. Each guest runs this
 // binary with -json into vmrun's writable share, read back for section 7.
 //
-//	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-out BENCHMARKS.md]
+//	go run ./bench/cmd/nodebench [-rounds 6] [-round 5s] [-observers none,live] [-out BENCHMARKS.md]
 //	go run ./bench/cmd/nodebench -vm "5.10 6.1 6.12" [-vm-rounds 4] [-vm-round 3s]
 //	go run ./bench/cmd/nodebench -kernel=false -userside=false -vm 6.12 -out /tmp/vm.md
+//
+// NODEBENCH_CPUPROFILE=FILE writes a CPU profile of each full live
+// pipeline window (FILE, FILE.2, ...) and of each conntrack tracker
+// window (FILE-ct, ...); the observer's goroutines carry the label
+// observer=live or observer=ct (-tagfocus observer=live keeps only them).
 package main
 
 import (
@@ -49,10 +55,8 @@ type config struct {
 	benchtime string
 	out       string
 	gotest    bool
-	// observers are the overhead rounds' observers, by short name
-	// (observerNames); userside runs the userspace figures.
-	observers []string
-	userside  bool
+	observers []observer
+	userside  bool        // measure the userspace figures
 	kernel    bool        // measure the kernel side on this host
 	json      string      // the overhead rounds as JSON ("" for none)
 	only      []event.Via // the tiers the tracer may attach by (-only; none: any)
@@ -61,7 +65,7 @@ type config struct {
 
 func main() {
 	var cfg config
-	var ramp, mem, childSpec, observers, vmKernels, only string
+	var ramp, mem, obs, childSpec, vmKernels, only string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
@@ -73,8 +77,8 @@ func main() {
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
 	flag.BoolVar(&cfg.gotest, "gotest", true, "run the per-stage Go benchmarks (needs the go tool)")
 	flag.StringVar(&cfg.out, "out", "BENCHMARKS.md", "report to write (\"\" for none)")
+	flag.StringVar(&obs, "observers", strings.Join(observerKeys, ","), "observers of the overhead rounds (none is always one)")
 	flag.StringVar(&childSpec, "child", "", "internal: measure in a child process")
-	flag.StringVar(&observers, "observers", strings.Join(observerNames, ","), "observers of the overhead rounds, comma separated")
 	flag.BoolVar(&cfg.kernel, "kernel", true, "measure the kernel side (overhead rounds, loss ramp, attach) on this host")
 	flag.BoolVar(&cfg.userside, "userside", true, "measure the userspace figures (throughput, memory, feed, Go benchmarks)")
 	flag.StringVar(&cfg.json, "json", "", "also write the overhead rounds, BPF statistics and attach plan to this JSON `file`")
@@ -93,11 +97,7 @@ func main() {
 		return
 	}
 	var err error
-	if cfg.observers, err = parseObservers(observers); err != nil {
-		fmt.Fprintln(os.Stderr, "nodebench: -observers:", err)
-		os.Exit(2)
-	}
-	if _, err = parseObservers(cfg.vm.observers); err != nil {
+	if _, err = observers(cfg.vm.observers); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -vm-observers:", err)
 		os.Exit(2)
 	}
@@ -120,6 +120,10 @@ func main() {
 	}
 	if cfg.mem, err = ints(mem); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -mem:", err)
+		os.Exit(2)
+	}
+	if cfg.observers, err = observers(obs); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -observers:", err)
 		os.Exit(2)
 	}
 	if cfg.feed != "" {
@@ -284,7 +288,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 		rep.attach = append(rep.attach, attachTime{t1.Sub(t0), time.Since(t1)})
 	}
 
-	variants := observersOf(cfg.observers)
+	variants := cfg.observers
 	for r := range cfg.rounds {
 		for k := range variants {
 			v := variants[(k+r)%len(variants)] // rotate so no variant always follows another

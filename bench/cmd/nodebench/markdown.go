@@ -114,6 +114,7 @@ func (r *report) overheadMarkdown(p printer) {
 	p("The programs submit records without waking the reader until a backlog has built up (bpf/tracer.c, `submit`); otherwise the reader looks on its own on a short timer (internal/loader, `Next`).\n")
 	p("- **%s**: the same, with the kernel's BPF run statistics on for the round: enabled with the BPF_ENABLE_STATS command (`loader.EnableRunStats`; the kernel.bpf_stats_enabled sysctl is not touched) ", statsName)
 	p("and each attached program's run count and run time read at the start and at the end (`Tracer.ProgramStats`). Section 2b is these figures.\n")
+	p("- **%s**: the same as %s, and a conntrack tracker on the router namespace opened as the live pipeline opens its own (`conntrack.OpenWith(..., live.ConntrackOptions())`: its event subscription and its table, no lookups) and nothing else of the pipeline; what it adds to %s is the tracker's standing cost.\n", ctName, kernelName, kernelName)
 	p("- **tracer (full live pipeline)**: `live.Start` + `Run` on the router namespace (kernel side, conntrack tracking, node watcher, join, rule attribution, diagnosis), flows written as NDJSON by `trace.Writer` to io.Discard, as `tracer trace -o json` does.\n")
 	p("- **conntrack -E -e NEW**: `ip netns exec ROUTER conntrack -E -e NEW`, its lines with the VIP as original destination and the server in the reply counted.\n")
 	p("- **nft monitor trace**: a `prerouting` chain at priority -350 with `ip daddr %s tcp dport %d meta nftrace set 1`, and `nft monitor trace`; ", vip, vport)

@@ -11,12 +11,12 @@ import (
 func fakeReport(wholeRate float64) *report {
 	r := &report{cfg: config{rounds: 2, round: 5 * time.Second, workers: 8, rampStep: 5 * time.Second, userside: true, kernel: true},
 		started: time.Unix(0, 0), ended: time.Unix(300, 0), loadStart: "1.00 1.00 1.00", loadEnd: "2.00 2.00 2.00"}
-	perConnCPU := map[string]time.Duration{"none": 100, kernelName: 120, statsName: 125, "tracer (full live pipeline)": 220,
+	perConnCPU := map[string]time.Duration{"none": 100, kernelName: 120, statsName: 125, ctName: 190, "tracer (full live pipeline)": 220,
 		"conntrack -E -e NEW": 110, "nft monitor trace": 180}
-	rate := map[string]uint64{"none": 40000, kernelName: 35000, statsName: 34000, "tracer (full live pipeline)": 20000,
+	rate := map[string]uint64{"none": 40000, kernelName: 35000, statsName: 34000, ctName: 24000, "tracer (full live pipeline)": 20000,
 		"conntrack -E -e NEW": 38000, "nft monitor trace": 32000}
 	for round := 1; round <= 2; round++ {
-		for _, name := range []string{"none", kernelName, statsName, "tracer (full live pipeline)", "conntrack -E -e NEW", "nft monitor trace"} {
+		for _, name := range []string{"none", kernelName, statsName, ctName, "tracer (full live pipeline)", "conntrack -E -e NEW", "nft monitor trace"} {
 			ok := rate[name] + uint64(round)*100
 			x := roundResult{Round: round, Variant: name, Load: load{OK: ok, Elapsed: 5 * time.Second},
 				Obs: observed{NAT: int64(ok), Lost: 0, Events: int64(ok)}, CPU: time.Duration(ok) * perConnCPU[name] * time.Microsecond,
@@ -59,7 +59,8 @@ func TestMarkdownFromFigures(t *testing.T) {
 				t.Errorf("rate %.0f: report contains %q", c.rate, bad)
 			}
 		}
-		for _, want := range []string{c.want, "the tracer's programs ran 3.64 µs per connection", "conntrack -E first missed connections at 4000 conn/s (1 worker)"} {
+		for _, want := range []string{c.want, "the tracer's programs ran 3.64 µs per connection", "conntrack -E first missed connections at 4000 conn/s (1 worker)",
+			"the tracker alone, without lookups, adds 70 µs per connection to the kernel side + drain", "the rest of the pipeline, its lookups included, 30 µs"} {
 			if !strings.Contains(md, want) {
 				t.Errorf("rate %.0f: report lacks %q", c.rate, want)
 			}

@@ -371,7 +371,7 @@ func (r *report) lossTarget() target {
 			if missed(x.Load.OK, x.Obs.NAT) > 0 && (ctRound == nil || x.Load.rate() < ctRound.Load.rate()) {
 				ctRound = x
 			}
-		case kernelName, statsName, (&fullLive{}).name():
+		case kernelName, statsName, ctName, (&fullLive{}).name():
 			trTop = max(trTop, x.Load.rate())
 			roundLost += max(x.Obs.Lost, 0) + missed(x.Load.OK, x.Obs.NAT)
 		}

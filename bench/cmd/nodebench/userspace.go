@@ -149,7 +149,7 @@ func memory(kind string, n int) (childResult, error) {
 			at := t0.Add(time.Duration(i) * time.Microsecond)
 			for _, e := range mix.Generate(i) {
 				e.Time = at
-				j.Add(e, e.Record(mix.Names{}), at)
+				j.Add(e, trace.EventOf(e, mix.Names{}), at)
 			}
 		}
 		if j.Open() != n {
@@ -194,7 +194,7 @@ func mixTemplates() (map[string]*trace.Flow, error) {
 	for i := range mix.Shapes {
 		for _, e := range mix.Generate(i) {
 			e.Time = mix.Clock.BootWall
-			tj.Add(e, e.Record(mix.Names{}), e.Time)
+			tj.Add(e, trace.EventOf(e, mix.Names{}), e.Time)
 		}
 	}
 	tj.Flush()
@@ -217,12 +217,12 @@ func mixFlow(byOrig map[string]*trace.Flow, i int, at time.Time) (*trace.Flow, e
 	f.Time = at
 	f.Orig = mix.OrigOf(evs)
 	if evs[0].Reply.Valid() {
-		f.Reply = event.TupleRecord(evs[0].Reply)
+		f.Reply = trace.TupleOf(evs[0].Reply)
 	}
 	f.Events = make([]trace.Event, 0, len(evs))
 	for _, e := range evs {
 		e.Time = at
-		f.Events = append(f.Events, e.Record(mix.Names{}))
+		f.Events = append(f.Events, trace.EventOf(e, mix.Names{}))
 	}
 	return &f, nil
 }

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
@@ -210,12 +211,29 @@ type fullLive struct {
 	nat      atomic.Int64
 	flows    atomic.Int64
 	labFlows atomic.Int64
+	// noCT counts the flows that came out without their conntrack entry.
+	noCT atomic.Int64
+	prof windowProfile
 }
 
 func (*fullLive) name() string { return "tracer (full live pipeline)" }
 
 func (f *fullLive) start(b *lab) error {
-	ctx, cancel := context.WithCancel(context.Background())
+	if err := f.prof.start(); err != nil {
+		return err
+	}
+	var err error
+	labelled("live", func(ctx context.Context) { err = f.startLabelled(ctx, b) })
+	if err != nil {
+		f.prof.stop()
+	}
+	return err
+}
+
+// startLabelled starts the pipeline; every goroutine it starts carries
+// ctx's profiler labels.
+func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
+	ctx, cancel := context.WithCancel(ctx)
 	p, err := live.Start(ctx, live.Config{
 		Loader:    b.loaderConfig(),
 		NetnsPath: b.r.Path(), NodeName: "bench", Command: "nodebench",
@@ -235,12 +253,16 @@ func (f *fullLive) start(b *lab) error {
 	f.nat.Store(0)
 	f.flows.Store(0)
 	f.labFlows.Store(0)
+	f.noCT.Store(0)
 	go func() {
 		defer close(f.done)
 		f.sum, f.err = p.Run(ctx, func(fl *trace.Flow) {
 			f.flows.Add(1)
 			if isLabFlow(fl) {
 				f.labFlows.Add(1)
+			}
+			if fl.Conntrack == nil {
+				f.noCT.Add(1)
 			}
 			w.WriteFlow(fl)
 		}, func(e trace.Event) {
@@ -257,12 +279,13 @@ func (f *fullLive) stop() (observed, error) {
 	f.cancel()
 	<-f.done
 	cerr := f.p.Close()
+	perr := f.prof.stop()
 	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events), Flows: f.labFlows.Load(),
-		Extra: fmt.Sprintf("%d flows", f.flows.Load())}
+		Extra: fmt.Sprintf("%d flows, %d without conntrack", f.flows.Load(), f.noCT.Load())}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
 	}
-	return o, errors.Join(f.err, cerr)
+	return o, errors.Join(f.err, cerr, perr)
 }
 
 func isLabFlow(f *trace.Flow) bool {
@@ -415,4 +438,46 @@ func (n *nftTrace) stop() (observed, error) {
 		extra += "; " + c
 	}
 	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: extra}, err
+}
+
+// ctTracker is the kernel side and drain of kernelOnly plus a conntrack
+// tracker on R opened as the live pipeline opens its own, and nothing
+// else (no lookups): what the tracker costs on its own is its difference
+// to kernelOnly.
+type ctTracker struct {
+	kernelOnly
+	ct   *conntrack.Tracker
+	prof windowProfile
+}
+
+const ctName = "tracer (kernel side + drain + conntrack tracker)"
+
+func (*ctTracker) name() string { return ctName }
+
+func (c *ctTracker) start(b *lab) error {
+	c.prof.suffix = "-ct"
+	if err := c.prof.start(); err != nil {
+		return err
+	}
+	if err := c.kernelOnly.start(b); err != nil {
+		c.prof.stop()
+		return err
+	}
+	var err error
+	labelled("ct", func(ctx context.Context) { c.ct, err = conntrack.OpenWith(ctx, b.r.Path(), live.ConntrackOptions()) })
+	if err != nil {
+		c.kernelOnly.stop()
+		c.prof.stop()
+		return fmt.Errorf("open conntrack tracker: %w", err)
+	}
+	return nil
+}
+
+func (c *ctTracker) stop() (observed, error) {
+	o, err := c.kernelOnly.stop()
+	st := c.ct.Stats()
+	cerr := c.ct.Close()
+	perr := c.prof.stop()
+	o.Extra = strings.TrimPrefix(fmt.Sprintf("%s; conntrack %d entries, %d overruns", o.Extra, st.Entries, st.Overruns), "; ")
+	return o, errors.Join(err, cerr, perr)
 }

@@ -39,25 +39,69 @@ type source interface {
 	// lost since the last call (the source stays usable); errClosed that
 	// Close was called.
 	Receive() ([]change, error)
+	// Get asks for the live entry holding tu as either of its tuples; ok
+	// is false when the table has none.
+	Get(tu event.Tuple) (e Entry, ok bool, err error)
+	// DumpSource returns the live entries whose original tuple leaves
+	// from src.
+	DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error)
 	Close() error
 }
 
-// netlinkSource has two sockets: the event socket only ever receives
-// multicast events, and dumps go over their own socket so that a dump's
-// replies never interleave with events.
+// netlinkSource has an event socket (every event, or with a targeted
+// tracker a destroyReader) that only ever receives multicast events, and
+// dumps, queries and gets go over their own sockets so that their replies
+// never interleave with events or each other. query carries the requests
+// ti-mo/conntrack cannot make (a dump filtered by source); getter the
+// single-entry GETs.
 type netlinkSource struct {
-	events *netfilter.Conn
-	dumper *ct.Conn
+	events   *netfilter.Conn
+	destroys *destroyReader
+	dumper   *ct.Conn
+	query    *netfilter.Conn
+	getter   *getter
 	// decodeErrors counts event messages ti-mo/conntrack could not parse.
 	decodeErrors atomic.Uint64
 	closed       chan struct{}
 }
 
-// dialNetlink opens both sockets in the namespace whose fd is nsFD (0: the
-// caller's). mdlayher/socket creates the socket on a locked thread switched
-// into that namespace and switches back, so no goroutine is left in it.
-func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
-	cfg := &netlink.Config{NetNS: nsFD}
+// dialNetlink opens the sockets in the namespace whose fd is nsFD (0: the
+// caller's): an event socket in every conntrack group, or (targeted) a
+// destroyReader. mdlayher/socket creates the socket on a locked thread
+// switched into that namespace and switches back, so no goroutine is left
+// in it.
+func dialNetlink(nsFD int, readBuffer int, targeted bool) (*netlinkSource, error) {
+	s := &netlinkSource{closed: make(chan struct{})}
+	if err := s.dial(&netlink.Config{NetNS: nsFD}, readBuffer, targeted); err != nil {
+		s.closeSockets()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *netlinkSource) dial(cfg *netlink.Config, readBuffer int, targeted bool) error {
+	var err error
+	if targeted {
+		if s.destroys, err = newDestroyReader(cfg, readBuffer); err != nil {
+			return err
+		}
+	} else if s.events, err = dialEvents(cfg, readBuffer); err != nil {
+		return err
+	}
+	if s.dumper, err = ct.Dial(cfg); err != nil {
+		return fmt.Errorf("open conntrack dump socket: %w", err)
+	}
+	if s.query, err = netfilter.Dial(cfg); err != nil {
+		return fmt.Errorf("open conntrack query socket: %w", err)
+	}
+	s.getter, err = newGetter(cfg)
+	return err
+}
+
+// dialEvents opens the socket of every conntrack event. It joins the groups
+// before the first dump, so that no change between the dump and the
+// subscription can be missed.
+func dialEvents(cfg *netlink.Config, readBuffer int) (*netfilter.Conn, error) {
 	evc, err := netfilter.Dial(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack event socket: %w", err)
@@ -68,18 +112,11 @@ func dialNetlink(nsFD int, readBuffer int) (*netlinkSource, error) {
 			return nil, fmt.Errorf("set conntrack event socket buffer: %w", err)
 		}
 	}
-	// Join the groups before the first dump, so that no change between the
-	// dump and the subscription can be missed.
 	if err := evc.JoinGroups(netfilter.GroupsCT); err != nil {
 		evc.Close()
 		return nil, fmt.Errorf("join conntrack event groups: %w", err)
 	}
-	dc, err := ct.Dial(&netlink.Config{NetNS: nsFD})
-	if err != nil {
-		evc.Close()
-		return nil, fmt.Errorf("open conntrack dump socket: %w", err)
-	}
-	return &netlinkSource{events: evc, dumper: dc, closed: make(chan struct{})}, nil
+	return evc, nil
 }
 
 func (s *netlinkSource) Dump() ([]Entry, error) {
@@ -124,16 +161,63 @@ func (s *netlinkSource) Receive() ([]change, error) {
 	return out, nil
 }
 
-func (s *netlinkSource) decodeErrorCount() uint64 { return s.decodeErrors.Load() }
+func (s *netlinkSource) decodeErrorCount() uint64 {
+	n := s.decodeErrors.Load()
+	if s.destroys != nil {
+		n += s.destroys.decodeErrors.Load()
+	}
+	return n
+}
 
 func (s *netlinkSource) Close() error {
 	close(s.closed)
-	err1 := s.events.Close()
-	err2 := s.dumper.Close()
-	if err := errors.Join(err1, err2); err != nil {
+	if err := s.closeSockets(); err != nil {
 		return fmt.Errorf("close conntrack sockets: %w", err)
 	}
 	return nil
+}
+
+// closeSockets closes the sockets that were opened.
+func (s *netlinkSource) closeSockets() error {
+	var errs []error
+	if s.events != nil {
+		errs = append(errs, s.events.Close())
+	}
+	if s.destroys != nil {
+		errs = append(errs, s.destroys.Close())
+	}
+	if s.dumper != nil {
+		errs = append(errs, s.dumper.Close())
+	}
+	if s.query != nil {
+		errs = append(errs, s.query.Close())
+	}
+	if s.getter != nil {
+		errs = append(errs, s.getter.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Wait blocks until DESTROY events are queued (targeted sources).
+func (s *netlinkSource) Wait() error {
+	err := s.destroys.wait()
+	select {
+	case <-s.closed:
+		return errClosed
+	default:
+	}
+	return err
+}
+
+// Drain hands over the DESTROY events queued now (targeted sources).
+func (s *netlinkSource) Drain(fn func(change)) error {
+	err := s.destroys.drain(fn)
+	select {
+	case <-s.closed:
+		return errClosed
+	default:
+	}
+	return err
 }
 
 // fromFlow converts ti-mo's flow into an Entry. Seen is left to the caller,

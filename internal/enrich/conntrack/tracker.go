@@ -2,11 +2,13 @@
 // kept current by conntrack netlink events, so the joiner can find the
 // connection a kernel decision belongs to (by either of its tuples), see
 // whether it was ever replied to, and still find it shortly after the kernel
-// destroyed it.
+// destroyed it. A targeted tracker (Options.Targeted, what the live pipeline
+// runs) keeps only the destroyed entries and asks the kernel for a live one
+// when it is looked up.
 //
 // Lost events are never silent: when the event socket overruns (ENOBUFS),
 // the overrun is counted and the table is rebuilt from a fresh dump while
-// events keep flowing.
+// events keep flowing (a targeted tracker has no live copy to rebuild).
 package conntrack
 
 import (
@@ -58,6 +60,9 @@ type Stats struct {
 	Destroyed int
 	// Evicted counts entries forgotten because the table was full.
 	Evicted uint64
+	// QueryErrors counts the kernel queries of targeted lookups that
+	// failed (the lookup then answered from the destroyed entries).
+	QueryErrors uint64
 	// DecodeErrors counts event messages that could not be parsed.
 	DecodeErrors uint64
 	// LastDump is how long the most recent full dump took to read and
@@ -85,6 +90,16 @@ type Options struct {
 	// minimum). Default 4 MiB, so that bursts of new connections overrun
 	// less often; tests make it tiny to force overruns.
 	ReadBuffer int
+
+	// Targeted keeps only destroyed entries from events, subscribing to
+	// DESTROY alone, and asks the kernel for a live entry each time one is
+	// looked up (a ctnetlink GET of the tuple; BySource a dump the kernel
+	// filters by source). The kernel then builds one event message per
+	// connection, not one per state change, and the tracker decodes no
+	// event of a connection nobody looks up. Overruns are counted; there
+	// is nothing to re-dump (live entries are always asked for), and the
+	// DESTROYs lost in one are lost.
+	Targeted bool
 
 	// pruneEvery overrides how often destroyed entries are pruned (tests
 	// with a fake clock).
@@ -128,7 +143,14 @@ type Tracker struct {
 	// before the overrun was applied and before any received after it.
 	queue chan item
 
+	// drainer is a targeted tracker's source; rx makes each drain see
+	// every event queued before it started.
+	drainer drainer
+	rx      sync.Mutex
+	stopped bool // under rx: Updates is closed, nothing is applied any more
+
 	overruns, redumps, dropped atomic.Uint64
+	queryErrors                atomic.Uint64
 	lastDump                   atomic.Int64
 	dumped                     atomic.Int64
 	errMu                      sync.Mutex
@@ -167,7 +189,7 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 4 << 20
 	}
-	src, err := dialNetlink(nsFD, opts.ReadBuffer)
+	src, err := dialNetlink(nsFD, opts.ReadBuffer, opts.Targeted)
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
 	}
@@ -192,13 +214,23 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		queue:   make(chan item, 1024),
 		done:    make(chan struct{}),
 	}
-	if err := t.dump(false); err != nil {
-		return nil, err
-	}
 	ctx, t.cancel = context.WithCancel(ctx)
-	readerDone := make(chan struct{})
-	go t.read(readerDone)
-	go t.apply(ctx, readerDone)
+	if opts.Targeted {
+		d, ok := src.(drainer)
+		if !ok {
+			return nil, errors.New("targeted conntrack tracker: the source cannot be drained")
+		}
+		t.drainer = d
+		go t.waitLoop()
+		go t.pruneLoop(ctx)
+	} else {
+		if err := t.dump(false); err != nil {
+			return nil, err
+		}
+		readerDone := make(chan struct{})
+		go t.read(readerDone)
+		go t.apply(ctx, readerDone)
+	}
 	go func() {
 		<-ctx.Done()
 		t.Close()
@@ -385,20 +417,48 @@ func (t *Tracker) setErr(err error) {
 // included), live or destroyed within the retention.
 func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	if t.opts.Targeted {
+		if e, ok := t.get(tu); ok {
+			return e, true
+		}
+		// A DESTROY the kernel sent before it said it has no such
+		// entry is in the table once drained.
+		t.drain()
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.tab.lookup(tu, t.now())
 }
 
+// get asks the kernel for tu's live entry (targeted lookups).
+func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
+	e, ok, err := t.src.Get(tu)
+	if err != nil {
+		t.queryErrors.Add(1)
+		return Entry{}, false
+	}
+	e.Seen = t.now()
+	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
+	return e, ok
+}
+
 // History lists the entries whose original tuple is tu, newest first:
 // Lookup's entry, then the destroyed connections it replaced, within the
 // retention. A client reusing a source port makes one entry per
-// connection for the same tuple.
+// connection for the same tuple. A targeted tracker's live entry is the
+// kernel's, ahead of the destroyed ones its table holds.
 func (t *Tracker) History(tu event.Tuple) []Entry {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
+	var live []Entry
+	if t.opts.Targeted {
+		if e, ok := t.get(tu); ok && e.Orig == tu {
+			live = append(live, e)
+		}
+		t.drain()
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.tab.history(tu, t.now())
+	return append(live, t.tab.history(tu, t.now())...)
 }
 
 // Updates delivers every change after Open (and the changes a re-dump
@@ -418,6 +478,7 @@ func (t *Tracker) Stats() Stats {
 		Entries:        live + dead,
 		Destroyed:      dead,
 		Evicted:        evicted,
+		QueryErrors:    t.queryErrors.Load(),
 		LastDump:       time.Duration(t.lastDump.Load()),
 		DumpedEntries:  int(t.dumped.Load()),
 	}
@@ -452,7 +513,113 @@ func (t *Tracker) Close() error {
 // was meant for.
 func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
+	var live []Entry
+	if t.opts.Targeted {
+		live = t.dumpSource(proto, src)
+		t.drain()
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.tab.bySource(proto, src, t.now())
+	return append(live, t.tab.bySource(proto, src, t.now())...)
+}
+
+// dumpSource asks the kernel for the live entries from src (targeted
+// lookups).
+func (t *Tracker) dumpSource(proto uint8, src netip.AddrPort) []Entry {
+	live, err := t.src.DumpSource(proto, src)
+	if err != nil {
+		t.queryErrors.Add(1)
+		return nil
+	}
+	now := t.now()
+	for i := range live {
+		live[i].Seen = now
+	}
+	return live
+}
+
+// drainer is the source of a targeted tracker: Wait blocks until events
+// are queued (errClosed once closed); Drain hands over every change queued
+// now without blocking (errOverrun when the kernel dropped some).
+type drainer interface {
+	Wait() error
+	Drain(fn func(change)) error
+}
+
+// waitLoop applies the DESTROY events as they come, so the socket does
+// not overrun between lookups.
+func (t *Tracker) waitLoop() {
+	defer func() {
+		t.rx.Lock()
+		t.stopped = true
+		close(t.updates)
+		t.rx.Unlock()
+	}()
+	for {
+		err := t.drainer.Wait()
+		if errors.Is(err, errClosed) {
+			return
+		}
+		if err != nil {
+			t.setErr(err)
+			return
+		}
+		t.drain()
+	}
+}
+
+// drain applies every event queued now. Overruns are counted: there is no
+// live copy to repair, and the DESTROYs lost in one stay lost.
+func (t *Tracker) drain() {
+	t.rx.Lock()
+	defer t.rx.Unlock()
+	if t.stopped {
+		return
+	}
+	var batch []change
+	err := t.drainer.Drain(func(c change) { batch = append(batch, c) })
+	if len(batch) > 0 {
+		t.applyDestroys(batch)
+	}
+	switch {
+	case errors.Is(err, errOverrun):
+		t.overruns.Add(1)
+	case err != nil && !errors.Is(err, errClosed):
+		t.setErr(err)
+	}
+}
+
+// applyDestroys records a targeted tracker's DESTROYs as the table would
+// have had them from every event: the connection's entry, then its end.
+// A destroyed entry already held for the tuple is then an earlier
+// connection's (the client reused its source port), never this one's.
+func (t *Tracker) applyDestroys(ch []change) {
+	now := t.now()
+	out := make([]Entry, 0, len(ch))
+	t.mu.Lock()
+	for _, c := range ch {
+		c.entry.Seen = now
+		t.tab.upsert(c.entry, true)
+		out = append(out, t.tab.destroy(c.entry))
+	}
+	t.mu.Unlock()
+	for _, e := range out {
+		t.publish(e)
+	}
+}
+
+// pruneLoop forgets expired destroyed entries (targeted trackers).
+func (t *Tracker) pruneLoop(ctx context.Context) {
+	prune := time.NewTicker(t.opts.pruneEvery)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-prune.C:
+			t.mu.Lock()
+			t.tab.prune(t.now())
+			t.mu.Unlock()
+		}
+	}
 }

@@ -164,7 +164,7 @@ func TestPrivUnrepliedSYN(t *testing.T) {
 }
 
 // dialIn opens a ctnetlink connection in ns; the caller closes it.
-func dialIn(t *testing.T, ns netlab.Namespace) *ct.Conn {
+func dialIn(t testing.TB, ns netlab.Namespace) *ct.Conn {
 	t.Helper()
 	fd, err := unix.Open(ns.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -17,9 +17,17 @@ import (
 // fakeSource is a kernel table the test edits behind the tracker's back,
 // and an event stream the test feeds, including overruns.
 type fakeSource struct {
-	mu     sync.Mutex
-	table  map[event.Tuple]Entry
-	dumps  int
+	mu    sync.Mutex
+	table map[event.Tuple]Entry
+	dumps int
+	gets  int
+	// queryErr fails Get and DumpSource.
+	queryErr error
+	// pending is what a targeted tracker's Wait took from events, and
+	// what a test queues as the kernel does while it answers a Get.
+	pending []fakeRecv
+	// onMiss runs (with mu held) when Get finds nothing.
+	onMiss func(tu event.Tuple)
 	events chan fakeRecv
 	closed chan struct{}
 	once   sync.Once
@@ -56,6 +64,79 @@ func (f *fakeSource) Receive() ([]change, error) {
 	case <-f.closed:
 		return nil, errClosed
 	}
+}
+
+func (f *fakeSource) Get(tu event.Tuple) (Entry, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gets++
+	if f.queryErr != nil {
+		return Entry{}, false, f.queryErr
+	}
+	for _, e := range f.table {
+		if e.Orig == tu || e.Reply == tu {
+			return e, true, nil
+		}
+	}
+	if f.onMiss != nil {
+		f.onMiss(tu)
+	}
+	return Entry{}, false, nil
+}
+
+func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.queryErr != nil {
+		return nil, f.queryErr
+	}
+	var out []Entry
+	for _, e := range f.table {
+		if e.Orig.Proto == proto && e.Orig.SrcAddrPort() == src {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// Wait and Drain read the same event stream as Receive, for targeted
+// trackers: Wait moves the next item to pending, Drain hands over pending
+// and whatever else is queued.
+func (f *fakeSource) Wait() error {
+	select {
+	case r := <-f.events:
+		f.mu.Lock()
+		f.pending = append(f.pending, r)
+		f.mu.Unlock()
+		return nil
+	case <-f.closed:
+		return errClosed
+	}
+}
+
+func (f *fakeSource) Drain(fn func(change)) error {
+	f.mu.Lock()
+	items := f.pending
+	f.pending = nil
+	f.mu.Unlock()
+	for more := true; more; {
+		select {
+		case r := <-f.events:
+			items = append(items, r)
+		default:
+			more = false
+		}
+	}
+	var err error
+	for _, r := range items {
+		if r.err != nil {
+			err = r.err
+		}
+		for _, c := range r.ch {
+			fn(c)
+		}
+	}
+	return err
 }
 
 func (f *fakeSource) Close() error {

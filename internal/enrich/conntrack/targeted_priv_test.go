@@ -1,0 +1,323 @@
+package conntrack
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	ct "github.com/ti-mo/conntrack"
+
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/netlab"
+)
+
+// ctToolEntry is one line of `conntrack -L`, as the conntrack tool prints
+// the kernel's table.
+type ctToolEntry struct {
+	orig, reply event.Tuple
+	state       string
+	assured     bool
+	unreplied   bool
+}
+
+// conntrackList is the namespace's table as `conntrack -L` prints it,
+// for the truth the tracker is compared with.
+func conntrackList(t *testing.T, ns netlab.Namespace, args ...string) []ctToolEntry {
+	t.Helper()
+	out, err := ns.Run("conntrack", append([]string{"-L"}, args...)...)
+	if err != nil {
+		t.Fatalf("conntrack -L %v: %v %s", args, err, out)
+	}
+	var entries []ctToolEntry
+	for _, line := range strings.Split(string(out), "\n") {
+		if e, ok := parseToolLine(line); ok {
+			entries = append(entries, e)
+		}
+	}
+	return entries
+}
+
+// parseToolLine reads "tcp 6 431999 ESTABLISHED src=.. dst=.. sport=..
+// dport=.. src=.. dst=.. sport=.. dport=.. [ASSURED] mark=0 use=1" (ICMP:
+// type, code and id instead of the ports).
+func parseToolLine(line string) (ctToolEntry, bool) {
+	f := strings.Fields(line)
+	if len(f) < 3 {
+		return ctToolEntry{}, false
+	}
+	var e ctToolEntry
+	var proto uint8
+	fmt.Sscan(f[1], &proto)
+	var tuples [2]map[string]string
+	n := -1
+	for _, w := range f[2:] {
+		k, v, ok := strings.Cut(w, "=")
+		switch {
+		case w == "[ASSURED]":
+			e.assured = true
+		case w == "[UNREPLIED]":
+			e.unreplied = true
+		case !ok && w == strings.ToUpper(w) && w[0] >= 'A' && w[0] <= 'Z':
+			e.state = w
+		case k == "src" && n < 1:
+			n++
+			tuples[n] = map[string]string{}
+			tuples[n][k] = v
+		case ok && n >= 0 && n < 2 && k != "mark" && k != "use" && k != "zone":
+			tuples[n][k] = v
+		}
+	}
+	if n != 1 {
+		return ctToolEntry{}, false
+	}
+	e.orig, e.reply = toolTuple(proto, tuples[0]), toolTuple(proto, tuples[1])
+	return e, true
+}
+
+func toolTuple(proto uint8, kv map[string]string) event.Tuple {
+	tu := event.Tuple{Proto: proto, Src: netip.MustParseAddr(kv["src"]), Dst: netip.MustParseAddr(kv["dst"])}
+	num := func(k string) uint16 { var n uint16; fmt.Sscan(kv[k], &n); return n }
+	if proto == 1 || proto == 58 {
+		tu.SrcPort, tu.DstPort = num("id"), num("type")<<8|num("code")
+		return tu
+	}
+	tu.SrcPort, tu.DstPort = num("sport"), num("dport")
+	return tu
+}
+
+// TestPrivTargetedLookup: a targeted tracker's entry of a real DNAT'd
+// connection is what `conntrack -L` shows, by either tuple and after the
+// connection changed state; once `conntrack -D` deleted it, it is the
+// destroyed entry.
+func TestPrivTargetedLookup(t *testing.T) {
+	requirePriv(t)
+	node, backend := natLab(t, "trcc-t1")
+	tr, err := OpenWith(context.Background(), node.Path(), Options{Targeted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	hold := serveHolding(t, backend)
+	var c net.Conn
+	if err := node.Do(func() (err error) { c, err = net.DialTimeout("tcp", "10.96.0.10:80", 3*time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-hold // the server has accepted: the connection is established
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	sport := fmt.Sprint(local.Port())
+
+	tool := conntrackList(t, node, "-p", "tcp", "--sport", sport)
+	if len(tool) != 1 {
+		t.Fatalf("conntrack -L has %d entries for the connection: %+v", len(tool), tool)
+	}
+	want := tool[0]
+	for _, tu := range []event.Tuple{want.orig, want.reply} {
+		e, ok := tr.Lookup(tu)
+		if !ok || e.Orig != want.orig || e.Reply != want.reply || e.State != want.state ||
+			(e.Status&StatusAssured != 0) != want.assured || e.Replied == want.unreplied || e.Destroyed {
+			t.Fatalf("lookup %v: tracker %+v %v (status %v), conntrack -L %+v", tu, e, ok, FormatStatus(e.Status), want)
+		}
+	}
+
+	c.Close() // FIN: the entry moves on without any event the tracker reads
+	waitFor(t, "the kernel's entry to leave ESTABLISHED", func() bool {
+		l := conntrackList(t, node, "-p", "tcp", "--sport", sport)
+		return len(l) == 1 && l[0].state != "ESTABLISHED"
+	})
+	now := conntrackList(t, node, "-p", "tcp", "--sport", sport)[0]
+	if e, ok := tr.Lookup(want.orig); !ok || e.State != now.state {
+		t.Fatalf("after close: tracker %+v %v, conntrack -L state %s", e, ok, now.state)
+	}
+
+	mustRun(t, node, "conntrack", "-D", "-p", "tcp", "--sport", sport)
+	waitFor(t, "the destroy event", func() bool { return tr.Stats().Destroyed == 1 })
+	if e, ok := tr.Lookup(want.reply); !ok || !e.Destroyed || e.Orig != want.orig {
+		t.Fatalf("after conntrack -D: %+v %v", e, ok)
+	}
+	if s := tr.Stats(); s.QueryErrors != 0 || s.Overruns != 0 || s.DumpedEntries != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// serveHolding accepts connections on 10.0.0.2:8080 in ns and keeps them
+// open until the test ends; the channel ticks at each accept.
+func serveHolding(t *testing.T, ns netlab.Namespace) <-chan struct{} {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", "10.0.0.2:8080"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 16)
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+			accepted <- struct{}{}
+		}
+	}()
+	return accepted
+}
+
+// TestPrivTargetedBySource: the kernel-filtered dump of a source endpoint
+// lists exactly the entries `conntrack -L` shows from it (UDP, TCP, IPv6
+// and ICMP by echo id), and none of its neighbours'.
+func TestPrivTargetedBySource(t *testing.T) {
+	requirePriv(t)
+	lab, err := netlab.New("trcc-t2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert := func(args ...string) {
+		mustRun(t, ns, append([]string{"conntrack", "-I", "--timeout", "600"}, args...)...)
+	}
+	for _, dst := range []string{"10.2.0.1", "10.2.0.2", "10.2.0.3"} {
+		insert("-p", "udp", "-s", "10.1.0.5", "-d", dst, "--sport", "5353", "--dport", "53")
+	}
+	insert("-p", "udp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "5354", "--dport", "53") // another port
+	insert("-p", "udp", "-s", "10.1.0.6", "-d", "10.2.0.1", "--sport", "5353", "--dport", "53") // another address
+	insert("-p", "tcp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "5353", "--dport", "80", "--state", "ESTABLISHED")
+	insert("-p", "udp", "-s", "fd00::5", "-d", "fd00::1", "--sport", "5353", "--dport", "53")
+	insert("-p", "icmp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--icmp-type", "8", "--icmp-code", "0", "--icmp-id", "77")
+	insert("-p", "icmp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--icmp-type", "8", "--icmp-code", "0", "--icmp-id", "78")
+
+	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	table := conntrackList(t, ns) // both families
+	for _, q := range []struct {
+		proto uint8
+		src   string
+	}{{17, "10.1.0.5:5353"}, {6, "10.1.0.5:5353"}, {17, "[fd00::5]:5353"}, {1, "10.1.0.5:77"}, {17, "10.1.0.7:5353"}} {
+		src := netip.MustParseAddrPort(q.src)
+		var want, got []event.Tuple
+		for _, e := range table {
+			if e.orig.Proto == q.proto && e.orig.SrcAddrPort() == src {
+				want = append(want, e.orig)
+			}
+		}
+		for _, e := range tr.BySource(q.proto, src) {
+			got = append(got, e.Orig)
+		}
+		sortTuples(want)
+		sortTuples(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("BySource(%d, %v) = %v, conntrack -L has %v", q.proto, src, got, want)
+		}
+	}
+	if s := tr.Stats(); s.QueryErrors != 0 {
+		t.Errorf("query errors %d", s.QueryErrors)
+	}
+}
+
+func sortTuples(ts []event.Tuple) {
+	slices.SortFunc(ts, func(a, b event.Tuple) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+}
+
+// TestPrivTargetedOverrun floods a targeted tracker with DESTROYs on the
+// smallest receive buffer: the overrun must be counted, no dump made, and
+// lookups still answer from the kernel.
+func TestPrivTargetedOverrun(t *testing.T) {
+	requirePriv(t)
+	lab, err := netlab.New("trcc-t3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true, ReadBuffer: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	total := 0
+	for batch := 0; batch < 10 && tr.Stats().Overruns == 0; batch++ {
+		createFlows(t, ns, 0, 4000)
+		total += 4000
+		mustRun(t, ns, "conntrack", "-F")
+		time.Sleep(50 * time.Millisecond)
+	}
+	s := tr.Stats()
+	if s.Overruns == 0 {
+		t.Fatalf("no overrun after %d destroys with a tiny buffer", total)
+	}
+	if s.Redumps != 0 || s.DumpedEntries != 0 || s.Err != "" {
+		t.Errorf("stats after overrun %+v", s)
+	}
+	createFlows(t, ns, 7, 1)
+	want := fromFlow(&dumpFlows(t, ns)[0])
+	if e, ok := tr.Lookup(want.Reply); !ok || e.Destroyed || e.Orig != want.Orig {
+		t.Fatalf("lookup after the overrun: %+v %v, kernel has %+v", e, ok, want)
+	}
+	t.Logf("%d destroys: %d overruns, %d destroyed entries kept", total, s.Overruns, s.Destroyed)
+}
+
+// TestPrivTargetedExpired: entries that time out before they are looked up
+// (the kernel destroys an expired entry when asked for it, or its garbage
+// collector did) are answered as destroyed, every one, never a miss.
+func TestPrivTargetedExpired(t *testing.T) {
+	requirePriv(t)
+	lab, err := netlab.New("trcc-t4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c := dialIn(t, ns)
+	defer c.Close()
+	var tuples []event.Tuple
+	for i := range 200 {
+		src := netip.AddrFrom4([4]byte{10, 1, 0, byte(i)})
+		f := ct.NewFlow(17, 0, src, netip.MustParseAddr("10.2.0.1"), uint16(20000+i), 53, 1, 0)
+		if err := c.Create(f); err != nil {
+			t.Fatalf("create flow %d: %v", i, err)
+		}
+		tuples = append(tuples, fromFlow(&f).Orig)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	missed := 0
+	for _, tu := range tuples {
+		if e, ok := tr.Lookup(tu); !ok || !e.Destroyed {
+			missed++
+		}
+	}
+	if len(conntrackList(t, ns)) != 0 {
+		t.Fatal("the kernel still has entries past their timeout")
+	}
+	if missed > 0 {
+		t.Fatalf("%d of %d expired entries not answered as destroyed (stats %+v)", missed, len(tuples), tr.Stats())
+	}
+}

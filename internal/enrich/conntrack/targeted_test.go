@@ -1,0 +1,170 @@
+package conntrack
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// TestTargetedLookupAsksTheKernel: a targeted tracker dumps nothing, answers
+// a live entry as the kernel has it now (changed behind its back, without
+// any event), and a destroyed one from the DESTROY it was told of.
+func TestTargetedLookupAsksTheKernel(t *testing.T) {
+	a := dnatEntry(40100, 0)
+	src := newFake(a)
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	if src.dumps != 0 {
+		t.Fatalf("targeted tracker dumped the table %d times", src.dumps)
+	}
+	for _, tu := range []event.Tuple{a.Orig, a.Reply} {
+		if e, ok := tr.Lookup(tu); !ok || e.Orig != a.Orig || e.Replied || e.Seen.IsZero() {
+			t.Fatalf("lookup %v: %+v %v", tu, e, ok)
+		}
+	}
+	up := a
+	up.Status |= StatusSeenReply
+	up.State = "ESTABLISHED"
+	src.set(up)
+	if e, ok := tr.Lookup(a.Orig); !ok || !e.Replied || e.State != "ESTABLISHED" {
+		t.Fatalf("lookup after the kernel's change: %+v %v", e, ok)
+	}
+
+	src.del(a.Orig)
+	src.events <- fakeRecv{ch: []change{{entry: up, destroy: true}}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	if e, ok := tr.Lookup(a.Reply); !ok || !e.Destroyed || !e.Replied || e.State != "ESTABLISHED" {
+		t.Fatalf("destroyed entry: %+v %v", e, ok)
+	}
+	if s := tr.Stats(); s.Entries != 1 || s.QueryErrors != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestTargetedBySource lists the kernel's live entries from the source,
+// then the destroyed ones, and none from another source.
+func TestTargetedBySource(t *testing.T) {
+	a, b, other := dnatEntry(40110, 0), dnatEntry(40111, 0), dnatEntry(40112, 0)
+	src := newFake(a, other)
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: b, destroy: true}}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+
+	got := tr.BySource(6, a.Orig.SrcAddrPort())
+	if len(got) != 1 || got[0].Orig != a.Orig || got[0].Destroyed {
+		t.Fatalf("live from %v: %+v", a.Orig.SrcAddrPort(), got)
+	}
+	got = tr.BySource(6, b.Orig.SrcAddrPort())
+	if len(got) != 1 || got[0].Orig != b.Orig || !got[0].Destroyed {
+		t.Fatalf("destroyed from %v: %+v", b.Orig.SrcAddrPort(), got)
+	}
+	if got := tr.BySource(17, a.Orig.SrcAddrPort()); len(got) != 0 {
+		t.Fatalf("udp from a tcp source: %+v", got)
+	}
+}
+
+// TestTargetedOverrunCounted: an overrun is counted and repaired by
+// nothing (there is no live copy to re-dump); DESTROYs after it apply.
+func TestTargetedOverrunCounted(t *testing.T) {
+	a := dnatEntry(40120, 0)
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{err: errOverrun}
+	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
+	waitFor(t, "destroy after the overrun", func() bool { return tr.Stats().Destroyed == 1 })
+	if s := tr.Stats(); s.Overruns != 1 || s.Redumps != 0 || src.dumps != 0 {
+		t.Errorf("stats %+v, %d dumps", s, src.dumps)
+	}
+}
+
+// TestTargetedQueryErrorCounted: a failed kernel query is counted, and the
+// lookup still answers from the destroyed entries.
+func TestTargetedQueryErrorCounted(t *testing.T) {
+	a := dnatEntry(40130, 0)
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	src.mu.Lock()
+	src.queryErr = errors.New("get conntrack entry: socket gone")
+	src.mu.Unlock()
+	if e, ok := tr.Lookup(a.Orig); !ok || !e.Destroyed {
+		t.Fatalf("lookup with the kernel unreachable: %+v %v", e, ok)
+	}
+	if got := tr.BySource(6, a.Orig.SrcAddrPort()); len(got) != 1 || !got[0].Destroyed {
+		t.Fatalf("by source with the kernel unreachable: %+v", got)
+	}
+	if s := tr.Stats(); s.QueryErrors != 2 {
+		t.Errorf("query errors %d, want 2", s.QueryErrors)
+	}
+}
+
+// TestTargetedLookupTakesInQueuedDestroy: the kernel, asked for an entry
+// that has just expired, destroys it, queues its DESTROY and answers "no
+// such entry". The lookup must answer with the destroyed entry, not a
+// miss, although the tracker's own reader has not seen the event yet.
+func TestTargetedLookupTakesInQueuedDestroy(t *testing.T) {
+	a := dnatEntry(40140, StatusSeenReply)
+	a.State = "TIME_WAIT"
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.mu.Lock()
+	src.onMiss = func(tu event.Tuple) {
+		if tu == a.Orig {
+			src.pending = append(src.pending, fakeRecv{ch: []change{{entry: a, destroy: true}}})
+		}
+	}
+	src.mu.Unlock()
+	e, ok := tr.Lookup(a.Orig)
+	if !ok || !e.Destroyed || e.State != "TIME_WAIT" || !e.Replied {
+		t.Fatalf("lookup of the entry destroyed while asked for: %+v %v", e, ok)
+	}
+}
+
+// TestTargetedReusedTupleDestroyedTwice: two connections of one tuple,
+// destroyed one after the other, are two entries: a lookup finds the
+// newer one, with its own state, not the first one refreshed.
+func TestTargetedReusedTupleDestroyedTwice(t *testing.T) {
+	first := dnatEntry(40150, StatusSeenReply)
+	first.State = "CLOSE"
+	second := dnatEntry(40150, 0)
+	second.Reply.Src = netip.MustParseAddr("10.244.2.6") // another backend
+	second.State = "SYN_SENT"
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: first, destroy: true}}}
+	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
+	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
+	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
+	e, ok := tr.Lookup(second.Orig)
+	if !ok || !e.Destroyed || e.State != "SYN_SENT" || e.Reply != second.Reply || e.Replied {
+		t.Fatalf("lookup after two connections of one tuple: %+v %v, want the second", e, ok)
+	}
+	if e, ok := tr.Lookup(first.Reply); !ok || e.State != "CLOSE" {
+		t.Errorf("the first connection by its own reply tuple: %+v %v", e, ok)
+	}
+}
+
+// TestTargetedHistory: a reused tuple's history is the kernel's live
+// entry, then the destroyed connections of the tuple, newest first.
+func TestTargetedHistory(t *testing.T) {
+	first, second, live := dnatEntry(40160, StatusSeenReply), dnatEntry(40160, 0), dnatEntry(40160, 0)
+	first.State, second.State, live.State = "CLOSE", "TIME_WAIT", "SYN_SENT"
+	second.Reply.Src = netip.MustParseAddr("10.244.2.6")
+	live.Reply.Src = netip.MustParseAddr("10.244.2.8")
+	src := newFake(live)
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: first, destroy: true}}}
+	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
+	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
+	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
+	h := tr.History(live.Orig)
+	if len(h) != 3 || h[0].State != "SYN_SENT" || h[0].Destroyed || h[1].State != "TIME_WAIT" || !h[1].Destroyed || h[2].State != "CLOSE" {
+		t.Fatalf("history %+v", h)
+	}
+	if h := tr.History(live.Reply); len(h) != 0 {
+		t.Errorf("a reply tuple has no history of its own: %+v", h)
+	}
+}

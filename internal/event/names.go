@@ -1,0 +1,61 @@
+package event
+
+import (
+	"fmt"
+)
+
+// ReasonNamer names a drop or RST reason number for this kernel (the
+// numbers differ between kernels; the loader reads the names from BTF).
+type ReasonNamer interface {
+	DropReason(uint32) string
+	ResetReason(uint32) string
+}
+
+// String renders the range as IP[-IP][:PORT[-PORT]].
+func (r Range) String() string {
+	if !r.MinAddr.IsValid() {
+		return ""
+	}
+	s := r.MinAddr.String()
+	if r.MaxAddr.IsValid() && r.MaxAddr != r.MinAddr {
+		s += "-" + r.MaxAddr.String()
+	}
+	if r.MinAddr.Is6() {
+		s = "[" + s + "]"
+	}
+	if r.MinPort != 0 {
+		s += fmt.Sprintf(":%d", r.MinPort)
+		if r.MaxPort != r.MinPort {
+			s += fmt.Sprintf("-%d", r.MaxPort)
+		}
+	}
+	return s
+}
+
+// ICMPName names common ICMP error type/code pairs as REJECT spells them.
+func ICMPName(v4 bool, typ, code uint8) string {
+	if v4 && typ == 3 {
+		switch code {
+		case 0:
+			return "icmp-net-unreachable"
+		case 1:
+			return "icmp-host-unreachable"
+		case 2:
+			return "icmp-proto-unreachable"
+		case 3:
+			return "icmp-port-unreachable"
+		case 4:
+			return "icmp-frag-needed"
+		case 9:
+			return "icmp-net-prohibited"
+		case 10:
+			return "icmp-host-prohibited"
+		case 13:
+			return "icmp-admin-prohibited"
+		}
+	}
+	if v4 && typ == 11 {
+		return "icmp-time-exceeded"
+	}
+	return fmt.Sprintf("icmp type %d code %d", typ, code)
+}

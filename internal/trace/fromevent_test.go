@@ -1,0 +1,88 @@
+package trace_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/bench/mix"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+func tuple(proto uint8, src, dst string) event.Tuple {
+	s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
+	return event.Tuple{Src: s.Addr(), Dst: d.Addr(), SrcPort: s.Port(), DstPort: d.Port(), Proto: proto}
+}
+
+// The event kinds are named as the trace format names them.
+func TestKindNamesAreTheFormats(t *testing.T) {
+	for kind, name := range map[event.Kind]string{
+		event.KindDNAT: trace.KindDNAT, event.KindSNAT: trace.KindSNAT, event.KindIPVS: trace.KindIPVS,
+		event.KindIPVSNoDest: trace.KindIPVSNoDest, event.KindReject: trace.KindReject,
+		event.KindReset: trace.KindReset, event.KindDrop: trace.KindDrop,
+	} {
+		if got := trace.EventOf(event.Event{Kind: kind}, nil).Kind; got != name {
+			t.Errorf("kind %d is %q in a trace, want %q", kind, got, name)
+		}
+	}
+}
+
+func TestEventOfDNAT(t *testing.T) {
+	be := netip.MustParseAddr("10.244.1.5")
+	e := event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaFentry, NFHook: 0,
+		Orig: tuple(6, "10.244.2.9:40000", "10.96.0.20:3306"), Reply: tuple(6, "10.96.0.20:3306", "10.244.2.9:40000"),
+		To: event.Range{MinAddr: be, MaxAddr: be, MinPort: 3306, MaxPort: 3306}, CTStatus: 1<<3 | 1<<5}
+	r := trace.EventOf(e, nil)
+	if r.Kind != trace.KindDNAT || r.Via != "fentry" || r.Hook != "nf_nat_setup_info" || r.Proto != "tcp" || r.NFHook != "PREROUTING" ||
+		r.Orig.Dst != "10.96.0.20:3306" || r.Reply.Src != "10.96.0.20:3306" || r.To != "10.244.1.5:3306" ||
+		len(r.CTStatus) != 2 || r.CTStatus[0] != "CONFIRMED" || r.CTStatus[1] != "DST_NAT" || r.Packet != nil {
+		t.Errorf("record %+v", r)
+	}
+}
+
+func TestEventOfICMPAndIPv6(t *testing.T) {
+	icmp := event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+		Packet: tuple(1, "10.244.1.7:7", "10.96.0.10:2048"), ICMPType: 3, ICMPCode: 3}
+	r := trace.EventOf(icmp, nil)
+	if r.Reason != "icmp-port-unreachable" || r.Packet.Dst != "10.96.0.10" || r.Proto != "icmp" || r.NFHook != "" {
+		t.Errorf("icmp record %+v packet %+v", r, r.Packet)
+	}
+	udp6 := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+		Packet: tuple(17, "[fd00::1]:53", "[fd00::2]:5353")}
+	if r := trace.EventOf(udp6, nil); r.Packet.Src != "[fd00::1]:53" || r.Proto != "udp" {
+		t.Errorf("ipv6 record %+v packet %+v", r, r.Packet)
+	}
+}
+
+// Whatever the decoder accepts, the encoder writes.
+func FuzzEventOf(f *testing.F) {
+	f.Add(make([]byte, event.Size))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if e, err := event.Decode(b, mix.Clock); err == nil {
+			_ = trace.EventOf(e, nil)
+		}
+	})
+}
+
+// BenchmarkRecord turns decoded events into their trace form, as the
+// live reader does for every event.
+func BenchmarkRecord(b *testing.B) {
+	var evs []event.Event
+	for _, r := range mix.Records(1000, time.Microsecond) {
+		e, err := event.Decode(r, mix.Clock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		evs = append(evs, e)
+	}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = trace.EventOf(evs[i], mix.Names{})
+		if i++; i == len(evs) {
+			i = 0
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
