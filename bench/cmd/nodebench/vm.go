@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -44,7 +45,7 @@ func runVMs(ctx context.Context, cfg vmConfig) []vmKernel {
 			break
 		}
 		series, only := vmEntry(entry)
-		logf("overhead rounds in a QEMU guest, kernel %s, tiers %s", series, orDash(only))
+		logf("overhead rounds in a QEMU guest, kernel %s%s", series, restricted(only))
 		k := runVM(ctx, cfg, series, only)
 		if k.Err != "" {
 			logf("kernel %s: %s", entry, k.Err)
@@ -63,45 +64,71 @@ func vmEntry(entry string) (series, only string) {
 
 func runVM(ctx context.Context, cfg vmConfig, series, only string) vmKernel {
 	k := vmKernel{Series: series, Only: only}
+	cmd, results, err := vmrunCommand(ctx, cfg, series, only)
+	if err == nil {
+		t0 := time.Now()
+		if err = cmd.Run(); err != nil {
+			err = fmt.Errorf("vmrun: %w", err)
+		}
+		k.Took = time.Since(t0)
+	}
+	if err == nil {
+		var g guestResult
+		g, err = readGuestResult(results)
+		k.Result = &g
+	}
+	if err != nil {
+		k.Result, k.Err = nil, err.Error()
+	}
+	return k
+}
+
+// vmrunCommand is vmrun booting one kernel to run this binary with
+// guestArgs, and the host path of the JSON the guest writes.
+func vmrunCommand(ctx context.Context, cfg vmConfig, series, only string) (*exec.Cmd, string, error) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		k.Err = "qemu-system-x86_64 is not installed"
-		return k
+		return nil, "", errors.New("qemu-system-x86_64 is not installed")
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		k.Err = fmt.Sprintf("find this program's binary: %v", err)
-		return k
+		return nil, "", fmt.Errorf("find this program's binary: %w", err)
 	}
 	root, err := moduleRoot()
 	if err != nil {
-		k.Err = err.Error()
-		return k
+		return nil, "", err
 	}
 	cache, err := vmCache(root)
 	if err != nil {
-		k.Err = err.Error()
-		return k
+		return nil, "", err
 	}
-	args := append([]string{"run", "./tests/vm/cmd/vmrun", "-cache", cache, "-kernels", series,
-		"-timeout", cfg.timeout.String(), "--", exe}, guestArgs(cfg, only)...)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = root
+	vmrun, err := buildVMRun(root, cache)
+	if err != nil {
+		return nil, "", err
+	}
+	args := append([]string{"-cache", cache, "-kernels", series, "-timeout", cfg.timeout.String(), "--", exe}, guestArgs(cfg, only)...)
+	cmd := exec.CommandContext(ctx, vmrun, args...)
+	cmd.Dir = root // the guest starts in the same directory
+	// vmrun stops its guest on SIGINT; a kill would leave QEMU running.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = time.Minute
 	// The guest's console and nodebench's log lines, prefixed by vmrun.
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	t0 := time.Now()
-	err = cmd.Run()
-	k.Took = time.Since(t0)
-	if err != nil {
-		k.Err = fmt.Sprintf("vmrun: %v", err)
-		return k
+	return cmd, filepath.Join(cache, "results", series, guestResultFile), nil
+}
+
+// buildVMRun builds tests/vm/cmd/vmrun into the cache (go build's own
+// cache makes a rebuild cheap) so it can be signalled directly.
+func buildVMRun(root, cache string) (string, error) {
+	bin := filepath.Join(cache, "bin", "nodebench-vmrun")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return "", fmt.Errorf("create vmrun's directory: %w", err)
 	}
-	g, err := readGuestResult(filepath.Join(cache, "results", series, guestResultFile))
-	if err != nil {
-		k.Err = err.Error()
-		return k
+	cmd := exec.Command("go", "build", "-o", bin, "./tests/vm/cmd/vmrun")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build vmrun: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	k.Result = &g
-	return k
+	return bin, nil
 }
 
 // guestArgs are the flags of the nodebench run inside a guest: the

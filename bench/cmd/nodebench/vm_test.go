@@ -87,7 +87,7 @@ func TestVMMarkdownFromFigures(t *testing.T) {
 		"| tracer (kernel side + drain) | 0.875 | 0.875 | -12.5% | 70300 | 0 | 0 | +20 |",
 		"| tr_nf_dnat | netfilter | nf_nat_setup_info | 546400 | 8.00 | 380 | 3.040 | 84% |",
 		"| all programs | - | - | 614700 | 9.00 | 404 | 3.640 | 100% |",
-		"Guest run 1m35s, boot to power-off",
+		"vmrun took 1m35s (waiting for the VM lock, boot and power-off included)",
 		// none: 100 µs CPU per connection, programs 3.64 µs
 		"The programs ran 3.6 µs per connection, 3.6% of the 100 µs CPU per connection of the rounds with nothing attached",
 		// none: 40100 and 40200 connections in 5 s rounds, mean 8030 conn/s

@@ -43,7 +43,7 @@ func vmKernelMarkdown(p printer, k vmKernel, cfg vmConfig) {
 		return
 	}
 	p("### Kernel %s (%s)%s: %s\n\n", k.Series, g.Kernel, restricted(g.Only), tierNames(g.Plan))
-	p("Guest run %s, boot to power-off, load average in the guest %s at the start and %s at the end. Rerun: `%s`.\n\n",
+	p("vmrun took %s (waiting for the VM lock, boot and power-off included), load average in the guest %s at the start and %s at the end. Rerun: `%s`.\n\n",
 		k.Took.Round(time.Second), g.LoadStart, g.LoadEnd, guestCommand(cfg, k.Series, k.Only))
 	p("| hook | tier | attached to | program |\n|---|---|---|---|\n")
 	for _, h := range g.Plan {
