@@ -298,7 +298,7 @@ func NewPipeline(w io.Writer, env enrich.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("trace writer: %w", err)
 	}
 	p := &Pipeline{W: tw}
-	p.J = &enrich.Joiner{Linger: enrich.DefaultLinger, Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) {
+	p.J = &enrich.Joiner{Linger: enrich.DefaultLinger, Names: Names{}, Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) {
 		p.Flows++
 		if err := tw.WriteFlow(f); err != nil {
 			p.Errors++
@@ -320,7 +320,7 @@ func (p *Pipeline) Feed(raw []byte) {
 		p.J.Expire(now)
 		p.nextTick = now.Add(ExpireEvery)
 	}
-	p.J.Add(ev, trace.EventOf(ev, Names{}), now)
+	p.J.Add(ev, now)
 }
 
 // Finish flushes the open flows.

@@ -42,6 +42,9 @@ type Joiner struct {
 	CT     Conntrack  // nil: no conntrack (flows carry what events say)
 	Env    func() Env // the current node and cluster state
 	Emit   func(*trace.Flow)
+	// Names names drop and reset reasons when a finished flow's events
+	// are written in the trace format; nil leaves them numbers' names out.
+	Names event.ReasonNamer
 
 	open    map[event.Tuple]*pending // the newest flow of each key
 	byTuple map[event.Tuple]event.Tuple
@@ -50,9 +53,11 @@ type Joiner struct {
 	replaced []*pending
 }
 
+// pending is an open flow, typed: its events become the trace format
+// only when it finishes.
 type pending struct {
 	key      event.Tuple
-	flow     *trace.Flow
+	events   []event.Event
 	tuples   []event.Tuple
 	deadline time.Time
 	reply    event.Tuple
@@ -118,8 +123,8 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 	return natDecision{}, false
 }
 
-// Add joins one decoded event (rec is its trace form).
-func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
+// Add joins one decoded event at now, the pipeline's clock.
+func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if j.open == nil {
 		j.open = map[event.Tuple]*pending{}
 		j.byTuple = map[event.Tuple]event.Tuple{}
@@ -141,7 +146,7 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 		p = nil
 	}
 	if p == nil {
-		p = &pending{key: key, flow: newFlow(key, rec)}
+		p = &pending{key: key}
 		j.open[key] = p
 		j.index(p, key)
 	}
@@ -153,7 +158,7 @@ func (j *Joiner) Add(ev event.Event, rec trace.Event, now time.Time) {
 		p.reply = reply
 		j.index(p, reply, reply.Reverse())
 	}
-	p.flow.Events = append(p.flow.Events, rec)
+	p.events = append(p.events, ev)
 	p.deadline = now.Add(j.linger())
 }
 
@@ -210,8 +215,14 @@ func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 	}
 }
 
-func newFlow(key event.Tuple, rec trace.Event) *trace.Flow {
-	return &trace.Flow{Type: trace.TypeFlow, Time: rec.Time, Proto: event.ProtoName(key.Proto), Orig: *trace.TupleOf(key)}
+// flowOf is p in the trace format, its events in the order they came.
+func (j *Joiner) flowOf(p *pending) *trace.Flow {
+	f := &trace.Flow{Type: trace.TypeFlow, Time: p.events[0].Time, Proto: event.ProtoName(p.key.Proto), Orig: *trace.TupleOf(p.key),
+		Events: make([]trace.Event, len(p.events))}
+	for i, ev := range p.events {
+		f.Events[i] = trace.EventOf(ev, j.Names)
+	}
+	return f
 }
 
 // Expire finishes every flow quiet since its deadline.
@@ -257,7 +268,7 @@ func (j *Joiner) finish(p *pending) {
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
-	f := p.flow
+	f := j.flowOf(p)
 	j.addConntrack(f, p)
 	if j.Env != nil {
 		Enrich(f, j.Env())

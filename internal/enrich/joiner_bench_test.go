@@ -10,21 +10,16 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-type decoded struct {
-	ev  event.Event
-	rec trace.Event
-}
-
 // mixEvents decodes the records of flows of the benchmark mix.
-func mixEvents(b *testing.B, flows int, gap time.Duration) []decoded {
+func mixEvents(b *testing.B, flows int, gap time.Duration) []event.Event {
 	b.Helper()
-	var out []decoded
+	var out []event.Event
 	for _, r := range mix.Records(flows, gap) {
 		e, err := event.Decode(r, mix.Clock)
 		if err != nil {
 			b.Fatal(err)
 		}
-		out = append(out, decoded{e, trace.EventOf(e, mix.Names{})})
+		out = append(out, e)
 	}
 	return out
 }
@@ -36,7 +31,7 @@ func BenchmarkJoin(b *testing.B) {
 	const gap = 10 * time.Microsecond
 	evs := mixEvents(b, 200_000, gap)
 	flows := 0
-	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Emit: func(*trace.Flow) { flows++ }}
+	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Names: mix.Names{}, Emit: func(*trace.Flow) { flows++ }}
 	now := mix.Clock.BootWall
 	next := now
 	i := 0
@@ -47,7 +42,7 @@ func BenchmarkJoin(b *testing.B) {
 			j.Expire(now)
 			next = now.Add(100 * time.Millisecond)
 		}
-		j.Add(d.ev, d.rec, now)
+		j.Add(*d, now)
 		now = now.Add(gap)
 		if i++; i == len(evs) {
 			i = 0
@@ -60,9 +55,9 @@ func BenchmarkJoin(b *testing.B) {
 func joinedFlows(b *testing.B, n int) []*trace.Flow {
 	b.Helper()
 	var out []*trace.Flow
-	j := &enrich.Joiner{Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &enrich.Joiner{Names: mix.Names{}, Emit: func(f *trace.Flow) { out = append(out, f) }}
 	for _, d := range mixEvents(b, n, time.Microsecond) {
-		j.Add(d.ev, d.rec, d.ev.Time)
+		j.Add(d, d.Time)
 	}
 	j.Flush()
 	return out

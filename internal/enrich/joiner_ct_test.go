@@ -43,7 +43,7 @@ func joinWithCT(t *testing.T, ct *fakeCT, evs ...event.Event) []*trace.Flow {
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now
-		j.Add(e, trace.EventOf(e, nil), now)
+		j.Add(e, now)
 	}
 	j.Expire(now.Add(2 * time.Second))
 	return out

@@ -64,7 +64,7 @@ func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
 	for i, e := range evs {
 		at := now.Add(time.Duration(i) * time.Millisecond)
 		e.Time = at
-		j.Add(e, trace.EventOf(e, nil), at)
+		j.Add(e, at)
 	}
 	j.Expire(now.Add(time.Hour))
 	return out

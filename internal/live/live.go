@@ -198,7 +198,6 @@ func (p *Pipeline) Stats() Stats {
 // the ring buffer was found empty.
 type decoded struct {
 	ev   event.Event
-	rec  trace.Event
 	idle time.Time
 }
 
@@ -212,7 +211,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.currentEnv, Emit: func(f *trace.Flow) {
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.currentEnv, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++
@@ -237,9 +236,9 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 			}
 			sum.Events++
 			if onEvent != nil {
-				onEvent(d.rec)
+				onEvent(trace.EventOf(d.ev, p.tracer.Reasons()))
 			}
-			j.Add(d.ev, d.rec, clock.event(d.ev.Time))
+			j.Add(d.ev, clock.event(d.ev.Time))
 		case <-tick.C:
 			j.Expire(clock.now)
 		}
@@ -285,7 +284,7 @@ func (p *Pipeline) read(out chan<- decoded) {
 			continue
 		}
 		p.events.Add(1)
-		out <- decoded{ev: ev, rec: trace.EventOf(ev, p.tracer.Reasons())}
+		out <- decoded{ev: ev}
 	}
 }
 

@@ -20,13 +20,13 @@ func diagnosedFlows(b *testing.B, n int) []*trace.Flow {
 		b.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &enrich.Joiner{Names: mix.Names{}, Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
 	for _, r := range mix.Records(n, time.Microsecond) {
 		e, err := event.Decode(r, mix.Clock)
 		if err != nil {
 			b.Fatal(err)
 		}
-		j.Add(e, trace.EventOf(e, mix.Names{}), e.Time)
+		j.Add(e, e.Time)
 	}
 	j.Flush()
 	return out

@@ -316,32 +316,72 @@ func kernelSide(ctx context.Context, rep *report) error {
 	}
 
 	logf("loss ramp: tracer and conntrack -E attached together")
-	for _, w := range cfg.ramp {
+	for w, ok := firstRampWorkers(cfg.ramp); ok; w, ok = nextRampWorkers(cfg.ramp, rep.ramp) {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		tr, ct := &kernelOnly{}, &conntrackE{}
-		if err := tr.start(b); err != nil {
+		step, err := rampOnce(ctx, b, w, cfg.rampStep)
+		if err != nil {
 			return err
 		}
-		if err := ct.start(b); err != nil {
-			tr.stop()
-			return err
-		}
-		l, terr := b.traffic(ctx, w, cfg.rampStep)
-		co, cerr := ct.stop()
-		to, serr := tr.stop()
-		if terr != nil {
-			return terr
-		}
-		if cerr != nil || serr != nil {
-			return fmt.Errorf("ramp %d workers: %w", w, errors.Join(cerr, serr))
-		}
-		rep.ramp = append(rep.ramp, rampStep{w, l, to, co})
-		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, l.rate(), l.OK, to.NAT, to.Lost, co.NAT, co.Extra)
+		rep.ramp = append(rep.ramp, step)
+		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, step.Load.rate(), step.Load.OK, step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra)
 		time.Sleep(200 * time.Millisecond)
 	}
 	return nil
+}
+
+// rampOnce is one step of the loss ramp: the tracer's kernel side and
+// conntrack -E attached together while w workers connect.
+func rampOnce(ctx context.Context, b *lab, w int, d time.Duration) (rampStep, error) {
+	tr, ct := &kernelOnly{}, &conntrackE{}
+	if err := tr.start(b); err != nil {
+		return rampStep{}, err
+	}
+	if err := ct.start(b); err != nil {
+		tr.stop()
+		return rampStep{}, err
+	}
+	l, terr := b.traffic(ctx, w, d)
+	co, cerr := ct.stop()
+	to, serr := tr.stop()
+	if terr != nil {
+		return rampStep{}, terr
+	}
+	if cerr != nil || serr != nil {
+		return rampStep{}, fmt.Errorf("ramp %d workers: %w", w, errors.Join(cerr, serr))
+	}
+	return rampStep{w, l, to, co}, nil
+}
+
+// maxRampWorkers bounds the ramp's extension.
+const maxRampWorkers = 256
+
+func firstRampWorkers(listed []int) (int, bool) {
+	if len(listed) == 0 {
+		return 0, false
+	}
+	return listed[0], true
+}
+
+// nextRampWorkers is the ramp's next worker count: the listed ones, then
+// double the last while the tracer has lost nothing and the rate still
+// rises by 5% a step, so the ramp ends where the tracer loses or where the
+// machine cannot connect faster, whichever comes first.
+func nextRampWorkers(listed []int, done []rampStep) (int, bool) {
+	if len(done) < len(listed) {
+		return listed[len(done)], true
+	}
+	if len(done) < 2 {
+		return 0, false
+	}
+	last, prev := done[len(done)-1], done[len(done)-2]
+	lost := last.Tracer.Lost+missed(last.Load.OK, last.Tracer.NAT) > 0
+	rising := last.Load.rate() >= 1.05*prev.Load.rate()
+	if lost || !rising || last.Workers*2 > maxRampWorkers {
+		return 0, false
+	}
+	return last.Workers * 2, true
 }
 
 func userSide(ctx context.Context, rep *report) error {

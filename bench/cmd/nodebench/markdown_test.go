@@ -116,3 +116,34 @@ func TestFeedMarkdown(t *testing.T) {
 		t.Error("a heap 25% up does not miss the target")
 	}
 }
+
+// The ramp goes on past its listed steps while nothing is lost and the
+// rate still rises, and stops at the first loss or at the machine's limit.
+func TestRampExtends(t *testing.T) {
+	step := func(w int, rate float64, lost int64) rampStep {
+		ok := uint64(rate * 5)
+		return rampStep{Workers: w, Load: load{OK: ok, Elapsed: 5 * time.Second}, Tracer: observed{NAT: int64(ok), Lost: lost}}
+	}
+	listed := []int{1, 2}
+	if w, ok := nextRampWorkers(listed, []rampStep{step(1, 1000, 0)}); !ok || w != 2 {
+		t.Errorf("listed step: %d %v", w, ok)
+	}
+	rising := []rampStep{step(1, 1000, 0), step(2, 2000, 0)}
+	if w, ok := nextRampWorkers(listed, rising); !ok || w != 4 {
+		t.Errorf("rising: %d %v, want 4 workers", w, ok)
+	}
+	flat := append(rising, step(4, 2040, 0))
+	if _, ok := nextRampWorkers(listed, flat); ok {
+		t.Error("the ramp goes on where the rate stopped rising")
+	}
+	if got := rampEnd(flat); !strings.Contains(got, "never lost") || !strings.Contains(got, "4 workers") {
+		t.Errorf("rampEnd(flat) = %q", got)
+	}
+	lossy := append(rising, step(4, 4000, 3))
+	if _, ok := nextRampWorkers(listed, lossy); ok {
+		t.Error("the ramp goes on after the tracer lost")
+	}
+	if got := rampEnd(lossy); !strings.Contains(got, "first lost at 4000 conn/s") {
+		t.Errorf("rampEnd(lossy) = %q", got)
+	}
+}

@@ -400,5 +400,30 @@ func (r *report) lossTarget() target {
 		t.Got = fmt.Sprintf("conntrack -E missed none, in the ramp (up to %.0f conn/s) or the rounds; the tracer lost or missed %d", top, rampLost+roundLost)
 		t.Verdict = "not shown: conntrack -E never lost in this run"
 	}
+	if end := rampEnd(r.ramp); end != "" {
+		t.Got += "; " + end
+	}
 	return t
+}
+
+// rampEnd says where the ramp stopped and why (nextRampWorkers): the
+// first rate at which the tracer lost, or the machine's limit.
+func rampEnd(steps []rampStep) string {
+	if len(steps) == 0 {
+		return ""
+	}
+	for _, s := range steps {
+		if lost := s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT); lost > 0 {
+			return fmt.Sprintf("the tracer first lost at %.0f conn/s (%s): %d", s.Load.rate(), plural(s.Workers, "worker"), lost)
+		}
+	}
+	last := steps[len(steps)-1]
+	top := 0.0
+	for _, s := range steps {
+		top = max(top, s.Load.rate())
+	}
+	if last.Workers*2 > maxRampWorkers {
+		return fmt.Sprintf("the tracer never lost; the ramp stopped at its bound of %d workers (%.0f conn/s)", last.Workers, last.Load.rate())
+	}
+	return fmt.Sprintf("the tracer never lost; the ramp stopped at %s, where the machine's rate stopped rising (top %.0f conn/s): the tracer's own limit is beyond what this machine can make", plural(last.Workers, "worker"), top)
 }

@@ -144,12 +144,12 @@ func memory(kind string, n int) (childResult, error) {
 	var j *enrich.Joiner
 	var store *trace.Store
 	if kind == "joiner" || kind == "both" {
-		j = &enrich.Joiner{Linger: time.Hour}
+		j = &enrich.Joiner{Linger: time.Hour, Names: mix.Names{}}
 		for i := range n {
 			at := t0.Add(time.Duration(i) * time.Microsecond)
 			for _, e := range mix.Generate(i) {
 				e.Time = at
-				j.Add(e, trace.EventOf(e, mix.Names{}), at)
+				j.Add(e, at)
 			}
 		}
 		if j.Open() != n {
@@ -190,11 +190,11 @@ func mixTemplates() (map[string]*trace.Flow, error) {
 		return nil, err
 	}
 	var tmpl []*trace.Flow
-	tj := &enrich.Joiner{Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
+	tj := &enrich.Joiner{Names: mix.Names{}, Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
 	for i := range mix.Shapes {
 		for _, e := range mix.Generate(i) {
 			e.Time = mix.Clock.BootWall
-			tj.Add(e, trace.EventOf(e, mix.Names{}), e.Time)
+			tj.Add(e, e.Time)
 		}
 	}
 	tj.Flush()

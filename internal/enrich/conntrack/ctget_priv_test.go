@@ -48,18 +48,8 @@ func toTuple(tu event.Tuple) ct.Tuple {
 // from the kernel's own GET reply; a tuple nobody has is a miss.
 func TestPrivGetterMatchesTiMo(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("trcc-g1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	insert := func(args ...string) {
-		mustRun(t, ns, append([]string{"conntrack", "-I", "--timeout", "600"}, args...)...)
-	}
+	ns := nodeNamespace(t, "trcc-g1")
+	insert := inserter(t, ns)
 	insert("-p", "tcp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "40000", "--dport", "80", "--state", "ESTABLISHED",
 		"-r", "10.3.0.9", "-q", "10.1.0.5", "--reply-port-src", "8080", "--reply-port-dst", "40000", "--mark", "77", "-u", "SEEN_REPLY,ASSURED")
 	insert("-p", "udp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "5353", "--dport", "53")

@@ -179,18 +179,8 @@ func serveHolding(t *testing.T, ns netlab.Namespace) <-chan struct{} {
 // and ICMP by echo id), and none of its neighbours'.
 func TestPrivTargetedBySource(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("trcc-t2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	insert := func(args ...string) {
-		mustRun(t, ns, append([]string{"conntrack", "-I", "--timeout", "600"}, args...)...)
-	}
+	ns := nodeNamespace(t, "trcc-t2")
+	insert := inserter(t, ns)
 	for _, dst := range []string{"10.2.0.1", "10.2.0.2", "10.2.0.3"} {
 		insert("-p", "udp", "-s", "10.1.0.5", "-d", dst, "--sport", "5353", "--dport", "53")
 	}
@@ -241,15 +231,7 @@ func sortTuples(ts []event.Tuple) {
 // lookups still answer from the kernel.
 func TestPrivTargetedOverrun(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("trcc-t3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := nodeNamespace(t, "trcc-t3")
 	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true, ReadBuffer: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -282,15 +264,7 @@ func TestPrivTargetedOverrun(t *testing.T) {
 // collector did) are answered as destroyed, every one, never a miss.
 func TestPrivTargetedExpired(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("trcc-t4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := nodeNamespace(t, "trcc-t4")
 	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true})
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,31 @@ func mustRun(t *testing.T, ns netlab.Namespace, args ...string) {
 	}
 }
 
+// nodeNamespace is a throwaway namespace "node" under prefix, removed when
+// the test ends.
+func nodeNamespace(t *testing.T, prefix string) netlab.Namespace {
+	t.Helper()
+	lab, err := netlab.New(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lab.Close() })
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// inserter adds entries to ns's conntrack table with `conntrack -I`, for
+// ten minutes.
+func inserter(t *testing.T, ns netlab.Namespace) func(args ...string) {
+	return func(args ...string) {
+		t.Helper()
+		mustRun(t, ns, append([]string{"conntrack", "-I", "--timeout", "600"}, args...)...)
+	}
+}
+
 // natLab is a "node" namespace with a DNAT rule for a VIP to a backend
 // namespace listening on 10.0.0.2:8080, and a DNAT of a second VIP to an
 // address nobody has.
@@ -210,15 +235,7 @@ func dumpFlows(t *testing.T, ns netlab.Namespace) []ct.Flow {
 // and end with exactly the kernel's table.
 func TestPrivOverrunRedump(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("enct3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := nodeNamespace(t, "enct3")
 	tr, err := OpenWith(context.Background(), ns.Path(), Options{ReadBuffer: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -254,15 +271,7 @@ func TestPrivOverrunRedump(t *testing.T) {
 // TestPrivDumpTime measures the initial dump of a large table.
 func TestPrivDumpTime(t *testing.T) {
 	requirePriv(t)
-	lab, err := netlab.New("enct4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := nodeNamespace(t, "enct4")
 	const n = 50_000
 	start := time.Now()
 	createFlows(t, ns, 0, n)
