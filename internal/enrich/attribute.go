@@ -69,12 +69,18 @@ func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	if ev.ICMPType != nil && ev.ICMPCode != nil {
 		act.ICMPType, act.ICMPCode = *ev.ICMPType, *ev.ICMPCode
 	}
-	ipt, iptKnown := iptablesCandidate(env.Ruleset(family), pkt, env, act)
-	nf, nfKnown := nftCandidate(env, pkt, act)
-	if !iptKnown && !nfKnown {
-		return nil, false
+	eval := func(pkt rules.Packet) (*trace.Rule, bool) {
+		ipt, iptKnown := iptablesCandidate(env.Ruleset(family), pkt, env, act)
+		nf, nfKnown := nftCandidate(env, pkt, act)
+		if !iptKnown && !nfKnown {
+			return nil, false
+		}
+		return choose(ipt, nf), true
 	}
-	return choose(ipt, nf), true
+	if c, ok := env.(interface{ attributions() *attributionCache }); ok {
+		return c.attributions().attributeCached(pkt, act, eval)
+	}
+	return eval(pkt)
 }
 
 // candidate is one rule source's answer.

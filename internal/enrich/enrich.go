@@ -1,9 +1,9 @@
 package enrich
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/diagnose"
@@ -95,15 +95,21 @@ func parseRange(s string) (rules.NATRange, bool) {
 	}
 	if ports != "" {
 		plo, phi, _ := strings.Cut(ports, "-")
-		if _, err := fmt.Sscan(plo, &r.MinPort); err != nil {
+		var ok bool
+		if r.MinPort, ok = parsePort(plo); !ok {
 			return r, false
 		}
 		r.MaxPort = r.MinPort
 		if phi != "" {
-			if _, err := fmt.Sscan(phi, &r.MaxPort); err != nil {
+			if r.MaxPort, ok = parsePort(phi); !ok {
 				return r, false
 			}
 		}
 	}
 	return r, true
+}
+
+func parsePort(s string) (uint16, bool) {
+	n, err := strconv.ParseUint(s, 10, 16)
+	return uint16(n), err == nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // mixEvents decodes the records of flows of the benchmark mix.
-func mixEvents(b *testing.B, flows int, gap time.Duration) []event.Event {
+func mixEvents(b testing.TB, flows int, gap time.Duration) []event.Event {
 	b.Helper()
 	var out []event.Event
 	for _, r := range mix.Records(flows, gap) {

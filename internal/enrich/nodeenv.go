@@ -41,6 +41,7 @@ type NodeEnv struct {
 	nft       *nft.Ruleset
 	nftErr    error
 	meta      Metadata
+	attrs     *attributionCache
 }
 
 var _ Env = (*NodeEnv)(nil)
@@ -60,7 +61,8 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 		meta = noMetadata{}
 	}
 	e := &NodeEnv{name: name, node: rules.NewMemNode(), kubeIPVS: map[netip.Addr]bool{},
-		svcPorts: map[netip.Addr][]string{}, ipvs: map[string]trace.IPVSService{}, listeners: snap.Listeners, meta: meta}
+		svcPorts: map[netip.Addr][]string{}, ipvs: map[string]trace.IPVSService{}, listeners: snap.Listeners, meta: meta,
+		attrs: newAttributionCache()}
 	if err := e.loadAddresses(snap); err != nil {
 		return nil, err
 	}
@@ -87,6 +89,14 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 	}
 	return e, nil
 }
+
+// attributions is the env's cache of rule attributions: the env never
+// changes, so neither do they.
+func (e *NodeEnv) attributions() *attributionCache { return e.attrs }
+
+// AttributionCacheStats is how many rule attributions the env answered
+// from its cache and how many it had to walk the rules for.
+func (e *NodeEnv) AttributionCacheStats() (hits, misses uint64) { return e.attrs.stats() }
 
 func (e *NodeEnv) loadAddresses(snap *trace.Snapshot) error {
 	locals := snap.LocalRoutes

@@ -15,6 +15,10 @@ type SnapshotMetadata struct {
 	podByIP  map[netip.Addr]trace.Pod
 	pods     map[trace.PodRef]trace.Pod
 	services []trace.Service
+	// byAddr and byNodePort are the indices into services of those with
+	// an address (ClusterIP, externalIP, LB IP), or a NodePort, in order.
+	byAddr     map[netip.Addr][]int
+	byNodePort map[uint16][]int
 }
 
 var _ Metadata = (*SnapshotMetadata)(nil)
@@ -23,7 +27,20 @@ var _ Metadata = (*SnapshotMetadata)(nil)
 // share the node's address and are not indexed by IP: the address is the
 // node's, not theirs.
 func NewSnapshotMetadata(pods []trace.Pod, services []trace.Service) *SnapshotMetadata {
-	m := &SnapshotMetadata{podByIP: map[netip.Addr]trace.Pod{}, pods: map[trace.PodRef]trace.Pod{}, services: services}
+	m := &SnapshotMetadata{podByIP: map[netip.Addr]trace.Pod{}, pods: map[trace.PodRef]trace.Pod{}, services: services,
+		byAddr: map[netip.Addr][]int{}, byNodePort: map[uint16][]int{}}
+	for i, s := range services {
+		for _, ip := range slices.Concat(s.ClusterIPs, s.External, s.LBIPs) {
+			if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(m.byAddr[a], i) {
+				m.byAddr[a] = append(m.byAddr[a], i)
+			}
+		}
+		for _, sp := range s.Ports {
+			if sp.NodePort != 0 && !slices.Contains(m.byNodePort[sp.NodePort], i) {
+				m.byNodePort[sp.NodePort] = append(m.byNodePort[sp.NodePort], i)
+			}
+		}
+	}
 	for _, p := range pods {
 		m.pods[trace.PodRef{Namespace: p.Namespace, Name: p.Name}] = p
 		if p.HostNetwork {
@@ -58,8 +75,16 @@ func (m *SnapshotMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 // with that port (or, for a node address, whose NodePort it is).
 func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool) {
 	ip := a.String()
+	// Only Services with the address, or the NodePort, can match; they
+	// are asked in the recorded order, as a scan of all would.
+	cands := m.byAddr[a]
+	if nodeAddr && len(m.byNodePort[port]) > 0 {
+		cands = slices.Concat(cands, m.byNodePort[port])
+		slices.Sort(cands)
+		cands = slices.Compact(cands)
+	}
 	var onIP *trace.Service
-	for i := range m.services {
+	for _, i := range cands {
 		s := &m.services[i]
 		vip := slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.External, ip) || slices.Contains(s.LBIPs, ip)
 		for _, sp := range s.Ports {

@@ -122,7 +122,7 @@ func (env *pktEnv) payload(proto, field string) (val, known, string) {
 		}
 		switch field {
 		case "sport":
-			return val{n: uint64(p.Src.Port())}, isKnown, ""
+			return val{n: uint64(p.SrcPortRead())}, isKnown, ""
 		case "dport":
 			return val{n: uint64(p.Dst.Port())}, isKnown, ""
 		case "flags":

@@ -86,7 +86,11 @@ func (w *walker) match(m *Match, mark uint32) (tri, string) {
 		if !hasPorts(p.Proto) {
 			return no, ""
 		}
-		sp, dp := p.Src.Port(), p.Dst.Port()
+		dp := p.Dst.Port()
+		var sp uint16
+		if m.Kind != MatchDstPort {
+			sp = p.srcPort()
+		}
 		for _, pr := range m.Ports {
 			switch {
 			case m.Kind != MatchDstPort && pr.contains(sp),

@@ -105,7 +105,31 @@ type Packet struct {
 	// Mark is the packet mark on entry; MARK targets change it as the walk
 	// goes on and the Result reports the mark on exit.
 	Mark uint32
+	// Reads, when set, is told which of the packet's fields an evaluation
+	// depended on, so that a caller can reuse one packet's answer for
+	// packets that differ only in fields no rule looked at. It is shared by
+	// every copy of the packet an evaluation makes.
+	Reads *Reads
 }
+
+// Reads records the packet fields an evaluation read that callers may
+// leave out of a cache key. Only the source port is tracked: every
+// connection has its own, and few rules look at it.
+type Reads struct {
+	SrcPort bool
+}
+
+// srcPort is the packet's source port, recorded as read.
+func (p *Packet) srcPort() uint16 {
+	if p.Reads != nil {
+		p.Reads.SrcPort = true
+	}
+	return p.Src.Port()
+}
+
+// SrcPortRead reads the source port for another rule source's evaluator
+// (internal/nft), recording the read.
+func (p *Packet) SrcPortRead() uint16 { return p.srcPort() }
 
 // port returns the value ipset and port matches see for one side of the
 // packet: the port for port protocols, type<<8|code for ICMP (as ipset's
@@ -114,7 +138,7 @@ func (p *Packet) port(d Dir) (uint16, bool) {
 	switch {
 	case hasPorts(p.Proto):
 		if d == DirSrc {
-			return p.Src.Port(), true
+			return p.srcPort(), true
 		}
 		return p.Dst.Port(), true
 	case p.Proto == ProtoICMP || p.Proto == ProtoICMPv6:
