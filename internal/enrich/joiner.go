@@ -46,11 +46,14 @@ type Joiner struct {
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
 
-	open    map[event.Tuple]*pending // the newest flow of each key
-	byTuple map[event.Tuple]event.Tuple
+	open    map[tupleKey]*pending // the newest flow of each key
+	byTuple map[tupleKey]tupleKey
 	// replaced are flows a newer connection of the same tuple took the
 	// key from; they take no more events and finish at their deadline.
 	replaced []*pending
+	// due orders the open flows by deadline, so Expire looks only at the
+	// flows whose time has come instead of at every open one.
+	due deadlines
 }
 
 // pending is an open flow, typed: its events become the trace format
@@ -58,7 +61,7 @@ type Joiner struct {
 type pending struct {
 	key      event.Tuple
 	events   []event.Event
-	tuples   []event.Tuple
+	tuples   []tupleKey
 	deadline time.Time
 	reply    event.Tuple
 	nat      []natDecision
@@ -67,6 +70,8 @@ type pending struct {
 	// key: this connection's conntrack entry is among the tuple's
 	// destroyed ones.
 	replaced bool
+	// finished: emitted, whatever entries of it are still in due.
+	finished bool
 }
 
 // natDecision is a decision the kernel makes once per connection and
@@ -126,8 +131,8 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if j.open == nil {
-		j.open = map[event.Tuple]*pending{}
-		j.byTuple = map[event.Tuple]event.Tuple{}
+		j.open = map[tupleKey]*pending{}
+		j.byTuple = map[tupleKey]tupleKey{}
 	}
 	tu := ev.Packet
 	if ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT || ev.Kind == event.KindIPVS || !tu.Valid() {
@@ -137,7 +142,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 		return
 	}
 	key, reply := j.resolve(tu, ev)
-	p := j.open[key]
+	p := j.open[keyOf(key)]
 	d, isNAT := natDecisionOf(ev)
 	if p != nil && isNAT && slices.Contains(p.nat, d) {
 		// The same decision twice for one tuple: the client reused its
@@ -145,9 +150,10 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 		j.retire(p)
 		p = nil
 	}
-	if p == nil {
+	created := p == nil
+	if created {
 		p = &pending{key: key}
-		j.open[key] = p
+		j.open[keyOf(key)] = p
 		j.index(p, key)
 	}
 	if isNAT {
@@ -160,6 +166,9 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	p.events = append(p.events, ev)
 	p.deadline = now.Add(j.linger())
+	if created {
+		j.due.push(p.deadline, p)
+	}
 }
 
 // retire takes the key from old, which a new connection of the same tuple
@@ -170,7 +179,7 @@ func (j *Joiner) retire(old *pending) {
 	}
 	old.tuples = nil
 	old.replaced = true
-	delete(j.open, old.key)
+	delete(j.open, keyOf(old.key))
 	j.replaced = append(j.replaced, old)
 }
 
@@ -187,8 +196,8 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple
 	if ev.Reply.Valid() {
 		reply = ev.Reply
 	}
-	if k, ok := j.byTuple[tu]; ok {
-		return k, reply
+	if k, ok := j.byTuple[keyOf(tu)]; ok {
+		return k.tuple(), reply
 	}
 	// A NAT decision carries both tuples of its connection, read from
 	// nf_conn: the original one is the key, conntrack has nothing to add.
@@ -197,8 +206,8 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple
 	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
-			if k, ok := j.byTuple[e.Orig]; ok {
-				return k, e.Reply
+			if k, ok := j.byTuple[keyOf(e.Orig)]; ok {
+				return k.tuple(), e.Reply
 			}
 			return e.Orig, e.Reply
 		}
@@ -207,10 +216,12 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple
 }
 
 func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
+	pk := keyOf(p.key)
 	for _, t := range tuples {
-		if _, taken := j.byTuple[t]; !taken {
-			j.byTuple[t] = p.key
-			p.tuples = append(p.tuples, t)
+		k := keyOf(t)
+		if _, taken := j.byTuple[k]; !taken {
+			j.byTuple[k] = pk
+			p.tuples = append(p.tuples, k)
 		}
 	}
 }
@@ -225,12 +236,19 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 	return f
 }
 
-// Expire finishes every flow quiet since its deadline.
+// Expire finishes every flow quiet since its deadline. A flow whose
+// deadline moved on since it was queued is queued again at its new one.
 func (j *Joiner) Expire(now time.Time) {
 	j.finishReplaced(func(p *pending) bool { return !now.Before(p.deadline) })
-	for key, p := range j.open {
-		if !now.Before(p.deadline) {
-			delete(j.open, key)
+	for len(j.due) > 0 && !now.Before(j.due[0].at) {
+		p := j.due.pop()
+		switch {
+		case p.finished || p.replaced:
+			// finished, or finishReplaced's to finish
+		case now.Before(p.deadline):
+			j.due.push(p.deadline, p)
+		default:
+			delete(j.open, keyOf(p.key))
 			j.finish(p)
 		}
 	}
@@ -243,6 +261,8 @@ func (j *Joiner) Flush() {
 		delete(j.open, key)
 		j.finish(p)
 	}
+	clear(j.due)
+	j.due = j.due[:0]
 }
 
 // finishReplaced finishes the replaced flows done says are done, oldest
@@ -265,6 +285,7 @@ func (j *Joiner) finishReplaced(done func(*pending) bool) {
 func (j *Joiner) Open() int { return len(j.open) + len(j.replaced) }
 
 func (j *Joiner) finish(p *pending) {
+	p.finished = true
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
@@ -366,4 +387,74 @@ func (j *Joiner) strayReplyOwner(pkt event.Tuple) (conntrack.Entry, bool) {
 		}
 	}
 	return conntrack.Entry{}, false
+}
+
+// deadlines is a min-heap of open flows by the deadline each had when it
+// was queued; a flow's deadline only moves later, so a flow is never due
+// before its entry comes up.
+type deadlines []deadline
+
+type deadline struct {
+	at time.Time
+	p  *pending
+}
+
+func (h *deadlines) push(at time.Time, p *pending) {
+	*h = append(*h, deadline{at, p})
+	d := *h
+	for i := len(d) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !d[i].at.Before(d[parent].at) {
+			break
+		}
+		d[i], d[parent] = d[parent], d[i]
+		i = parent
+	}
+}
+
+func (h *deadlines) pop() *pending {
+	d := *h
+	top := d[0].p
+	last := len(d) - 1
+	d[0] = d[last]
+	d[last] = deadline{}
+	d = d[:last]
+	for i := 0; ; {
+		small, l, r := i, 2*i+1, 2*i+2
+		if l < len(d) && d[l].at.Before(d[small].at) {
+			small = l
+		}
+		if r < len(d) && d[r].at.Before(d[small].at) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		d[i], d[small] = d[small], d[i]
+		i = small
+	}
+	*h = d
+	return top
+}
+
+// tupleKey is a tuple as the joiner's maps key it: without netip.Addr's
+// pointer, so hashing is of plain bytes and the collector does not scan
+// the maps.
+type tupleKey struct {
+	src, dst     [16]byte
+	sport, dport uint16
+	proto        uint8
+	v4           bool
+}
+
+func keyOf(t event.Tuple) tupleKey {
+	return tupleKey{src: t.Src.As16(), dst: t.Dst.As16(), sport: t.SrcPort, dport: t.DstPort, proto: t.Proto, v4: t.Src.Is4()}
+}
+
+func (k tupleKey) tuple() event.Tuple {
+	src, dst := netip.AddrFrom16(k.src), netip.AddrFrom16(k.dst)
+	if k.v4 {
+		src, dst = src.Unmap(), dst.Unmap()
+	}
+	return event.Tuple{Src: src, Dst: dst, SrcPort: k.sport, DstPort: k.dport, Proto: k.proto}
 }
