@@ -20,6 +20,8 @@ type Writer struct {
 	path    string
 	summary Summary
 	closed  bool
+	// buf is the line being written, kept for the next one.
+	buf []byte
 	// Now stamps the summary's end time; tests replace it.
 	Now func() time.Time
 }
@@ -71,7 +73,12 @@ func (w *Writer) WriteFlow(f *Flow) error {
 	if rec.Events == nil {
 		rec.Events = []Event{}
 	}
-	if err := w.writeLine(&rec); err != nil {
+	b, err := AppendFlow(w.buf[:0], &rec)
+	if err == nil {
+		w.buf = append(b, '\n')
+		_, err = w.out.Write(w.buf)
+	}
+	if err != nil {
 		return fmt.Errorf("write flow: %w", err)
 	}
 	w.summary.Flows++

@@ -1,0 +1,309 @@
+package trace
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// AppendFlow appends f as encoding/json writes it, without reflection or
+// allocation: a flow is the line a trace writes most. Whatever the fast
+// path does not cover (a string that needs escaping, a time outside years
+// 0-9999) is handed to encoding/json, so the bytes are json.Marshal's
+// (TestAppendFlowMatchesMarshal holds them to it).
+func AppendFlow(b []byte, f *Flow) ([]byte, error) {
+	var err error
+	b = append(b, `{"type":`...)
+	b = appendString(b, f.Type)
+	b = append(b, `,"time":`...)
+	if b, err = appendTime(b, f.Time); err != nil {
+		return b, err
+	}
+	b = append(b, `,"proto":`...)
+	b = appendString(b, f.Proto)
+	b = append(b, `,"orig":`...)
+	b = appendTuple(b, &f.Orig)
+	if f.Reply != nil {
+		b = append(b, `,"reply":`...)
+		b = appendTuple(b, f.Reply)
+	}
+	b = append(b, `,"events":`...)
+	if f.Events == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range f.Events {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = appendEvent(b, &f.Events[i]); err != nil {
+				return b, err
+			}
+		}
+		b = append(b, ']')
+	}
+	if f.Rule != nil {
+		b = append(b, `,"rule":`...)
+		b = appendRule(b, f.Rule)
+	}
+	if c := f.Conntrack; c != nil {
+		b = append(b, `,"conntrack":{`...)
+		comma := false
+		if c.State != "" {
+			b = append(b, `"state":`...)
+			b = appendString(b, c.State)
+			comma = true
+		}
+		if len(c.Status) > 0 {
+			b = appendKey(b, "status", comma)
+			b = appendStrings(b, c.Status)
+			comma = true
+		}
+		if c.Mark != 0 {
+			b = appendKey(b, "mark", comma)
+			b = strconv.AppendUint(b, uint64(c.Mark), 10)
+			comma = true
+		}
+		b = appendKey(b, "replied", comma)
+		b = strconv.AppendBool(b, c.Replied)
+		b = append(b, '}')
+	}
+	if f.SrcPod != nil {
+		b = append(b, `,"src_pod":`...)
+		b = appendPodRef(b, f.SrcPod)
+	}
+	if f.DstPod != nil {
+		b = append(b, `,"dst_pod":`...)
+		b = appendPodRef(b, f.DstPod)
+	}
+	if s := f.Service; s != nil {
+		b = append(b, `,"service":{"namespace":`...)
+		b = appendString(b, s.Namespace)
+		b = append(b, `,"name":`...)
+		b = appendString(b, s.Name)
+		if s.Port != "" {
+			b = append(b, `,"port":`...)
+			b = appendString(b, s.Port)
+		}
+		b = append(b, '}')
+	}
+	if f.Verdict != "" {
+		b = append(b, `,"verdict":`...)
+		b = appendString(b, f.Verdict)
+	}
+	if f.Explanation != "" {
+		b = append(b, `,"explanation":`...)
+		b = appendString(b, f.Explanation)
+	}
+	return append(b, '}'), nil
+}
+
+func appendEvent(b []byte, e *Event) ([]byte, error) {
+	b = append(b, '{')
+	if e.Type != "" {
+		b = append(b, `"type":`...)
+		b = appendString(b, e.Type)
+		b = append(b, ',')
+	}
+	b = append(b, `"kind":`...)
+	b = appendString(b, e.Kind)
+	b = append(b, `,"time":`...)
+	var err error
+	if b, err = appendTime(b, e.Time); err != nil {
+		return b, err
+	}
+	b = append(b, `,"hook":`...)
+	b = appendString(b, e.Hook)
+	b = append(b, `,"via":`...)
+	b = appendString(b, e.Via)
+	b = appendOptString(b, "proto", e.Proto)
+	if e.Netns != 0 {
+		b = append(b, `,"netns":`...)
+		b = strconv.AppendUint(b, uint64(e.Netns), 10)
+	}
+	for _, t := range [...]struct {
+		name string
+		t    *Tuple
+	}{{"packet", e.Packet}, {"orig", e.Orig}, {"reply", e.Reply}} {
+		if t.t != nil {
+			b = appendKey(b, t.name, true)
+			b = appendTuple(b, t.t)
+		}
+	}
+	b = appendOptString(b, "to", e.To)
+	b = appendOptString(b, "virtual", e.Virtual)
+	b = appendOptString(b, "forward", e.Forward)
+	b = appendOptString(b, "nf_hook", e.NFHook)
+	if e.ICMPType != nil {
+		b = append(b, `,"icmp_type":`...)
+		b = strconv.AppendUint(b, uint64(*e.ICMPType), 10)
+	}
+	if e.ICMPCode != nil {
+		b = append(b, `,"icmp_code":`...)
+		b = strconv.AppendUint(b, uint64(*e.ICMPCode), 10)
+	}
+	b = appendOptString(b, "reason", e.Reason)
+	if len(e.CTStatus) > 0 {
+		b = append(b, `,"ct_status":`...)
+		b = appendStrings(b, e.CTStatus)
+	}
+	if e.CTMark != 0 {
+		b = append(b, `,"ct_mark":`...)
+		b = strconv.AppendUint(b, uint64(e.CTMark), 10)
+	}
+	if e.CTZone != 0 {
+		b = append(b, `,"ct_zone":`...)
+		b = strconv.AppendUint(b, uint64(e.CTZone), 10)
+	}
+	b = appendOptString(b, "by", e.By)
+	return append(b, '}'), nil
+}
+
+func appendRule(b []byte, r *Rule) []byte {
+	b = append(b, '{')
+	comma := false
+	if r.Backend != "" {
+		b = append(b, `"backend":`...)
+		b = appendString(b, r.Backend)
+		comma = true
+	}
+	if r.Family != "" {
+		b = appendKey(b, "family", comma)
+		b = appendString(b, r.Family)
+		comma = true
+	}
+	if r.Handle != 0 {
+		b = appendKey(b, "handle", comma)
+		b = strconv.AppendUint(b, r.Handle, 10)
+		comma = true
+	}
+	if el := r.Element; el != nil {
+		b = appendKey(b, "element", comma)
+		b = append(b, '{')
+		if el.Map != "" {
+			b = append(b, `"map":`...)
+			b = appendString(b, el.Map)
+			b = append(b, ',')
+		}
+		b = append(b, `"key":`...)
+		b = appendString(b, el.Key)
+		b = appendOptString(b, "comment", el.Comment)
+		b = append(b, '}')
+		comma = true
+	}
+	b = appendKey(b, "table", comma)
+	b = appendString(b, r.Table)
+	b = append(b, `,"chain":`...)
+	b = appendString(b, r.Chain)
+	b = appendOptString(b, "entry_chain", r.EntryChain)
+	if len(r.Path) > 0 {
+		b = append(b, `,"path":`...)
+		b = appendStrings(b, r.Path)
+	}
+	b = append(b, `,"text":`...)
+	b = appendString(b, r.Text)
+	if o := r.Owner; o != nil {
+		b = append(b, `,"owner":{`...)
+		if o.ContainerID != "" {
+			b = append(b, `"container_id":`...)
+			b = appendString(b, o.ContainerID)
+		}
+		if o.Pod != nil {
+			b = appendKey(b, "pod", o.ContainerID != "")
+			b = appendPodRef(b, o.Pod)
+		}
+		b = append(b, '}')
+	}
+	b = appendOptString(b, "uncertain", r.Uncertain)
+	return append(b, '}')
+}
+
+func appendTuple(b []byte, t *Tuple) []byte {
+	b = append(b, `{"src":`...)
+	b = appendString(b, t.Src)
+	b = append(b, `,"dst":`...)
+	b = appendString(b, t.Dst)
+	return append(b, '}')
+}
+
+func appendPodRef(b []byte, p *PodRef) []byte {
+	b = append(b, `{"namespace":`...)
+	b = appendString(b, p.Namespace)
+	b = append(b, `,"name":`...)
+	b = appendString(b, p.Name)
+	return append(b, '}')
+}
+
+// appendKey appends "name": after a comma when comma is set.
+func appendKey(b []byte, name string, comma bool) []byte {
+	if comma {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
+}
+
+// appendOptString appends ,"name":"s" unless s is empty (omitempty).
+func appendOptString(b []byte, name, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = appendKey(b, name, true)
+	return appendString(b, s)
+}
+
+func appendStrings(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, s)
+	}
+	return append(b, ']')
+}
+
+// appendString quotes s as encoding/json does. What it writes as it is
+// (printable ASCII other than the quote, the backslash and HTML's <, > and
+// &; valid UTF-8 other than U+2028 and U+2029) goes straight in; a string
+// with anything else is left to encoding/json.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+				return appendMarshalled(b, s)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			return appendMarshalled(b, s)
+		}
+		i += size
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendMarshalled(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}
+
+// appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
+// nanoseconds, quoted); MarshalJSON itself writes the times it refuses
+// (a year outside 0-9999, a zone a day or more from UTC), and says why.
+func appendTime(b []byte, t time.Time) ([]byte, error) {
+	if _, off := t.Zone(); t.Year() < 0 || t.Year() > 9999 || off <= -24*3600 || off >= 24*3600 {
+		q, err := t.MarshalJSON()
+		return append(b, q...), err
+	}
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"'), nil
+}

@@ -1,0 +1,87 @@
+package trace
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+)
+
+// checkAppendFlow holds AppendFlow to json.Marshal for f: the same bytes,
+// or both refusing it.
+func checkAppendFlow(t *testing.T, f *Flow) {
+	t.Helper()
+	want, werr := json.Marshal(f)
+	got, gerr := AppendFlow(nil, f)
+	if (werr != nil) != (gerr != nil) {
+		t.Fatalf("json.Marshal error %v, AppendFlow error %v", werr, gerr)
+	}
+	if werr == nil && !bytes.Equal(got, want) {
+		t.Fatalf("AppendFlow differs from json.Marshal:\n got %s\nwant %s", got, want)
+	}
+}
+
+// flowLines are the flow lines of the recorded incident trace.
+func flowLines(t testing.TB) [][]byte {
+	data, err := os.ReadFile(incidentTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, l := range bytes.Split(data, []byte("\n")) {
+		if bytes.Contains(l, []byte(`"type":"flow"`)) {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no flow in " + incidentTrace)
+	}
+	return out
+}
+
+func TestAppendFlowMatchesMarshal(t *testing.T) {
+	for _, l := range flowLines(t) {
+		var f Flow
+		if err := json.Unmarshal(l, &f); err != nil {
+			t.Fatal(err)
+		}
+		checkAppendFlow(t, &f)
+	}
+	icmp, code := uint8(3), uint8(3)
+	odd := &Flow{Type: TypeFlow, Time: time.Date(2026, 12, 1, 9, 0, 0, 1, time.FixedZone("x", 5*3600+1800)), Proto: "tcp",
+		Orig: Tuple{Src: "[fd00::1]:1", Dst: "<b>&\"\\\n\t\x01\u2028é\xff"},
+		Events: []Event{{Type: "event", Kind: "reject", ICMPType: &icmp, ICMPCode: &code, CTStatus: []string{}, CTMark: 7, CTZone: 2, Netns: 9,
+			Packet: &Tuple{}, Orig: &Tuple{Src: "a"}, Reply: &Tuple{Dst: "b"}, To: "t", Virtual: "v", Forward: "f", NFHook: "n", Reason: "r", By: "s"}},
+		Rule: &Rule{Backend: BackendNFTables, Family: "ip", Handle: 3, Element: &RuleElement{Key: "k", Comment: "c"}, Path: []string{"a", "b"},
+			Owner: &Owner{Pod: &PodRef{Name: "p"}}, Uncertain: "u"},
+		Conntrack: &Conntrack{Status: []string{"ASSURED"}, Mark: 1},
+		SrcPod:    &PodRef{}, DstPod: &PodRef{Namespace: "n", Name: "m"}, Service: &ServiceRef{Port: "http"},
+		Verdict: "ok", Explanation: "fine",
+	}
+	checkAppendFlow(t, odd)
+	checkAppendFlow(t, &Flow{})
+	// One character that needs escaping in an otherwise plain string.
+	for _, c := range []string{"<", ">", "&", `"`, `\`, "\n", "\x7f", "\x00", "é", "\u2028", "\xff"} {
+		checkAppendFlow(t, &Flow{Verdict: "a" + c + "b", Explanation: c})
+	}
+	checkAppendFlow(t, &Flow{Events: []Event{}, Rule: &Rule{Element: &RuleElement{Map: "m"}, Owner: &Owner{ContainerID: "c"}}, Conntrack: &Conntrack{}})
+	checkAppendFlow(t, &Flow{Time: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
+	checkAppendFlow(t, &Flow{Time: time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 25*3600))})
+}
+
+// FuzzAppendFlow: any flow a trace line can hold is written by AppendFlow
+// exactly as json.Marshal writes it.
+func FuzzAppendFlow(f *testing.F) {
+	for _, l := range flowLines(f) {
+		f.Add(l)
+	}
+	f.Add([]byte(`{"type":"flow","orig":{"src":"<\u2028>","dst":"\u0000"},"events":[],"rule":{"owner":{}},"conntrack":{"status":[]}}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var fl Flow
+		if json.Unmarshal(in, &fl) != nil {
+			return
+		}
+		checkAppendFlow(t, &fl)
+	})
+}
