@@ -174,15 +174,26 @@ func (d *diagnosis) conntrackEvidence() string {
 	return s
 }
 
+// sentences joins the non-empty parts with spaces, each ending in a full
+// stop, into one allocation: every flow's explanation is made of them.
 func sentences(parts ...string) string {
-	var out []string
+	n := 0
 	for _, p := range parts {
-		if p = strings.TrimSpace(p); p != "" {
-			if !strings.HasSuffix(p, ".") {
-				p += "."
-			}
-			out = append(out, p)
+		n += len(p) + 2
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, p := range parts {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(p)
+		if !strings.HasSuffix(p, ".") {
+			b.WriteByte('.')
 		}
 	}
-	return strings.Join(out, " ")
+	return b.String()
 }

@@ -259,3 +259,18 @@ func TestDropByRejectRuleIsRejected(t *testing.T) {
 	f.Rule = &trace.Rule{Table: "filter", Chain: "LAB-POLICY", Text: "-A LAB-POLICY -p tcp --dport 9000 -j REJECT --reject-with tcp-reset"}
 	check(t, f, trace.VerdictRejected, "REJECT rule", "tcp-reset")
 }
+
+func TestSentences(t *testing.T) {
+	for _, c := range []struct {
+		parts []string
+		want  string
+	}{
+		{[]string{"ok: a went to b", " Rule `x`. ", "", "  ", "Conntrack entry replied"}, "ok: a went to b. Rule `x`. Conntrack entry replied."},
+		{nil, ""},
+		{[]string{"", "one."}, "one."},
+	} {
+		if got := sentences(c.parts...); got != c.want {
+			t.Errorf("sentences(%q) = %q, want %q", c.parts, got, c.want)
+		}
+	}
+}
