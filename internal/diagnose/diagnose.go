@@ -53,7 +53,11 @@ type Result struct {
 // specific incident to the generic outcomes; a flow that matches none of
 // the incidents is ok when it was only translated.
 func Diagnose(f *trace.Flow, env Env) Result {
-	d := &diagnosis{f: f, env: env}
+	d := &diagnosis{f: f, env: env, dstAP: trace.ParseEndpoint(f.Orig.Dst)}
+	d.wentAP = d.dstAP
+	if f.Reply != nil {
+		d.wentAP = trace.ParseEndpoint(f.Reply.Src)
+	}
 	for _, rule := range []func() (Result, bool){
 		d.ipvsNoEndpoint,
 		d.serviceNoEndpoint,
@@ -73,6 +77,9 @@ func Diagnose(f *trace.Flow, env Env) Result {
 type diagnosis struct {
 	f   *trace.Flow
 	env Env
+	// dstAP and wentAP are the flow's destination and where it went,
+	// read from their text once.
+	dstAP, wentAP netip.AddrPort
 }
 
 func (d *diagnosis) event(kind string) *trace.Event {
@@ -89,15 +96,10 @@ func (d *diagnosis) has(kinds ...string) bool {
 }
 
 // dst is where the client sent the flow.
-func (d *diagnosis) dst() netip.AddrPort { return trace.ParseEndpoint(d.f.Orig.Dst) }
+func (d *diagnosis) dst() netip.AddrPort { return d.dstAP }
 
 // wentTo is where the connection really went: the reply's source.
-func (d *diagnosis) wentTo() netip.AddrPort {
-	if d.f.Reply != nil {
-		return trace.ParseEndpoint(d.f.Reply.Src)
-	}
-	return d.dst()
-}
+func (d *diagnosis) wentTo() netip.AddrPort { return d.wentAP }
 
 // target names what the client addressed: "10.96.0.20:3306 (Service ns/name)".
 func (d *diagnosis) target() string {
