@@ -48,7 +48,9 @@ func TestAttributionCacheMatchesWalk(t *testing.T) {
 	}
 }
 
-func mixFlows(t *testing.T, n int) []*trace.Flow {
+// mixFlows is the mix joined into flows, not yet enriched, in the order
+// of their times.
+func mixFlows(t testing.TB, n int) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
 	j := &enrich.Joiner{Names: mix.Names{}, Emit: func(f *trace.Flow) { out = append(out, f) }}

@@ -51,18 +51,6 @@ func BenchmarkJoin(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
-// joinedFlows is the mix joined into flows, not yet enriched.
-func joinedFlows(b *testing.B, n int) []*trace.Flow {
-	b.Helper()
-	var out []*trace.Flow
-	j := &enrich.Joiner{Names: mix.Names{}, Emit: func(f *trace.Flow) { out = append(out, f) }}
-	for _, d := range mixEvents(b, n, time.Microsecond) {
-		j.Add(d, d.Time)
-	}
-	j.Flush()
-	return out
-}
-
 // BenchmarkEnrich is rule attribution, pod and Service naming and the
 // diagnosis of one finished flow of the mix, against a kube-proxy (IPVS)
 // + portmap rule set and 600 pods.
@@ -71,7 +59,7 @@ func BenchmarkEnrich(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	flows := joinedFlows(b, 1000)
+	flows := mixFlows(b, 1000)
 	scratch := make([]trace.Flow, len(flows))
 	for i, f := range flows {
 		scratch[i] = *f
