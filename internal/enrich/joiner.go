@@ -72,6 +72,11 @@ type pending struct {
 	replaced bool
 	// finished: emitted, whatever entries of it are still in due.
 	finished bool
+	// firstEvent and ownTuples back events and tuples for the usual flow
+	// (one event; its key, reply and reply's reverse), which then costs
+	// one allocation.
+	firstEvent [1]event.Event
+	ownTuples  [3]tupleKey
 }
 
 // natDecision is a decision the kernel makes once per connection and
@@ -153,6 +158,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	created := p == nil
 	if created {
 		p = &pending{key: key}
+		p.events, p.tuples = p.firstEvent[:0], p.ownTuples[:0]
 		j.open[keyOf(key)] = p
 		j.index(p, key)
 	}
