@@ -48,11 +48,10 @@ type Joiner struct {
 
 	open    map[tupleKey]*pending // the newest flow of each key
 	byTuple map[tupleKey]tupleKey
-	// replaced are flows a newer connection of the same tuple took the
-	// key from; they take no more events and finish at their deadline.
-	replaced []*pending
-	// due orders the open flows by deadline, so Expire looks only at the
-	// flows whose time has come instead of at every open one.
+	// due holds every flow not yet finished, each once, by deadline, so
+	// Expire looks only at the flows whose time has come. It also holds
+	// the flows a newer connection of the same tuple took the key from:
+	// they take no more events and finish at their deadline.
 	due deadlines
 }
 
@@ -70,8 +69,6 @@ type pending struct {
 	// key: this connection's conntrack entry is among the tuple's
 	// destroyed ones.
 	replaced bool
-	// finished: emitted, whatever entries of it are still in due.
-	finished bool
 	// firstEvent and ownTuples back events and tuples for the usual flow
 	// (one event; its key, reply and reply's reverse), which then costs
 	// one allocation.
@@ -186,7 +183,6 @@ func (j *Joiner) retire(old *pending) {
 	old.tuples = nil
 	old.replaced = true
 	delete(j.open, keyOf(old.key))
-	j.replaced = append(j.replaced, old)
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -242,56 +238,37 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 	return f
 }
 
-// Expire finishes every flow quiet since its deadline. A flow whose
-// deadline moved on since it was queued is queued again at its new one.
+// Expire finishes every flow quiet since its deadline, oldest deadline
+// first. A flow whose deadline moved on since it was queued is queued
+// again at its new one.
 func (j *Joiner) Expire(now time.Time) {
-	j.finishReplaced(func(p *pending) bool { return !now.Before(p.deadline) })
 	for len(j.due) > 0 && !now.Before(j.due[0].at) {
 		p := j.due.pop()
-		switch {
-		case p.finished || p.replaced:
-			// finished, or finishReplaced's to finish
-		case now.Before(p.deadline):
+		if now.Before(p.deadline) {
 			j.due.push(p.deadline, p)
-		default:
-			delete(j.open, keyOf(p.key))
-			j.finish(p)
+			continue
 		}
-	}
-}
-
-// Flush finishes every open flow (at exit).
-func (j *Joiner) Flush() {
-	j.finishReplaced(func(*pending) bool { return true })
-	for key, p := range j.open {
-		delete(j.open, key)
 		j.finish(p)
 	}
-	clear(j.due)
-	j.due = j.due[:0]
 }
 
-// finishReplaced finishes the replaced flows done says are done, oldest
-// connection first.
-func (j *Joiner) finishReplaced(done func(*pending) bool) {
-	kept := j.replaced[:0]
-	for _, p := range j.replaced {
-		if done(p) {
-			j.finish(p)
-		} else {
-			kept = append(kept, p)
-		}
+// Flush finishes every open flow (at exit), oldest deadline first.
+func (j *Joiner) Flush() {
+	for len(j.due) > 0 {
+		j.finish(j.due.pop())
 	}
-	clear(j.replaced[len(kept):])
-	j.replaced = kept
 }
 
 // Open is the number of flows still collecting events or waiting out
 // their linger.
-func (j *Joiner) Open() int { return len(j.open) + len(j.replaced) }
+func (j *Joiner) Open() int { return len(j.due) }
 
+// finish emits p, which has left due.
 func (j *Joiner) finish(p *pending) {
-	p.finished = true
+	if !p.replaced {
+		// A replaced flow's key is the newer connection's.
+		delete(j.open, keyOf(p.key))
+	}
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
