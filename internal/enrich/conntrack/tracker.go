@@ -327,9 +327,7 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 				}
 			}
 		case <-prune.C:
-			t.mu.Lock()
-			t.tab.prune(t.now())
-			t.mu.Unlock()
+			t.prune()
 		case it := <-t.queue:
 			t.handle(it)
 		}
@@ -376,17 +374,23 @@ func (t *Tracker) handle(it item) {
 }
 
 func (t *Tracker) applyChanges(ch []change) {
+	t.applyEach(ch, func(c change) (Entry, bool) {
+		if c.destroy {
+			return t.tab.destroy(c.entry), true
+		}
+		return t.tab.upsert(c.entry, false)
+	})
+}
+
+// applyEach stamps each change with now and applies it with one under the
+// table's lock, then publishes the entries one says changed.
+func (t *Tracker) applyEach(ch []change, one func(change) (Entry, bool)) {
 	now := t.now()
 	out := make([]Entry, 0, len(ch))
 	t.mu.Lock()
 	for _, c := range ch {
 		c.entry.Seen = now
-		if c.destroy {
-			out = append(out, t.tab.destroy(c.entry))
-			continue
-		}
-		e, changed := t.tab.upsert(c.entry, false)
-		if changed {
+		if e, changed := one(c); changed {
 			out = append(out, e)
 		}
 	}
@@ -394,6 +398,13 @@ func (t *Tracker) applyChanges(ch []change) {
 	for _, e := range out {
 		t.publish(e)
 	}
+}
+
+// prune forgets the destroyed entries past the retention.
+func (t *Tracker) prune() {
+	t.mu.Lock()
+	t.tab.prune(t.now())
+	t.mu.Unlock()
 }
 
 // publish never blocks: the joiner being slow must not stall the table.
@@ -594,18 +605,10 @@ func (t *Tracker) drain() {
 // A destroyed entry already held for the tuple is then an earlier
 // connection's (the client reused its source port), never this one's.
 func (t *Tracker) applyDestroys(ch []change) {
-	now := t.now()
-	out := make([]Entry, 0, len(ch))
-	t.mu.Lock()
-	for _, c := range ch {
-		c.entry.Seen = now
+	t.applyEach(ch, func(c change) (Entry, bool) {
 		t.tab.upsert(c.entry, true)
-		out = append(out, t.tab.destroy(c.entry))
-	}
-	t.mu.Unlock()
-	for _, e := range out {
-		t.publish(e)
-	}
+		return t.tab.destroy(c.entry), true
+	})
 }
 
 // pruneLoop forgets expired destroyed entries (targeted trackers).
@@ -617,9 +620,7 @@ func (t *Tracker) pruneLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-prune.C:
-			t.mu.Lock()
-			t.tab.prune(t.now())
-			t.mu.Unlock()
+			t.prune()
 		}
 	}
 }
