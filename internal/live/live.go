@@ -186,12 +186,18 @@ func (p *Pipeline) Stats() Stats {
 			s.Lost += n
 		}
 	}
+	s.ConntrackOverruns, s.ConntrackRedumps = p.conntrackLoss()
+	return s
+}
+
+// conntrackLoss sums the trackers' overruns and redumps.
+func (p *Pipeline) conntrackLoss() (overruns, redumps uint64) {
 	for _, ct := range p.ct {
 		cs := ct.Stats()
-		s.ConntrackOverruns += cs.Overruns
-		s.ConntrackRedumps += cs.Redumps
+		overruns += cs.Overruns
+		redumps += cs.Redumps
 	}
-	return s
+	return overruns, redumps
 }
 
 // decoded is one event read from the ring buffer, or (idle set) the time
@@ -291,8 +297,7 @@ func (p *Pipeline) read(out chan<- decoded) {
 func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.Ended = time.Now().UTC()
 	sum.DecodeErrors = int(p.decodeErrors.Load())
-	st := p.Stats()
-	sum.ConntrackOverruns, sum.ConntrackRedumps = st.ConntrackOverruns, st.ConntrackRedumps
+	sum.ConntrackOverruns, sum.ConntrackRedumps = p.conntrackLoss()
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}
 		for h, n := range lost {
