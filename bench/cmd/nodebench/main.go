@@ -89,6 +89,13 @@ func main() {
 	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,live", "observers of the guests' rounds")
 	flag.DurationVar(&cfg.vm.timeout, "vm-timeout", 15*time.Minute, "kill a guest that has not finished after this long")
 	flag.Parse()
+	if spec, ok := strings.CutPrefix(childSpec, "observe:"); ok {
+		if err := observeChild(spec, only); err != nil {
+			fmt.Fprintln(os.Stderr, "nodebench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if childSpec != "" {
 		if err := runChild(childSpec); err != nil {
 			fmt.Fprintln(os.Stderr, "nodebench:", err)
@@ -301,7 +308,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 			cpu0, m0 := cpuTime(), readMachineCPU()
 			l, terr := b.traffic(ctx, cfg.workers, cfg.round)
 			o, serr := v.stop()
-			cpu, m := cpuTime()-cpu0, readMachineCPU().since(m0)
+			cpu, m := cpuTime()-cpu0-o.SetupCPU, readMachineCPU().since(m0)
 			if terr != nil {
 				return terr
 			}
@@ -334,7 +341,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 // rampOnce is one step of the loss ramp: the tracer's kernel side and
 // conntrack -E attached together while w workers connect.
 func rampOnce(ctx context.Context, b *lab, w int, d time.Duration) (rampStep, error) {
-	tr, ct := &kernelOnly{}, &conntrackE{}
+	tr, ct := &separate{key: "kernel", inner: &kernelOnly{}}, &conntrackE{}
 	if err := tr.start(b); err != nil {
 		return rampStep{}, err
 	}

@@ -110,8 +110,9 @@ func (r *report) overheadMarkdown(p printer) {
 	p("conn/s is the successful connections over the whole time, ratio is that over the rate with nothing attached, ")
 	p("median is the median over rounds of the ratio to the same round's run with nothing attached. ")
 	p("Observers (each observing the router namespace only):\n\n")
+	p("The tracer's observers run in a child process of the benchmark, as the tracer runs on a node: in a process of its own beside the workload (see *Why the tracer runs in a process of its own* below).\n\n")
 	p("- **%s**: `loader.Open` observing the router namespace, a goroutine reading and decoding every ring buffer record (`Tracer.Next`). ", kernelName)
-	p("The programs submit records without waking the reader until a backlog has built up (bpf/tracer.c, `submit`); otherwise the reader looks on its own on a short timer (internal/loader, `Next`).\n")
+	p("The programs submit records without waking the reader until a backlog has built up (bpf/tracer.c, `submit`); otherwise the reader looks on its own on a short timer (internal/loader, `Next`), waiting in Go's network poller.\n")
 	p("- **%s**: the same, with the kernel's BPF run statistics on for the round: enabled with the BPF_ENABLE_STATS command (`loader.EnableRunStats`; the kernel.bpf_stats_enabled sysctl is not touched) ", statsName)
 	p("and each attached program's run count and run time read at the start and at the end (`Tracer.ProgramStats`). Section 2b is these figures.\n")
 	p("- **%s**: the same as %s, and a conntrack tracker on the router namespace opened as the live pipeline opens its own (`conntrack.OpenWith(..., live.ConntrackOptions())`: its event subscription and its table, no lookups) and nothing else of the pipeline; what it adds to %s is the tracker's standing cost.\n", ctName, kernelName, kernelName)
@@ -125,16 +126,32 @@ func (r *report) overheadMarkdown(p printer) {
 	p(").\n\n")
 	p("*NAT seen* is the NAT decisions of the lab's connections the observer reported, *missed* the successful connections it did not report, ")
 	p("*lost* what it says it lost itself (the tracer's per-hook ring buffer counters), *ev/conn* all tracer events per connection, ")
-	p("*CPU µs/conn* the CPU time of the benchmark process and its waited-for children (load generator, server, observer) per connection, *+µs/conn* what the observer adds to that, ")
+	p("*CPU µs/conn* the CPU time of the benchmark process and its waited-for children (load generator, server, observer) per connection, but for what an observer's process spent before it was observing (its start and attach), *+µs/conn* what the observer adds to that, ")
+	p("*own µs/conn* the observer process's own share of it (the rest of *+µs/conn* is spent in the kernel on the connections' own paths: the programs, conntrack's events), ")
 	p("*machine busy* the share of all the machine's CPU time (/proc/stat) that was not idle, other work on the machine included.\n\n")
 	vs := r.variants()
-	p("| observer | conn/s | ratio | median ratio | conn/s change | NAT seen | missed | lost | ev/conn | CPU µs/conn | +µs/conn | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| observer | conn/s | ratio | median ratio | conn/s change | NAT seen | missed | lost | ev/conn | CPU µs/conn | +µs/conn | own µs/conn | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, v := range vs {
-		p("| %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %s | %.0f | %s | %.0f%% |\n", v.Name, v.Rate, v.Ratio, v.MedianRatio, pct(v.Ratio),
+		p("| %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %s | %.0f | %s | %s | %.0f%% |\n", v.Name, v.Rate, v.Ratio, v.MedianRatio, pct(v.Ratio),
 			counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]),
-			100*v.Machine.busyFraction())
+			ownCPU(v), 100*v.Machine.busyFraction())
 	}
 	p("\n%s\n\n", r.readingOverhead(vs))
+	r.ownProcessMarkdown(p, vs)
+}
+
+// ownProcessMarkdown says why the tracer's observers run in a child
+// process, with this run's figures when it measured the blocker.
+func (r *report) ownProcessMarkdown(p printer, vs []variantSummary) {
+	p("### Why the tracer runs in a process of its own\n\n")
+	p("The tracer runs on a node as its own process. Run inside the benchmark's process, beside the load generator, an observer that blocks an OS thread in a system call disturbs the generator's Go scheduler (the runtime retakes the blocked thread's processor and hands it on, every time), which a tracer in its own process cannot do to the node's workloads. ")
+	in, own := find(vs, (&blocker{}).name()), find(vs, (&blocker{own: true}).name())
+	if in == nil || own == nil {
+		p("`-observers blocker,blocker-own` measures it: a goroutine doing nothing but wait in epoll_wait on an empty epoll set, 20 ms at a time, in the benchmark's process and in a process of its own.\n\n")
+		return
+	}
+	p("This run measured it: a goroutine doing nothing but wait in epoll_wait on an empty epoll set, 20 ms at a time, changed the connection rate by %s in the benchmark's process and by %s in a process of its own.\n\n",
+		pct(in.Ratio), pct(own.Ratio))
 }
 
 // readingOverhead states what the table's figures say about the method:

@@ -5,15 +5,29 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 )
 
 // observerKeys name the observers for -observers, in the order a round
 // runs them.
-var observerKeys = []string{"none", "kernel", "stats", "ct", "live", "conntrack", "nft"}
+var observerKeys = []string{"none", "kernel", "stats", "ct", "live", "conntrack", "nft", "blocker", "blocker-own"}
 
 // newObserver is the observer a key of -observers names.
+// The tracer's observers run in a process of their own (separate).
 func newObserver(key string) (observer, error) {
+	switch key {
+	case "kernel", "stats", "ct", "live":
+		o, err := inProcessObserver(key)
+		return &separate{key: key, inner: o}, err
+	case "blocker-own":
+		return &separate{key: "blocker", inner: &blocker{own: true}}, nil
+	}
+	return inProcessObserver(key)
+}
+
+// inProcessObserver is the observer a key names, run in this process.
+func inProcessObserver(key string) (observer, error) {
 	switch key {
 	case "none":
 		return none{}, nil
@@ -29,6 +43,8 @@ func newObserver(key string) (observer, error) {
 		return &conntrackE{}, nil
 	case "nft":
 		return &nftTrace{}, nil
+	case "blocker":
+		return &blocker{}, nil
 	}
 	return nil, fmt.Errorf("unknown observer %q (known: %s)", key, strings.Join(observerKeys, ","))
 }
@@ -72,6 +88,9 @@ func (w *windowProfile) start() error {
 	}
 	path += w.suffix
 	w.windows++
+	if n, err := strconv.Atoi(os.Getenv(windowEnv)); err == nil {
+		w.windows = n
+	}
 	if w.windows > 1 {
 		path = fmt.Sprintf("%s.%d", path, w.windows)
 	}

@@ -20,7 +20,9 @@ type variantSummary struct {
 	NAT, Lost   int64
 	Events      int64
 	CPU         time.Duration
-	Machine     machineCPU
+	// OwnCPU is the CPU time of the observer's own process.
+	OwnCPU  time.Duration
+	Machine machineCPU
 	// RoundCPU is the CPU per connection of each round, in µs.
 	RoundCPU []float64
 	// RoundRates is the conn/s of each round.
@@ -57,6 +59,7 @@ func (r *report) variants() []variantSummary {
 		v.Lost += x.Obs.Lost
 		v.Events += x.Obs.Events
 		v.CPU += x.CPU
+		v.OwnCPU += x.Obs.OwnCPU
 		v.Machine.Busy += x.Machine.Busy
 		v.Machine.Total += x.Machine.Total
 		v.RoundCPU = append(v.RoundCPU, float64(x.CPU.Microseconds())/float64(max(x.Load.OK, 1)))
@@ -246,10 +249,10 @@ func (r *report) table() string {
 		fmt.Fprintf(&b, "kernel side skipped: %s\n\n", r.skippedKernel)
 	} else {
 		vs := r.variants()
-		fmt.Fprintf(&b, "%-42s %8s %7s %7s %9s %9s %9s %6s %9s %9s\n", "observer", "conn/s", "ratio", "median", "NAT seen", "missed", "lost", "ev/conn", "CPU µs/c", "+µs/conn")
+		fmt.Fprintf(&b, "%-42s %8s %7s %7s %9s %9s %9s %6s %9s %9s %9s\n", "observer", "conn/s", "ratio", "median", "NAT seen", "missed", "lost", "ev/conn", "CPU µs/c", "+µs/conn", "own µs/c")
 		for _, v := range vs {
-			fmt.Fprintf(&b, "%-42s %8.0f %7.3f %7.3f %9s %9s %9s %6s %9.0f %9s\n", v.Name, v.Rate, v.Ratio, v.MedianRatio,
-				counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]))
+			fmt.Fprintf(&b, "%-42s %8.0f %7.3f %7.3f %9s %9s %9s %6s %9.0f %9s %9s\n", v.Name, v.Rate, v.Ratio, v.MedianRatio,
+				counted(v.NAT), counted(missed(v.OK, v.NAT)), counted(v.Lost), perConn(v.Events, v.OK), v.CPUPerConn(), extraCPU(v, vs[0]), ownCPU(v))
 		}
 		fmt.Fprintf(&b, "\n%-8s %10s %12s %12s %12s %14s\n", "workers", "conn/s", "tracer seen", "tracer lost", "ct -E seen", "ct -E missed")
 		for _, s := range r.ramp {
@@ -301,6 +304,14 @@ func perConn(events int64, ok uint64) string {
 }
 
 // extraCPU is the CPU per connection an observer adds to running nothing.
+// ownCPU is the observer process's own CPU time per connection, in µs.
+func ownCPU(v variantSummary) string {
+	if v.OwnCPU == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", float64(v.OwnCPU.Microseconds())/float64(max(v.OK, 1)))
+}
+
 func extraCPU(v, base variantSummary) string {
 	if v.Name == base.Name {
 		return "-"

@@ -51,6 +51,12 @@ type observed struct {
 	// the join keeps connections apart.
 	Flows int64
 	Extra string
+	// SetupCPU is CPU time the round's reading counts but the observer
+	// spent before it was observing (a child process's start and attach).
+	SetupCPU time.Duration
+	// OwnCPU is the CPU time of the observer's own process over the
+	// window (0: it runs in this one).
+	OwnCPU time.Duration
 }
 
 // programRun is one program's runs and run time over a window.
@@ -384,6 +390,14 @@ func (c *lineCounter) end() {
 	timer.Stop()
 }
 
+// cpu is the tool's CPU time, once it has ended.
+func (c *lineCounter) cpu() time.Duration {
+	if c.cmd.ProcessState == nil {
+		return 0
+	}
+	return c.cmd.ProcessState.UserTime() + c.cmd.ProcessState.SystemTime()
+}
+
 // conntrackE is `conntrack -E -e NEW` in R: one line per new connection,
 // the NAT'd ones show VIP as the original destination and S in the reply.
 type conntrackE struct{ lineCounter }
@@ -399,7 +413,7 @@ func (c *conntrackE) start(b *lab) error {
 
 func (c *conntrackE) stop() (observed, error) {
 	c.end()
-	return observed{NAT: c.lines.Load(), Lost: -1, Events: -1, Extra: c.complaint()}, nil
+	return observed{NAT: c.lines.Load(), Lost: -1, Events: -1, Extra: c.complaint(), OwnCPU: c.cpu()}, nil
 }
 
 // nftTrace is nft tracing in R: a prerouting chain before conntrack sets
