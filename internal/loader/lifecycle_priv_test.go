@@ -83,3 +83,37 @@ func BenchmarkAttachDetach(b *testing.B) {
 		}
 	}
 }
+
+// TestCloseInterruptsNext: a reader parked on a quiet ring buffer returns
+// os.ErrClosed as soon as another goroutine closes the tracer (the signal
+// path), and nothing reads the unmapped ring after.
+func TestCloseInterruptsNext(t *testing.T) {
+	requirePrivileged(t)
+	// A namespace inode nothing has: the ring buffer stays empty.
+	tr, err := Open(Config{Netns: []uint32{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := tr.Next()
+		got <- err
+	}()
+	time.Sleep(3 * pollEvery)
+	start := time.Now()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Errorf("Next after Close: %v, want os.ErrClosed", err)
+		}
+		t.Logf("Next returned %v after Close", time.Since(start))
+	case <-time.After(2 * time.Second):
+		t.Fatal("Next still blocked 2s after Close")
+	}
+	if _, err := tr.NextOrEmpty(); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("NextOrEmpty on a closed tracer: %v, want os.ErrClosed", err)
+	}
+}

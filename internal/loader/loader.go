@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -125,9 +126,14 @@ type Tracer struct {
 	colls    []*ebpf.Collection
 	links    []link.Link
 	reader   *ringbuf.Reader
-	rec      ringbuf.Record
-	clock    event.Clock
-	names    *ReasonNames
+	waiter   *ringWaiter
+	// readMu is held while a read uses the ring buffer; closing is set
+	// before Close interrupts the read and takes readMu to unmap it.
+	readMu  sync.Mutex
+	closing atomic.Bool
+	rec     ringbuf.Record
+	clock   event.Clock
+	names   *ReasonNames
 	// progs are the programs that attached, for their run statistics.
 	progs []attachedProgram
 
@@ -167,6 +173,10 @@ func Open(cfg Config) (*Tracer, error) {
 	if t.reader, err = ringbuf.NewReader(t.maps["events"]); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("open ring buffer: %w", err)
+	}
+	if t.waiter, err = newRingWaiter(t.maps["events"]); err != nil {
+		t.Close()
+		return nil, err
 	}
 	if t.clock, err = monotonicClock(); err != nil {
 		t.Close()
@@ -403,21 +413,52 @@ func (Empty) Unwrap() error   { return ErrEmpty }
 // events' own times (the joiner) learns that time has passed with nothing
 // more to read.
 func (t *Tracer) NextOrEmpty() (event.Event, error) {
-	rec := &t.rec
+	// Close waits for this to return before it unmaps the ring buffer.
+	t.readMu.Lock()
+	defer t.readMu.Unlock()
 	// The programs wake the reader only when a backlog builds up
 	// (bpf/tracer.c, submit): otherwise it looks on its own, often
 	// enough that an event is never shown more than pollEvery late.
-	t.reader.SetDeadline(time.Now().Add(pollEvery))
-	err := t.reader.ReadInto(rec)
+	deadline := time.Now().Add(pollEvery)
+	for {
+		if t.closing.Load() {
+			return event.Event{}, os.ErrClosed
+		}
+		at := t.monotonicNow()
+		if t.reader.AvailableBytes() > 0 {
+			if ev, ok, err := t.readOne(); ok || err != nil {
+				return ev, err
+			}
+			continue
+		}
+		if !time.Now().Before(deadline) {
+			return event.Event{}, Empty{At: at}
+		}
+		err := t.waiter.wait(deadline, func() bool { return t.reader.AvailableBytes() > 0 })
+		switch {
+		case t.closing.Load():
+			return event.Event{}, os.ErrClosed
+		case err != nil && !errors.Is(err, os.ErrDeadlineExceeded):
+			return event.Event{}, fmt.Errorf("wait for ring buffer: %w", err)
+		}
+	}
+}
+
+// readOne reads a record the ring buffer holds without waiting; ok is
+// false, with no error, when there was none to read after all.
+func (t *Tracer) readOne() (ev event.Event, ok bool, err error) {
+	t.reader.SetDeadline(time.Unix(0, 1)) // past: the reader's epoll_wait does not block
+	err = t.reader.ReadInto(&t.rec)
 	switch {
 	case err == nil:
-		return event.Decode(rec.RawSample, t.clock)
+		ev, err = event.Decode(t.rec.RawSample, t.clock)
+		return ev, true, err
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return event.Event{}, Empty{At: t.monotonicNow()}
+		return event.Event{}, false, nil
 	case errors.Is(err, ringbuf.ErrClosed):
-		return event.Event{}, os.ErrClosed
+		return event.Event{}, false, os.ErrClosed
 	}
-	return event.Event{}, fmt.Errorf("read ring buffer: %w", err)
+	return event.Event{}, false, fmt.Errorf("read ring buffer: %w", err)
 }
 
 // monotonicNow is now on the events' clock (CLOCK_MONOTONIC from the
@@ -445,6 +486,12 @@ func (t *Tracer) Close() error {
 		for _, l := range t.links {
 			errs = append(errs, l.Close())
 		}
+		t.closing.Store(true)
+		if t.waiter != nil {
+			errs = append(errs, t.waiter.Close())
+		}
+		t.readMu.Lock()
+		defer t.readMu.Unlock()
 		if t.reader != nil {
 			errs = append(errs, t.reader.Close())
 		}
