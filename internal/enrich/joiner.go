@@ -22,11 +22,12 @@ type SourceIndex interface {
 	BySource(proto uint8, src netip.AddrPort) []conntrack.Entry
 }
 
-// History lists the entries of a reused tuple, newest first (conntrack's
-// Tracker.History). Optional: without it, a flow a newer connection of the
-// same tuple replaced gets no conntrack entry rather than the newer one's.
-type History interface {
-	History(event.Tuple) []conntrack.Entry
+// Destroyed lists the destroyed entries of a reused tuple, newest first
+// (conntrack's Tracker.Destroyed). Optional: without it, a flow a newer
+// connection of the same tuple replaced gets no conntrack entry rather
+// than the newer one's.
+type Destroyed interface {
+	Destroyed(event.Tuple) []conntrack.Entry
 }
 
 // DefaultLinger is how long a flow stays open after its last event: long
@@ -293,11 +294,11 @@ func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 			return e, ok
 		}
 	}
-	h, ok := j.CT.(History)
+	h, ok := j.CT.(Destroyed)
 	if !ok {
 		return conntrack.Entry{}, false
 	}
-	return agreedEntry(h.History(p.key), p.answer)
+	return agreedEntry(h.Destroyed(p.key), p.answer)
 }
 
 // agreedEntry picks a replaced connection's entry from its tuple's

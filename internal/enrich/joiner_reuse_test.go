@@ -12,7 +12,8 @@ import (
 )
 
 // historyCT is a conntrack table holding, per original tuple, its entries
-// newest first, as conntrack.Tracker's History lists them.
+// newest first: its live entry (Lookup's), then the destroyed ones
+// (Destroyed's), as conntrack.Tracker keeps them.
 type historyCT map[event.Tuple][]conntrack.Entry
 
 func (h historyCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
@@ -22,7 +23,15 @@ func (h historyCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 	return conntrack.Entry{}, false
 }
 
-func (h historyCT) History(tu event.Tuple) []conntrack.Entry { return h[tu] }
+func (h historyCT) Destroyed(tu event.Tuple) []conntrack.Entry {
+	var out []conntrack.Entry
+	for _, e := range h[tu] {
+		if e.Destroyed {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // reusedPortNAT is a connection's DNAT and masquerade from a client
 // source port to a VIP, sent to backend, as the netfilter tier reports

@@ -343,9 +343,9 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 	return conntrack.Entry{}, false
 }
 
-func (m multiConntrack) History(tu event.Tuple) []conntrack.Entry {
+func (m multiConntrack) Destroyed(tu event.Tuple) []conntrack.Entry {
 	for _, t := range m {
-		if h := t.History(tu); len(h) > 0 {
+		if h := t.Destroyed(tu); len(h) > 0 {
 			return h
 		}
 	}

@@ -147,9 +147,9 @@ func TestTargetedReusedTupleDestroyedTwice(t *testing.T) {
 	}
 }
 
-// TestTargetedHistory: a reused tuple's history is the kernel's live
-// entry, then the destroyed connections of the tuple, newest first.
-func TestTargetedHistory(t *testing.T) {
+// TestTargetedDestroyed: a reused tuple's destroyed connections, newest
+// first, without the kernel's live entry.
+func TestTargetedDestroyed(t *testing.T) {
 	first, second, live := dnatEntry(40160, StatusSeenReply), dnatEntry(40160, 0), dnatEntry(40160, 0)
 	first.State, second.State, live.State = "CLOSE", "TIME_WAIT", "SYN_SENT"
 	second.Reply.Src = netip.MustParseAddr("10.244.2.6")
@@ -160,11 +160,11 @@ func TestTargetedHistory(t *testing.T) {
 	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
 	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
 	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
-	h := tr.History(live.Orig)
-	if len(h) != 3 || h[0].State != "SYN_SENT" || h[0].Destroyed || h[1].State != "TIME_WAIT" || !h[1].Destroyed || h[2].State != "CLOSE" {
-		t.Fatalf("history %+v", h)
+	h := tr.Destroyed(live.Orig)
+	if len(h) != 2 || h[0].State != "TIME_WAIT" || !h[0].Destroyed || h[1].State != "CLOSE" || !h[1].Destroyed {
+		t.Fatalf("destroyed %+v", h)
 	}
-	if h := tr.History(live.Reply); len(h) != 0 {
+	if h := tr.Destroyed(live.Reply); len(h) != 0 {
 		t.Errorf("a reply tuple has no history of its own: %+v", h)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -453,23 +454,18 @@ func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
 	return e, ok
 }
 
-// History lists the entries whose original tuple is tu, newest first:
-// Lookup's entry, then the destroyed connections it replaced, within the
-// retention. A client reusing a source port makes one entry per
-// connection for the same tuple. A targeted tracker's live entry is the
-// kernel's, ahead of the destroyed ones its table holds.
-func (t *Tracker) History(tu event.Tuple) []Entry {
+// Destroyed lists the destroyed entries whose original tuple is tu,
+// newest first, within the retention: the earlier connections of a tuple
+// a client reused its source port for. It asks the kernel nothing; a
+// targeted tracker first applies the DESTROYs queued on its socket.
+func (t *Tracker) Destroyed(tu event.Tuple) []Entry {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
-	var live []Entry
 	if t.opts.Targeted {
-		if e, ok := t.get(tu); ok && e.Orig == tu {
-			live = append(live, e)
-		}
 		t.drain()
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return append(live, t.tab.history(tu, t.now())...)
+	return slices.DeleteFunc(t.tab.history(tu, t.now()), func(e Entry) bool { return !e.Destroyed })
 }
 
 // Updates delivers every change after Open (and the changes a re-dump
@@ -575,9 +571,18 @@ func (t *Tracker) waitLoop() {
 			t.setErr(err)
 			return
 		}
+		time.Sleep(destroyBatch)
 		t.drain()
 	}
 }
+
+// destroyBatch is how long the wait loop lets DESTROY events gather
+// before it reads them: a wakeup per batch rather than per connection,
+// which cost the benchmark's pipeline about 4 µs per connection. A batch
+// of 5 ms at 100,000 connections/s is 500 events, about 100 KiB of the
+// socket's buffer; lookups drain the socket themselves, so none waits
+// for a batch.
+const destroyBatch = 5 * time.Millisecond
 
 // drain applies every event queued now. Overruns are counted: there is no
 // live copy to repair, and the DESTROYs lost in one stay lost.
