@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -184,10 +185,11 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 			writeErr = out.flow(f)
 		}
 	}
-	var onEvent func(trace.Event)
+	var onEvent func(event.Event)
 	if o.events {
 		emit = func(*trace.Flow) {}
-		onEvent = func(e trace.Event) {
+		onEvent = func(ev event.Event) {
+			e := trace.EventOf(ev, p.Names())
 			if writeErr == nil && (flt.Empty() || flt.Match(eventFlow(&e))) {
 				writeErr = out.event(&e)
 			}

@@ -219,6 +219,51 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	}
 }
 
+// TestTraceEvents: `tracer trace --events -o json` writes the raw kernel
+// events, each as an event line; the connection's DNAT says where the
+// rule sent it.
+func TestTraceEvents(t *testing.T) {
+	requireRootHost(t)
+	bin := buildTracer(t)
+	ns := dnatNamespace(t, "trevt")
+	cmd, out, stderr := startTrace(t, bin, ns, "-o", "json", "--events", "--filter", "port:80")
+	dialVIP(t, ns)
+	time.Sleep(300 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("tracer trace --events exited with %v; stderr: %s", err, stderr.String())
+	}
+	var dnat *trace.Event
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var rec struct{ Type string }
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("not NDJSON: %q: %v", sc.Text(), err)
+		}
+		if rec.Type == trace.TypeFlow {
+			t.Errorf("a flow line with --events: %s", sc.Text())
+		}
+		if rec.Type != trace.TypeEvent {
+			continue
+		}
+		var line struct {
+			trace.Event
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("event line %q: %v", sc.Text(), err)
+		}
+		if e := line.Event; e.Kind == trace.KindDNAT && e.Orig != nil && e.Orig.Dst == "10.96.78.1:80" {
+			dnat = &e
+		}
+	}
+	if dnat == nil {
+		t.Fatalf("no dnat event to 10.96.78.1:80 in:\n%s", out.String())
+	}
+	if dnat.To != "10.78.0.1:8080" || dnat.Proto != "tcp" {
+		t.Errorf("dnat event %+v: want to 10.78.0.1:8080, tcp", dnat)
+	}
+}
+
 func TestBadInputExitsTwo(t *testing.T) {
 	var out, errb bytes.Buffer
 	bad := filepath.Join(t.TempDir(), "metadata.json")

@@ -123,6 +123,10 @@ func (p *Pipeline) Header() trace.Header { return p.header }
 // Plan is how every hook is attached.
 func (p *Pipeline) Plan() loader.Plan { return p.tracer.Plan }
 
+// Names names this kernel's drop and reset reasons, for events written in
+// the trace format (trace.EventOf).
+func (p *Pipeline) Names() event.ReasonNamer { return p.tracer.Reasons() }
+
 func (p *Pipeline) buildHeader() trace.Header {
 	h := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: p.cfg.NodeName, Kernel: KernelRelease(),
 		Started: time.Now().UTC(), Command: p.cfg.Command, Filter: p.cfg.Filter, Hooks: HookRecords(p.tracer.Plan)}
@@ -210,7 +214,7 @@ type decoded struct {
 // Run joins events into flows until ctx is done, handing each finished
 // flow to emit (and each event to onEvent, if set), then flushes the open
 // flows and returns the summary. It detaches the kernel side on the way out.
-func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func(trace.Event)) (trace.Summary, error) {
+func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func(event.Event)) (trace.Summary, error) {
 	evc := make(chan decoded, 1024)
 	go p.read(evc)
 	stop := context.AfterFunc(ctx, func() { p.tracer.Close() })
@@ -242,7 +246,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 			}
 			sum.Events++
 			if onEvent != nil {
-				onEvent(trace.EventOf(d.ev, p.tracer.Reasons()))
+				onEvent(d.ev)
 			}
 			j.Add(d.ev, clock.event(d.ev.Time))
 		case <-tick.C:

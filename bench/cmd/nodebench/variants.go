@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -76,8 +77,10 @@ func (none) stop() (observed, error) { return observed{NAT: -1, Lost: -1, Events
 var vipPort = net.JoinHostPort(vip, strconv.Itoa(vport))
 
 func isLabDNAT(ev event.Event) bool {
-	return ev.Kind == event.KindDNAT && ev.Orig.Dst.String() == vip && ev.Orig.DstPort == vport
+	return ev.Kind == event.KindDNAT && ev.Orig.Dst == vipAddr && ev.Orig.DstPort == vport
 }
+
+var vipAddr = netip.MustParseAddr(vip)
 
 // kernelOnly is loader.Open observing R, with the ring buffer drained by
 // a goroutine that decodes every record, as the live reader does.
@@ -271,8 +274,8 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 				f.noCT.Add(1)
 			}
 			w.WriteFlow(fl)
-		}, func(e trace.Event) {
-			if e.Kind == trace.KindDNAT && e.Orig != nil && e.Orig.Dst == vipPort {
+		}, func(ev event.Event) {
+			if isLabDNAT(ev) {
 				f.nat.Add(1)
 			}
 		})
