@@ -47,8 +47,11 @@ type Joiner struct {
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
 
-	open    map[tupleKey]*pending // the newest flow of each key
-	byTuple map[tupleKey]tupleKey
+	// byTuple leads every tuple an open flow has seen to the flow: its
+	// key, its reply tuple and that reversed. A flow's own key always
+	// leads to it (a tuple is a flow's key only when no open flow had it),
+	// until a newer connection of the same tuple replaces it.
+	byTuple map[tupleKey]*pending
 	// due holds every flow not yet finished, each once, by deadline, so
 	// Expire looks only at the flows whose time has come. It also holds
 	// the flows a newer connection of the same tuple took the key from:
@@ -133,9 +136,8 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
-	if j.open == nil {
-		j.open = map[tupleKey]*pending{}
-		j.byTuple = map[tupleKey]tupleKey{}
+	if j.byTuple == nil {
+		j.byTuple = map[tupleKey]*pending{}
 	}
 	tu := ev.Packet
 	if ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT || ev.Kind == event.KindIPVS || !tu.Valid() {
@@ -144,8 +146,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if !tu.Valid() {
 		return
 	}
-	key, reply := j.resolve(tu, ev)
-	p := j.open[keyOf(key)]
+	p, key, reply := j.resolve(tu, ev)
 	d, isNAT := natDecisionOf(ev)
 	if p != nil && isNAT && slices.Contains(p.nat, d) {
 		// The same decision twice for one tuple: the client reused its
@@ -157,7 +158,6 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if created {
 		p = &pending{key: key}
 		p.events, p.tuples = p.firstEvent[:0], p.ownTuples[:0]
-		j.open[keyOf(key)] = p
 		j.index(p, key)
 	}
 	if isNAT {
@@ -183,7 +183,6 @@ func (j *Joiner) retire(old *pending) {
 	}
 	old.tuples = nil
 	old.replaced = true
-	delete(j.open, keyOf(old.key))
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -194,36 +193,36 @@ func (j *Joiner) linger() time.Duration {
 }
 
 // resolve finds the connection a tuple belongs to: an open flow that has
-// seen it, else the conntrack entry holding it, else the tuple itself.
-func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (key, reply event.Tuple) {
+// seen it (p), else the conntrack entry holding it, else the tuple itself;
+// key is the connection's original tuple.
+func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply event.Tuple) {
 	if ev.Reply.Valid() {
 		reply = ev.Reply
 	}
-	if k, ok := j.byTuple[keyOf(tu)]; ok {
-		return k.tuple(), reply
+	if p := j.byTuple[keyOf(tu)]; p != nil {
+		return p, p.key, reply
 	}
 	// A NAT decision carries both tuples of its connection, read from
 	// nf_conn: the original one is the key, conntrack has nothing to add.
 	if (ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT) && reply.Valid() {
-		return tu, reply
+		return nil, tu, reply
 	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
-			if k, ok := j.byTuple[keyOf(e.Orig)]; ok {
-				return k.tuple(), e.Reply
+			if p := j.byTuple[keyOf(e.Orig)]; p != nil {
+				return p, p.key, e.Reply
 			}
-			return e.Orig, e.Reply
+			return nil, e.Orig, e.Reply
 		}
 	}
-	return tu, reply
+	return nil, tu, reply
 }
 
 func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
-	pk := keyOf(p.key)
 	for _, t := range tuples {
 		k := keyOf(t)
 		if _, taken := j.byTuple[k]; !taken {
-			j.byTuple[k] = pk
+			j.byTuple[k] = p
 			p.tuples = append(p.tuples, k)
 		}
 	}
@@ -266,10 +265,6 @@ func (j *Joiner) Open() int { return len(j.due) }
 
 // finish emits p, which has left due.
 func (j *Joiner) finish(p *pending) {
-	if !p.replaced {
-		// A replaced flow's key is the newer connection's.
-		delete(j.open, keyOf(p.key))
-	}
 	for _, t := range p.tuples {
 		delete(j.byTuple, t)
 	}
@@ -433,12 +428,4 @@ type tupleKey struct {
 
 func keyOf(t event.Tuple) tupleKey {
 	return tupleKey{src: t.Src.As16(), dst: t.Dst.As16(), sport: t.SrcPort, dport: t.DstPort, proto: t.Proto, v4: t.Src.Is4()}
-}
-
-func (k tupleKey) tuple() event.Tuple {
-	src, dst := netip.AddrFrom16(k.src), netip.AddrFrom16(k.dst)
-	if k.v4 {
-		src, dst = src.Unmap(), dst.Unmap()
-	}
-	return event.Tuple{Src: src, Dst: dst, SrcPort: k.sport, DstPort: k.dport, Proto: k.proto}
 }
