@@ -70,6 +70,9 @@ func (r *report) liveLimit() string {
 	if kern := find(vs, kernelName); kern != nil {
 		line += fmt.Sprintf(", %.0f µs more than the kernel side + drain alone (%s µs)", live.CPUPerConn()-kern.CPUPerConn(), extraCPU(*kern, *base))
 	}
+	if live.OwnCPU > 0 {
+		line += fmt.Sprintf("; its own process took %s µs of it", ownCPU(*live))
+	}
 	line += ". Beyond the kernel side it runs the conntrack tracker, the node watcher, the join, rule attribution and diagnosis"
 	kern, tracker := find(vs, kernelName), find(vs, ctName)
 	if kern != nil && tracker != nil {

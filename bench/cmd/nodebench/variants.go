@@ -454,7 +454,7 @@ func (n *nftTrace) stop() (observed, error) {
 	if c := n.complaint(); c != "" {
 		extra += "; " + c
 	}
-	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: extra}, err
+	return observed{NAT: n.lines.Load(), Lost: -1, Events: -1, Extra: extra, OwnCPU: n.cpu()}, err
 }
 
 // ctTracker is the kernel side and drain of kernelOnly plus a conntrack
