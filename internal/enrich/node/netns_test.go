@@ -9,6 +9,12 @@ import (
 	"time"
 )
 
+// The main goroutine keeps the main thread for itself, so no test
+// goroutine runs on it: the runtime never ends the main thread, retired
+// or not, and a test of whether inNetns retires its thread must run on
+// another one.
+func init() { runtime.LockOSThread() }
+
 // TestInNetnsKeepsThread: a child started with Pdeathsig from the thread
 // inNetns ran on survives the goroutine's end, so inNetns handed the
 // thread back instead of retiring it. (Retiring it SIGKILLed the
@@ -22,31 +28,23 @@ func TestInNetnsKeepsThread(t *testing.T) {
 	if err != nil {
 		t.Skipf("needs the sleep command for a child process: %v", err)
 	}
-	for tries := 0; ; tries++ {
-		cmd, onMain, err := childFromInNetnsThread(sleep)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if onMain {
-			// The runtime never ends the main thread, retired or not:
-			// that run tells nothing.
-			cmd.Process.Kill()
-			cmd.Wait()
-			if tries == 5 {
-				t.Skip("every try ran on the process's main thread, which the runtime never ends")
-			}
-			continue
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		select {
-		case err := <-exited:
-			t.Fatalf("the child started from inNetns's thread died (%v): the thread was retired, not handed back", err)
-		case <-time.After(time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		return
+	cmd, onMain, err := childFromInNetnsThread(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if onMain {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("the goroutine ran on the main thread, which init locked to the main goroutine")
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("the child started from inNetns's thread died (%v): the thread was retired, not handed back", err)
+	case <-time.After(time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
