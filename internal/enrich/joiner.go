@@ -297,18 +297,17 @@ func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 }
 
 // agreedEntry picks a replaced connection's entry from its tuple's
-// history: a destroyed entry (the kernel destroyed it to make the newer
-// one) whose reply tuple is what the connection's own NAT decisions made
-// it.
+// destroyed entries (the kernel destroyed it to make the newer one): one
+// whose reply tuple is what the connection's own NAT decisions made it.
 // Conntrack's events and the kernel's decisions arrive apart, so which of
 // several such entries is this connection's cannot be told; one is taken
 // only when all of them say the same of the connection, since an entry of
 // another connection is worse than none.
-func agreedEntry(history []conntrack.Entry, answer answerOf) (conntrack.Entry, bool) {
+func agreedEntry(destroyed []conntrack.Entry, answer answerOf) (conntrack.Entry, bool) {
 	var got conntrack.Entry
 	found := false
-	for _, e := range history {
-		if !e.Destroyed || !answer.matches(e.Reply) {
+	for _, e := range destroyed {
+		if !answer.matches(e.Reply) {
 			continue
 		}
 		if found && !sameConnectionState(got, e) {

@@ -174,7 +174,7 @@ func Open(cfg Config) (*Tracer, error) {
 		t.Close()
 		return nil, fmt.Errorf("open ring buffer: %w", err)
 	}
-	if t.waiter, err = newRingWaiter(t.maps["events"]); err != nil {
+	if t.waiter, err = newRingWaiter(t.maps["events"], t.readable); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -424,17 +424,22 @@ func (t *Tracer) NextOrEmpty() (event.Event, error) {
 		if t.closing.Load() {
 			return event.Event{}, os.ErrClosed
 		}
-		at := t.monotonicNow()
-		if t.reader.AvailableBytes() > 0 {
+		if t.readable() {
 			if ev, ok, err := t.readOne(); ok || err != nil {
 				return ev, err
 			}
 			continue
 		}
+		// Empty's time is read before the ring is seen empty once more:
+		// every event made before it has been read.
+		at := t.monotonicNow()
+		if t.readable() {
+			continue
+		}
 		if !time.Now().Before(deadline) {
 			return event.Event{}, Empty{At: at}
 		}
-		err := t.waiter.wait(deadline, func() bool { return t.reader.AvailableBytes() > 0 })
+		err := t.waiter.wait(deadline)
 		switch {
 		case t.closing.Load():
 			return event.Event{}, os.ErrClosed
@@ -443,6 +448,9 @@ func (t *Tracer) NextOrEmpty() (event.Event, error) {
 		}
 	}
 }
+
+// readable reports whether the ring buffer holds a record to read.
+func (t *Tracer) readable() bool { return t.reader.AvailableBytes() > 0 }
 
 // readOne reads a record the ring buffer holds without waiting; ok is
 // false, with no error, when there was none to read after all.

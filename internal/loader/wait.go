@@ -22,12 +22,17 @@ import (
 type ringWaiter struct {
 	f    *os.File
 	conn syscall.RawConn
+	// done is the poller's readiness test: ready says whether a record
+	// is there to read. It is asked before each park and after each
+	// wakeup: the poller is edge-triggered, and the records the programs
+	// submit without waking the reader show only to it.
+	done func(uintptr) bool
 }
 
 // newRingWaiter registers a duplicate of the ring buffer map's descriptor
 // with the network poller. The duplicate shares the map's open file, so
 // it is readable exactly when the map is (the kernel's ring buffer poll).
-func newRingWaiter(m *ebpf.Map) (*ringWaiter, error) {
+func newRingWaiter(m *ebpf.Map, ready func() bool) (*ringWaiter, error) {
 	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("duplicate ring buffer descriptor: %w", err)
@@ -47,18 +52,16 @@ func newRingWaiter(m *ebpf.Map) (*ringWaiter, error) {
 		f.Close()
 		return nil, fmt.Errorf("ring buffer in the network poller: %w", err)
 	}
-	return &ringWaiter{f: f, conn: conn}, nil
+	return &ringWaiter{f: f, conn: conn, done: func(uintptr) bool { return ready() }}, nil
 }
 
 // wait returns when ready reports true, or with os.ErrDeadlineExceeded at
-// deadline, or with an error once closed. ready is called before each park
-// and after each wakeup: the poller is edge-triggered, and records the
-// programs submit without waking the reader show only to ready.
-func (w *ringWaiter) wait(deadline time.Time, ready func() bool) error {
+// deadline, or with an error once closed.
+func (w *ringWaiter) wait(deadline time.Time) error {
 	if err := w.f.SetReadDeadline(deadline); err != nil {
 		return err
 	}
-	return w.conn.Read(func(uintptr) bool { return ready() })
+	return w.conn.Read(w.done)
 }
 
 func (w *ringWaiter) Close() error { return w.f.Close() }
