@@ -341,7 +341,11 @@ func kernelSide(ctx context.Context, rep *report) error {
 // rampOnce is one step of the loss ramp: the tracer's kernel side and
 // conntrack -E attached together while w workers connect.
 func rampOnce(ctx context.Context, b *lab, w int, d time.Duration) (rampStep, error) {
-	tr, ct := &separate{key: "kernel", inner: &kernelOnly{}}, &conntrackE{}
+	tr, err := newObserver("kernel")
+	if err != nil {
+		return rampStep{}, err
+	}
+	ct := &conntrackE{}
 	if err := tr.start(b); err != nil {
 		return rampStep{}, err
 	}

@@ -19,9 +19,12 @@ func newObserver(key string) (observer, error) {
 	switch key {
 	case "kernel", "stats", "ct", "live":
 		o, err := inProcessObserver(key)
-		return &separate{key: key, inner: o}, err
+		if err != nil {
+			return nil, err
+		}
+		return &separate{key: key, label: o.name()}, nil
 	case "blocker-own":
-		return &separate{key: "blocker", inner: &blocker{own: true}}, nil
+		return &separate{key: "blocker", label: (&blocker{own: true}).name()}, nil
 	}
 	return inProcessObserver(key)
 }

@@ -22,15 +22,15 @@ import (
 // Measured inside the load generator's process, the tracer's reader,
 // which blocks in epoll_wait, disturbed the generator's Go scheduler: one
 // goroutine looping on a 20 ms epoll_wait of an empty epoll set, and
-// nothing else, took 21% of the lab's connections per second when it ran
+// nothing else, took 17 to 21% of the lab's connections per second when it ran
 // in the generator's process and nothing measurable from a process of its
 // own. The child's CPU time counts in the round (it is a waited-for
 // child) but for what it spent before it was observing: the process
 // start and the attach, which the in-process observers also spent before
 // the round's CPU reading.
 type separate struct {
-	key     string
-	inner   observer
+	key     string // the observer the child runs
+	label   string // its name in the report
 	windows int
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
@@ -48,7 +48,7 @@ type childReport struct {
 	Error    string        `json:"error,omitempty"`
 }
 
-func (s *separate) name() string { return s.inner.name() }
+func (s *separate) name() string { return s.label }
 
 func (s *separate) start(b *lab) error {
 	exe, err := os.Executable()
