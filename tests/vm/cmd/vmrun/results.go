@@ -13,7 +13,15 @@ import (
 type outcome struct {
 	Status string // "pass", "skip", "fail"
 	Reason string // first line of the skip message (or failure message)
+	// Trail is a failed test's last log entries, "file.go:N: first line",
+	// oldest first. The failure is among them even when cleanups log after
+	// it (the control-plane helpers print their logs' tails last), and
+	// go test's output does not tell an error from a log line.
+	Trail []string
 }
+
+// maxTrail is how many of a failed test's last log entries are kept.
+const maxTrail = 6
 
 // testResult is one test (or subtest) of one package.
 type testResult struct {
@@ -25,7 +33,7 @@ var (
 	reState = regexp.MustCompile(`^=== (RUN|CONT|NAME|PAUSE)\s+(\S+)`)
 	reEnd   = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+) \(`)
 	// A log entry from t.Log/t.Skip/t.Error: "    file_test.go:12: message".
-	reLog = regexp.MustCompile(`^\s+[^\s:]+\.go:\d+: (.*)$`)
+	reLog = regexp.MustCompile(`^\s+([^\s:]+\.go:\d+): (.*)$`)
 )
 
 // parseTestOutput reads `-test.v` output of one test binary and returns the
@@ -37,6 +45,7 @@ func parseTestOutput(r io.Reader) ([]testResult, error) {
 		out      []testResult
 		current  string
 		lastLog  = map[string]string{}
+		trail    = map[string][]string{}
 		lastFail = -1 // index in out of the last failed test
 	)
 	sc := bufio.NewScanner(r)
@@ -53,6 +62,9 @@ func parseTestOutput(r io.Reader) ([]testResult, error) {
 			if res.Status != "pass" {
 				res.Reason = lastLog[name]
 			}
+			if res.Status == "fail" {
+				res.Trail = trail[name]
+			}
 			out = append(out, res)
 			if res.Status == "fail" {
 				lastFail = len(out) - 1
@@ -65,7 +77,13 @@ func parseTestOutput(r io.Reader) ([]testResult, error) {
 			continue
 		}
 		if m := reLog.FindStringSubmatch(line); m != nil && current != "" {
-			lastLog[current] = strings.TrimSpace(m[1])
+			msg := strings.TrimSpace(m[2])
+			lastLog[current] = msg
+			t := append(trail[current], m[1]+": "+truncate(msg, maxReason))
+			if len(t) > maxTrail {
+				t = t[1:]
+			}
+			trail[current] = t
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -125,7 +143,9 @@ func (m *matrix) failures() []string {
 				continue
 			}
 			line := kernel + " " + row
-			if o.Reason != "" {
+			if len(o.Trail) > 0 {
+				line += ", its last log entries:\n      " + strings.Join(o.Trail, "\n      ")
+			} else if o.Reason != "" {
 				line += ": " + truncate(o.Reason, maxReason)
 			}
 			out = append(out, line)

@@ -19,13 +19,16 @@ func TestParseTestOutput(t *testing.T) {
 		t.Fatalf("parseTestOutput: %v", err)
 	}
 	want := []testResult{
-		{"TestPass", outcome{"pass", ""}},
-		{"TestSkipAfterLog", outcome{"skip", "needs IPVS: modprobe ip_vs failed"}},
-		{"TestFail", outcome{"fail", "got 1, want 2"}},
-		{"TestSub", outcome{"pass", ""}},
-		{"TestSub/b", outcome{"pass", ""}},
-		{"TestSub/a", outcome{"skip", "sub a skipped"}},
-		{"TestPanic", outcome{"fail", "panic: assignment to entry in nil map [recovered, repanicked]"}},
+		{"TestPass", outcome{Status: "pass", Reason: ""}},
+		{"TestSkipAfterLog", outcome{Status: "skip", Reason: "needs IPVS: modprobe ip_vs failed"}},
+		{"TestFail", outcome{Status: "fail", Reason: "cphelper: tail of etcd.log:", Trail: []string{
+			"fx_test.go:5: got 1, want 2",
+			"cphelper.go:361: cphelper: tail of etcd.log:",
+		}}},
+		{"TestSub", outcome{Status: "pass", Reason: ""}},
+		{"TestSub/b", outcome{Status: "pass", Reason: ""}},
+		{"TestSub/a", outcome{Status: "skip", Reason: "sub a skipped"}},
+		{"TestPanic", outcome{Status: "fail", Reason: "panic: assignment to entry in nil map [recovered, repanicked]"}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parseTestOutput:\n got %+v\nwant %+v", got, want)
@@ -34,10 +37,10 @@ func TestParseTestOutput(t *testing.T) {
 
 func TestMatrixWrite(t *testing.T) {
 	m := newMatrix([]string{"5.10", "6.12"})
-	m.add("5.10", "pkg.TestA", outcome{"skip", "no fentry"})
-	m.add("6.12", "pkg.TestA", outcome{"pass", ""})
-	m.add("5.10", "pkg.TestB", outcome{"fail", "boom"})
-	m.add("6.12", "pkg.TestB", outcome{"skip", "no fentry"})
+	m.add("5.10", "pkg.TestA", outcome{Status: "skip", Reason: "no fentry"})
+	m.add("6.12", "pkg.TestA", outcome{Status: "pass", Reason: ""})
+	m.add("5.10", "pkg.TestB", outcome{Status: "fail", Reason: "boom"})
+	m.add("6.12", "pkg.TestB", outcome{Status: "skip", Reason: "no fentry"})
 	m.note("kernel 6.12: timed out after 20m0s")
 	var b strings.Builder
 	m.write(&b)
@@ -57,6 +60,17 @@ func TestMatrixWrite(t *testing.T) {
 		t.Errorf("counts = %d passed, %d failed, %d skipped; want 1, 1, 2", p, f, s)
 	}
 	if got, want := m.failures(), []string{"5.10 pkg.TestB: boom"}; !slices.Equal(got, want) {
+		t.Errorf("failures = %q, want %q", got, want)
+	}
+}
+
+// A failed test's cleanups may log after its failure; the failure list
+// shows the trail of entries, not just the last one.
+func TestFailuresShowTrail(t *testing.T) {
+	m := newMatrix([]string{"6.12"})
+	m.add("6.12", "pkg.TestB", outcome{Status: "fail", Reason: "tail", Trail: []string{"b_test.go:3: boom", "h.go:9: tail"}})
+	want := []string{"6.12 pkg.TestB, its last log entries:\n      b_test.go:3: boom\n      h.go:9: tail"}
+	if got := m.failures(); !slices.Equal(got, want) {
 		t.Errorf("failures = %q, want %q", got, want)
 	}
 }
