@@ -38,6 +38,16 @@ type labResult struct {
 	Mode     string `json:"mode,omitempty"`
 	Skipped  string `json:"skipped,omitempty"`
 	lab.Report
+	// Phases is how long each step of the run took, in milliseconds: the
+	// lab's cost is build, attach and traffic, not the tracer's.
+	Phases *labPhases `json:"phases,omitempty"`
+}
+
+type labPhases struct {
+	BuildMS   int64 `json:"build_ms"`
+	AttachMS  int64 `json:"attach_ms"`
+	TrafficMS int64 `json:"traffic_ms"`
+	SettleMS  int64 `json:"settle_ms"`
 }
 
 type labOptions struct {
@@ -160,6 +170,12 @@ type labRun struct {
 // what the scenario expects. emit sees each flow as it is diagnosed.
 func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOptions, emit func(*trace.Flow)) (*labRun, error) {
 	run := &labRun{result: labResult{Type: "lab", Scenario: sc.Name}}
+	phases := &labPhases{}
+	mark := time.Now()
+	lap := func(d *int64) {
+		now := time.Now()
+		*d, mark = now.Sub(mark).Milliseconds(), now
+	}
 	built, err := sc.Build(ctx, env)
 	if errors.Is(err, lab.ErrNeedsIPVS) || errors.Is(err, lab.ErrNeedsBridgeNetfilter) {
 		run.result.Skipped = err.Error()
@@ -171,6 +187,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 	}
 	defer built.Close()
 	run.result.Mode = built.Mode
+	lap(&phases.BuildMS)
 	cfg, err := labConfig(built, o)
 	if err != nil {
 		return nil, err
@@ -181,6 +198,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 	}
 	defer p.Close()
 	run.header = p.Header()
+	lap(&phases.AttachMS)
 
 	tctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -202,6 +220,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 		}, nil)
 	}()
 	exps, trafficErr := built.Traffic(ctx)
+	lap(&phases.TrafficMS)
 	// Unreplied connections are only known to be unreplied once their
 	// linger has passed: wait it out, plus a margin for late events.
 	select {
@@ -210,6 +229,8 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 	}
 	stop()
 	wg.Wait()
+	lap(&phases.SettleMS)
+	run.result.Phases = phases
 	if err := errors.Join(trafficErr, runErr); err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", sc.Name, err)
 	}

@@ -50,6 +50,9 @@ func TestLabScenarios(t *testing.T) {
 				t.Fatalf("skipped where it must run: %s", res.Skipped)
 			}
 			logReport(t, res.Report)
+			if ph := res.Phases; ph != nil {
+				t.Logf("build %d ms, attach %d ms, traffic %d ms, settle %d ms", ph.BuildMS, ph.AttachMS, ph.TrafficMS, ph.SettleMS)
+			}
 			if code != 0 || !res.OK {
 				t.Fatalf("lab %s: exit %d, checks failed; stderr: %s", sc.Name, code, errb.String())
 			}

@@ -59,6 +59,11 @@ type kubeProxy struct {
 	portals []string
 	// seps are the substitute's KUBE-SEP chains written so far.
 	seps map[string]bool
+	// newNAT is the substitute's nat rules since the last sync, in
+	// iptables-restore's syntax: one restore for a Service, not one
+	// iptables command per rule (each costs a quarter second under the
+	// tests/vm guests' TCG, and a Service has dozens).
+	newNAT []string
 }
 
 // Stand-in chain for the NodePort virtual servers, and its jump's comment.
@@ -99,6 +104,22 @@ var kubeProxyJumps = [][]string{
 	{"filter", "FORWARD", "kube-proxy firewall rules", "KUBE-PROXY-FIREWALL"},
 	{"filter", "INPUT", "kubernetes ipvs access filter", "KUBE-IPVS-FILTER"},
 	{"filter", "OUTPUT", "kubernetes ipvs access filter", "KUBE-IPVS-OUT-FILTER"},
+}
+
+// jumpRules inserts kubeProxyJumps in their order, as one
+// iptables-restore input per table.
+func jumpRules() string {
+	var b strings.Builder
+	for _, table := range []string{"nat", "filter"} {
+		fmt.Fprintf(&b, "*%s\n", table)
+		for _, j := range kubeProxyJumps {
+			if j[0] == table {
+				fmt.Fprintf(&b, "-I %s -m comment --comment %q -j %s\n", j[1], j[2], j[3])
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.String()
 }
 
 // kubeProxyNATChains are the nat chains kube-proxy's IPVS mode restores on
@@ -218,10 +239,8 @@ func startKubeProxy(n *node, env *Env, cidr string) (*kubeProxy, error) {
 	if err := runStdin(n.ns, natRules(cidr, nil, nil)+kubeProxyFilterRules, "iptables-restore", "-w", "--noflush"); err != nil {
 		return nil, fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
 	}
-	for _, j := range kubeProxyJumps {
-		if _, err := n.ns.Run("iptables", "-w", "-t", j[0], "-I", j[1], "-m", "comment", "--comment", j[2], "-j", j[3]); err != nil {
-			return nil, fmt.Errorf("kube-proxy on %s: jump to %s: %w", n.name, j[3], err)
-		}
+	if err := runStdin(n.ns, jumpRules(), "iptables-restore", "-w", "--noflush"); err != nil {
+		return nil, fmt.Errorf("kube-proxy on %s: jumps to its chains: %w", n.name, err)
 	}
 	if kp.ipvs {
 		if err := kp.ipvsSysctls(); err != nil {
@@ -303,6 +322,13 @@ func (kp *kubeProxy) addService(s *service) error {
 // as each sync of the real one does: the rules of an empty ipset are not
 // written.
 func (kp *kubeProxy) syncNAT() error {
+	if len(kp.newNAT) > 0 {
+		rules := "*nat\n" + strings.Join(kp.newNAT, "\n") + "\nCOMMIT\n"
+		if err := runStdin(kp.n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
+			return fmt.Errorf("kube-proxy on %s: restore service chains: %w", kp.n.name, err)
+		}
+		kp.newNAT = nil
+	}
 	if err := runStdin(kp.n.ns, natRules(kp.cidr, kp.filled, kp.portals), "iptables-restore", "-w", "--noflush"); err != nil {
 		return fmt.Errorf("kube-proxy on %s: restore nat rules: %w", kp.n.name, err)
 	}
@@ -378,13 +404,13 @@ func (kp *kubeProxy) externalEndpoints(s *service) []*pod {
 }
 
 // virtualServers adds the IPVS virtual servers of one service port.
+// They go in with one `ipvsadm -R`, which takes the same commands as lines.
 func (kp *kubeProxy) virtualServers(s *service, p servicePort) error {
+	var b strings.Builder
 	for _, args := range kp.ipvsPlan(s, p, kp.nodeAddresses()) {
-		if _, err := kp.n.ns.Run("ipvsadm", args...); err != nil {
-			return err
-		}
+		b.WriteString(strings.Join(args, " ") + "\n")
 	}
-	return nil
+	return runStdin(kp.n.ns, b.String(), "ipvsadm", "-R")
 }
 
 // ipvsPlan is the ipvsadm commands kube-proxy's IPVS state amounts to for
@@ -438,18 +464,13 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 	if len(s.endpoints) == 0 {
 		return fmt.Errorf("service has no endpoints")
 	}
-	svcChain, err := kp.svcChain("KUBE-SVC-", s, p, s.endpoints)
-	if err != nil {
-		return err
-	}
+	svcChain := kp.svcChain("KUBE-SVC-", s, p, s.endpoints)
 	extChain := svcChain
 	if ext := kp.externalEndpoints(s); len(ext) != len(s.endpoints) {
 		if len(ext) == 0 {
 			return fmt.Errorf("%w: no real server for an externalTrafficPolicy=Local virtual server cannot be stood in for by iptables", ErrNeedsIPVS)
 		}
-		if extChain, err = kp.svcChain("KUBE-SVL-", s, p, ext); err != nil {
-			return err
-		}
+		extChain = kp.svcChain("KUBE-SVL-", s, p, ext)
 	}
 	name := s.portName(p)
 	portal := func(ip, what, chain string) string {
@@ -460,7 +481,7 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 		kp.portals = append(kp.portals, portal(s.lbIP, "loadbalancer IP", extChain))
 	}
 	if p.NodePort > 0 {
-		return kp.nat("-A", standInNodePorts, "-p", p.Proto, "-m", "comment", "--comment", name,
+		kp.nat("-A", standInNodePorts, "-p", p.Proto, "-m", "comment", "--comment", name,
 			"-m", p.Proto, "--dport", strconv.Itoa(p.NodePort), "-j", extChain)
 	}
 	return nil
@@ -469,51 +490,52 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 // svcChain writes a KUBE-SVC-style chain spreading over eps, one KUBE-SEP
 // chain each, and returns its name. A KUBE-SVL chain jumps to the KUBE-SEP
 // chains its KUBE-SVC chain made, as in kube-proxy's iptables mode.
-func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*pod) (string, error) {
+func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*pod) string {
 	name := s.portName(p)
 	chain := prefix + portProtoHash(name, p.Proto)
-	if err := kp.nat("-N", chain); err != nil {
-		return "", err
-	}
+	kp.nat("-N", chain)
 	for i, ep := range eps {
 		dest := net4(ep.ip, p.TargetPort)
 		sep := "KUBE-SEP-" + portProtoHash(name, p.Proto+dest)
-		if err := kp.sepChain(sep, name, p, ep.ip, dest); err != nil {
-			return "", err
-		}
+		kp.sepChain(sep, name, p, ep.ip, dest)
 		jump := []string{"-A", chain, "-m", "comment", "--comment", name + " -> " + dest}
 		if left := len(eps) - i; left > 1 {
 			jump = append(jump, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%.11f", 1/float64(left)))
 		}
-		if err := kp.nat(append(jump, "-j", sep)...); err != nil {
-			return "", err
-		}
+		kp.nat(append(jump, "-j", sep)...)
 	}
-	return chain, nil
+	return chain
 }
 
 // sepChain writes endpoint chain sep (masquerade the endpoint's own
 // traffic, DNAT to dest) unless it exists already.
-func (kp *kubeProxy) sepChain(sep, name string, p servicePort, ip, dest string) error {
+func (kp *kubeProxy) sepChain(sep, name string, p servicePort, ip, dest string) {
 	if kp.seps[sep] {
-		return nil
+		return
 	}
-	if err := kp.nat("-N", sep); err != nil {
-		return err
-	}
-	if err := kp.nat("-A", sep, "-s", ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ"); err != nil {
-		return err
-	}
-	if err := kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest); err != nil {
-		return err
-	}
+	kp.nat("-N", sep)
+	kp.nat("-A", sep, "-s", ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ")
+	kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest)
 	kp.seps[sep] = true
-	return nil
 }
 
-func (kp *kubeProxy) nat(args ...string) error {
-	_, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat"}, args...)...)
-	return err
+// nat queues an iptables nat command for the next syncNAT. A new chain
+// ("-N") is declared the way iptables-restore does; the substitute only
+// ever declares chains it has not written before, which a declaration with
+// --noflush would empty.
+func (kp *kubeProxy) nat(args ...string) {
+	if len(args) == 2 && args[0] == "-N" {
+		kp.newNAT = append(kp.newNAT, ":"+args[1]+" - [0:0]")
+		return
+	}
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if a == "" || strings.ContainsAny(a, " \t\"'\\") {
+			quoted[i] = strconv.Quote(a)
+		}
+	}
+	kp.newNAT = append(kp.newNAT, strings.Join(quoted, " "))
 }
 
 // portProtoHash is kube-proxy's chain-name hash: base32(sha256(name +
@@ -527,12 +549,12 @@ func net4(ip string, port int) string { return ip + ":" + strconv.Itoa(port) }
 
 // runStdin runs a command inside ns with stdin.
 func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, name}, args...)...)
+	cmd := exec.Command(name, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Run(); err != nil {
+	if err := ns.RunCmd(cmd); err != nil {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil

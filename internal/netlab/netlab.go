@@ -127,13 +127,37 @@ func randSuffix() string {
 
 // Run runs a command inside the namespace and returns its output.
 func (n Namespace) Run(name string, args ...string) (string, error) {
-	return run("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	var out string
+	err := n.Do(func() error {
+		var err error
+		out, err = run(name, args...)
+		return err
+	})
+	return out, err
 }
 
-// Sysctl sets a sysctl inside the lab's namespace only.
+// RunCmd runs cmd inside the namespace: it is started from a thread
+// switched into the namespace, whose namespace the child inherits. That is
+// one exec where `ip netns exec` costs two and a new mount namespace: under
+// the tests/vm guests' TCG, 64 ms against 174 ms for `true` on 5.10, and
+// the lab runs hundreds of commands per scenario. Unlike `ip netns exec`,
+// /sys stays the caller's: a command that reads the namespace's devices
+// from /sys must be run through `ip netns exec`.
+func (n Namespace) RunCmd(cmd *exec.Cmd) error {
+	// The thread lives until cmd has exited, so Pdeathsig, tied to the
+	// thread that started the child, cannot fire early.
+	return n.Do(cmd.Run)
+}
+
+// Sysctl sets a sysctl inside the lab's namespace only: /proc/sys/net is
+// the namespace of the thread that opens it.
 func (n Namespace) Sysctl(key, value string) error {
-	_, err := n.Run("sysctl", "-qw", key+"="+value)
-	return err
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	err := n.Do(func() error { return os.WriteFile(path, []byte(value), 0) })
+	if err != nil {
+		return fmt.Errorf("sysctl %s=%s in %s: %w", key, value, n.Name, err)
+	}
+	return nil
 }
 
 // Do runs fn on an OS thread switched into the namespace: sockets fn

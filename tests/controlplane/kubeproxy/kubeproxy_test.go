@@ -164,7 +164,7 @@ func TestNFTablesRuleset(t *testing.T) {
 	checkHostUnchanged(t, NFTables)
 	kp, admin := startFixture(t, NFTables)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
 		t.Fatal(err)
@@ -214,6 +214,8 @@ func TestNFTablesRuleset(t *testing.T) {
 	}
 
 	// A Service added while kube-proxy runs: how long until its rules exist.
+	ctx, cancel = context.WithTimeout(context.Background(), SyncTimeout())
+	defer cancel()
 	t0 := time.Now()
 	if err := createService9(ctx, admin); err != nil {
 		t.Fatal(err)
@@ -266,7 +268,7 @@ func TestIPTablesMode(t *testing.T) {
 	SkipUnlessPrivileged(t)
 	checkHostUnchanged(t, IPTables)
 	kp, _ := startFixture(t, IPTables)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	out, err := kp.WaitSynced(ctx, FixtureSyncedIPTables...)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // V133Env names a kube-proxy v1.33 binary for TestV133Layout to compare
@@ -81,7 +80,7 @@ func TestV133Layout(t *testing.T) {
 	}
 	checkHostUnchanged(t, NFTables)
 	kp, _ := startFixtureWith(t, Options{Binary: bin})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	if _, err := kp.WaitSynced(ctx,
 		"ns4/svc4/tcp/p80__10.180.0.5/80", "ns8/svc8/udp/p53__10.180.0.8/53", "ns7/svc7/tcp/p80__10.180.1.7/80",

@@ -242,7 +242,7 @@ func TestStandInNFTablesMatchesKubeProxy(t *testing.T) {
 	SkipUnlessPrivileged(t)
 	checkHostUnchanged(t, NFTables)
 	kp, admin := startFixture(t, NFTables)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	lb, err := createLoadBalancer(ctx, admin, NFTables)
 	if err != nil {
@@ -312,7 +312,7 @@ func TestStandInSubstituteMatchesIPTablesMode(t *testing.T) {
 	}
 	checkHostUnchanged(t, IPTables)
 	kp, admin := startFixture(t, IPTables)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	lb, err := createLoadBalancer(ctx, admin, IPTables)
 	if err != nil {

@@ -32,6 +32,7 @@ type options struct {
 	env     []string
 	busybox string
 	test    bool
+	run     string // -test.run for every package, with -test
 	fetch   bool
 	args    []string
 }
@@ -59,6 +60,7 @@ func main() {
 	flag.Var(&env, "env", "KEY=VALUE for the guest command's environment (repeatable); TRACER_* variables of the host are passed too")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the initramfs (package busybox-static)")
 	flag.BoolVar(&o.test, "test", false, "arguments are Go packages: build their test binaries and run them in each guest")
+	flag.StringVar(&o.run, "run", "", "with -test: run only the tests matching this regexp (go test -run)")
 	flag.BoolVar(&o.fetch, "fetch", false, "only download and cache the kernels")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: vmrun [flags] -- command [args...]\n       vmrun -test [flags] packages...\n       vmrun -fetch [flags]\n")

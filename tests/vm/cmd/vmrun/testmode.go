@@ -74,12 +74,13 @@ func buildTestBinaries(pkgs []testPkg, dir string) error {
 
 // testBody is the guest shell code that runs every test binary in its
 // package directory, streams its output and keeps it on the results share.
-func testBody(pkgs []testPkg) string {
+func testBody(pkgs []testPkg, run string) string {
 	var b strings.Builder
+	fmt.Fprintf(&b, "run=%s\n", shellQuote(run))
 	b.WriteString(`rc=0
 run_pkg() {
 	echo "=== vmrun package $1: $4"
-	(cd "$2" && "$3" -test.v -test.count=1) 2>&1 | tee "/vmresults/pkg-$1.log"
+	(cd "$2" && "$3" -test.v -test.count=1 ${run:+-test.run="$run"}) 2>&1 | tee "/vmresults/pkg-$1.log"
 	s=${PIPESTATUS[0]}
 	echo "$s" > "/vmresults/pkg-$1.status"
 	echo "=== vmrun package $1: $4 exit status $s"
@@ -119,7 +120,7 @@ func testMode(ctx context.Context, o options) (int, error) {
 		if err == nil {
 			var dir, script string
 			if dir, err = resultsDir(o, name); err == nil {
-				if script, err = runScript(o, name, testBody(pkgs)); err == nil {
+				if script, err = runScript(o, name, testBody(pkgs, o.run)); err == nil {
 					kr.result, err = bootWith(ctx, o, k, initrd, dir, script)
 					if err == nil {
 						collect(m, name, dir, pkgs, kr.result)

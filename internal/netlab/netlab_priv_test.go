@@ -1,0 +1,62 @@
+package netlab
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// Run and Sysctl act inside the namespace without `ip netns exec`: a
+// value set there is what a command run there reads, and the caller's
+// namespace keeps its own.
+func TestRunAndSysctlStayInNamespace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root")
+	}
+	const key, path = "net.ipv4.ip_default_ttl", "/proc/sys/net/ipv4/ip_default_ttl"
+	host, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "37"
+	if strings.TrimSpace(string(host)) == want {
+		want = "38"
+	}
+	l, err := New("trnetlab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ns, err := l.Namespace("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.Sysctl(key, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ns.Run("cat", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(got) != want {
+		t.Errorf("%s inside the namespace = %q, want %s", key, got, want)
+	}
+	// A command started by Run sees the namespace's links, not the host's.
+	links, err := ns.Run("ip", "-o", "link", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(strings.TrimSpace(links), "\n") + 1; n != 1 || !strings.Contains(links, " lo:") {
+		t.Errorf("links inside a fresh namespace: want only lo, got:\n%s", links)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(after) != string(host) {
+		t.Errorf("the host's %s changed from %q to %q", key, host, after)
+	}
+}
