@@ -29,7 +29,7 @@ type WatchOptions struct {
 	// Debounce coalesces a burst of address/route/link notifications
 	// into one re-read. Default 20ms.
 	Debounce time.Duration
-	// Runner runs the read-only commands; default: nsenter into the
+	// Runner runs the read-only commands; default: started inside the
 	// namespace (or directly for the caller's own).
 	Runner Runner
 
