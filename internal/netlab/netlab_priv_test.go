@@ -1,9 +1,13 @@
 package netlab
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Run and Sysctl act inside the namespace without `ip netns exec`: a
@@ -58,5 +62,34 @@ func TestRunAndSysctlStayInNamespace(t *testing.T) {
 	}
 	if string(after) != string(host) {
 		t.Errorf("the host's %s changed from %q to %q", key, host, after)
+	}
+}
+
+// Do hands its thread back instead of retiring it: a retired thread takes
+// with it, by their parent-death signal, the long-lived children it once
+// started (a kube-apiserver under test was killed that way).
+func TestDoKeepsThread(t *testing.T) {
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root")
+	}
+	l, err := New("trnetlab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ns, err := l.Namespace("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tid int
+	if err := ns.Do(func() error { tid = unix.Gettid(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
+		t.Errorf("Do's thread %d is gone (%v): it was retired, not handed back", tid, err)
 	}
 }
