@@ -2,7 +2,6 @@ package enrich
 
 import (
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
@@ -57,27 +56,32 @@ type Joiner struct {
 	// the flows a newer connection of the same tuple took the key from:
 	// they take no more events and finish at their deadline.
 	due deadlines
+	// epoch is the clock's reading at the first event: deadlines are
+	// offsets from it, half a time.Time and still monotonic.
+	epoch time.Time
 }
 
 // pending is an open flow, typed: its events become the trace format
 // only when it finishes.
+//
+// It holds what cannot be read again from its events, since a busy node
+// keeps hundreds of thousands open: the tuples it is indexed under are its
+// key, its reply and that reversed (plus, rarely, earlier replies), and
+// its NAT decisions and their answer are in its events.
 type pending struct {
 	key      event.Tuple
 	events   []event.Event
-	tuples   []tupleKey
-	deadline time.Time
+	deadline time.Duration // since the joiner's epoch
 	reply    event.Tuple
-	nat      []natDecision
-	answer   answerOf
+	// oldReplies are replies the flow was indexed under before its latest.
+	oldReplies []event.Tuple
 	// replaced is set once a newer connection of the same tuple took the
 	// key: this connection's conntrack entry is among the tuple's
 	// destroyed ones.
 	replaced bool
-	// firstEvent and ownTuples back events and tuples for the usual flow
-	// (one event; its key, reply and reply's reverse), which then costs
-	// one allocation.
+	// firstEvent backs events for the usual flow, one event, which then
+	// costs one allocation.
 	firstEvent [1]event.Event
-	ownTuples  [3]tupleKey
 }
 
 // natDecision is a decision the kernel makes once per connection and
@@ -134,10 +138,45 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 	return natDecision{}, false
 }
 
+// decided says whether p's events hold decision d already.
+func (p *pending) decided(d natDecision) bool {
+	for _, ev := range p.events {
+		if got, ok := natDecisionOf(ev); ok && got == d {
+			return true
+		}
+	}
+	return false
+}
+
+// answer is what p's NAT decisions say of its reply tuple.
+func (p *pending) answer() answerOf {
+	var a answerOf
+	for _, ev := range p.events {
+		if _, ok := natDecisionOf(ev); ok {
+			a.note(ev)
+		}
+	}
+	return a
+}
+
+// indexedUnder lists the tuples p may be indexed under; only those still
+// leading to p are its own.
+func (p *pending) indexedUnder() []event.Tuple {
+	out := append(make([]event.Tuple, 0, 3+len(p.oldReplies)), p.key)
+	if p.reply.Valid() {
+		out = append(out, p.reply, p.reply.Reverse())
+	}
+	for _, r := range p.oldReplies {
+		out = append(out, r, r.Reverse())
+	}
+	return out
+}
+
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if j.byTuple == nil {
 		j.byTuple = map[tupleKey]*pending{}
+		j.epoch = now
 	}
 	tu := ev.Packet
 	if ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT || ev.Kind == event.KindIPVS || !tu.Valid() {
@@ -148,7 +187,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	p, key, reply := j.resolve(tu, ev)
 	d, isNAT := natDecisionOf(ev)
-	if p != nil && isNAT && slices.Contains(p.nat, d) {
+	if p != nil && isNAT && p.decided(d) {
 		// The same decision twice for one tuple: the client reused its
 		// source port, and the kernel made a new connection of it.
 		j.retire(p)
@@ -157,19 +196,18 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	created := p == nil
 	if created {
 		p = &pending{key: key}
-		p.events, p.tuples = p.firstEvent[:0], p.ownTuples[:0]
+		p.events = p.firstEvent[:0]
 		j.index(p, key)
 	}
-	if isNAT {
-		p.nat = append(p.nat, d)
-		p.answer.note(ev)
-	}
 	if reply.Valid() && reply != p.reply {
+		if p.reply.Valid() {
+			p.oldReplies = append(p.oldReplies, p.reply)
+		}
 		p.reply = reply
 		j.index(p, reply, reply.Reverse())
 	}
 	p.events = append(p.events, ev)
-	p.deadline = now.Add(j.linger())
+	p.deadline = now.Sub(j.epoch) + j.linger()
 	if created {
 		j.due.push(p.deadline, p)
 	}
@@ -178,11 +216,18 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 // retire takes the key from old, which a new connection of the same tuple
 // replaces: old keeps its deadline, but no tuple leads to it any more.
 func (j *Joiner) retire(old *pending) {
-	for _, t := range old.tuples {
-		delete(j.byTuple, t)
-	}
-	old.tuples = nil
+	j.unindex(old)
 	old.replaced = true
+}
+
+// unindex removes every tuple that leads to p.
+func (j *Joiner) unindex(p *pending) {
+	for _, t := range p.indexedUnder() {
+		k := keyOf(t)
+		if j.byTuple[k] == p {
+			delete(j.byTuple, k)
+		}
+	}
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -223,7 +268,6 @@ func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 		k := keyOf(t)
 		if _, taken := j.byTuple[k]; !taken {
 			j.byTuple[k] = p
-			p.tuples = append(p.tuples, k)
 		}
 	}
 }
@@ -242,9 +286,10 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 // first. A flow whose deadline moved on since it was queued is queued
 // again at its new one.
 func (j *Joiner) Expire(now time.Time) {
-	for len(j.due) > 0 && !now.Before(j.due[0].at) {
+	at := now.Sub(j.epoch)
+	for len(j.due) > 0 && at >= j.due[0].at {
 		p := j.due.pop()
-		if now.Before(p.deadline) {
+		if at < p.deadline {
 			j.due.push(p.deadline, p)
 			continue
 		}
@@ -265,8 +310,8 @@ func (j *Joiner) Open() int { return len(j.due) }
 
 // finish emits p, which has left due.
 func (j *Joiner) finish(p *pending) {
-	for _, t := range p.tuples {
-		delete(j.byTuple, t)
+	if !p.replaced {
+		j.unindex(p)
 	}
 	f := j.flowOf(p)
 	j.addConntrack(f, p)
@@ -283,9 +328,10 @@ func (j *Joiner) finish(p *pending) {
 // means a newer connection of the tuple made it (one whose decisions are
 // not read yet) and p's own is among the destroyed ones.
 func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
+	answer := p.answer()
 	if !p.replaced {
 		e, ok := j.CT.Lookup(p.key)
-		if !ok || p.answer.matches(e.Reply) {
+		if !ok || answer.matches(e.Reply) {
 			return e, ok
 		}
 	}
@@ -293,7 +339,7 @@ func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 	if !ok {
 		return conntrack.Entry{}, false
 	}
-	return agreedEntry(h.Destroyed(p.key), p.answer)
+	return agreedEntry(h.Destroyed(p.key), answer)
 }
 
 // agreedEntry picks a replaced connection's entry from its tuple's
@@ -373,16 +419,16 @@ func (j *Joiner) strayReplyOwner(pkt event.Tuple) (conntrack.Entry, bool) {
 type deadlines []deadline
 
 type deadline struct {
-	at time.Time
+	at time.Duration // since the joiner's epoch
 	p  *pending
 }
 
-func (h *deadlines) push(at time.Time, p *pending) {
+func (h *deadlines) push(at time.Duration, p *pending) {
 	*h = append(*h, deadline{at, p})
 	d := *h
 	for i := len(d) - 1; i > 0; {
 		parent := (i - 1) / 2
-		if !d[i].at.Before(d[parent].at) {
+		if d[i].at >= d[parent].at {
 			break
 		}
 		d[i], d[parent] = d[parent], d[i]
@@ -399,10 +445,10 @@ func (h *deadlines) pop() *pending {
 	d = d[:last]
 	for i := 0; ; {
 		small, l, r := i, 2*i+1, 2*i+2
-		if l < len(d) && d[l].at.Before(d[small].at) {
+		if l < len(d) && d[l].at < d[small].at {
 			small = l
 		}
-		if r < len(d) && d[r].at.Before(d[small].at) {
+		if r < len(d) && d[r].at < d[small].at {
 			small = r
 		}
 		if small == i {
