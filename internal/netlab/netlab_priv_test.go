@@ -14,12 +14,7 @@ import (
 // value set there is what a command run there reads, and the caller's
 // namespace keeps its own.
 func TestRunAndSysctlStayInNamespace(t *testing.T) {
-	if testing.Short() {
-		t.Skip("privileged tier: skipped in -short mode")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("privileged tier: needs root")
-	}
+	ns := testNamespace(t, "a")
 	const key, path = "net.ipv4.ip_default_ttl", "/proc/sys/net/ipv4/ip_default_ttl"
 	host, err := os.ReadFile(path)
 	if err != nil {
@@ -28,15 +23,6 @@ func TestRunAndSysctlStayInNamespace(t *testing.T) {
 	want := "37"
 	if strings.TrimSpace(string(host)) == want {
 		want = "38"
-	}
-	l, err := New("trnetlab")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ns, err := l.Namespace("a")
-	if err != nil {
-		t.Fatal(err)
 	}
 	if err := ns.Sysctl(key, want); err != nil {
 		t.Fatal(err)
@@ -69,21 +55,7 @@ func TestRunAndSysctlStayInNamespace(t *testing.T) {
 // with it, by their parent-death signal, the long-lived children it once
 // started (a kube-apiserver under test was killed that way).
 func TestDoKeepsThread(t *testing.T) {
-	if testing.Short() {
-		t.Skip("privileged tier: skipped in -short mode")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("privileged tier: needs root")
-	}
-	l, err := New("trnetlab")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ns, err := l.Namespace("b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(t, "b")
 	var tid int
 	if err := ns.Do(func() error { tid = unix.Gettid(); return nil }); err != nil {
 		t.Fatal(err)
@@ -92,4 +64,30 @@ func TestDoKeepsThread(t *testing.T) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
 		t.Errorf("Do's thread %d is gone (%v): it was retired, not handed back", tid, err)
 	}
+}
+
+// testNamespace is a fresh namespace for one privileged test, deleted when
+// it ends.
+func testNamespace(t *testing.T, name string) Namespace {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("privileged tier: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("privileged tier: needs root")
+	}
+	l, err := New("trnetlab-" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	ns, err := l.Namespace(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
