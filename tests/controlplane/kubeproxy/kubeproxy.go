@@ -84,6 +84,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -160,6 +161,13 @@ type KubeProxy struct {
 	exited  chan struct{}
 	waitErr error
 	started time.Time
+
+	// admin writes the Node; unallocatedDrop is the rule nftables mode
+	// writes for the Service range (see WaitSynced); fullSyncs counts the
+	// full syncs the harness asked for.
+	admin           kubernetes.Interface
+	unallocatedDrop string
+	fullSyncs       int
 }
 
 // SkipUnlessPrivileged skips tb, with the reason, unless the process can
@@ -228,13 +236,14 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 	if bin == "" {
 		tb.Fatal("kube-proxy binary: not built (cphelper.Binaries.KubeProxy is empty)")
 	}
-	kp := &KubeProxy{tb: tb, opts: opts, Netns: newNetnsName(), dir: tb.TempDir()}
+	kp := &KubeProxy{tb: tb, opts: opts, Netns: newNetnsName(), dir: tb.TempDir(), unallocatedDrop: "ip daddr " + cp.ServiceCIDR() + " drop"}
 	kp.log = filepath.Join(kp.dir, "kube-proxy.log")
 
 	admin, err := kubernetes.NewForConfig(cp.AdminConfig())
 	if err != nil {
 		tb.Fatalf("admin client: %v", err)
 	}
+	kp.admin = admin
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := EnsureNode(ctx, admin, opts.NodeName, opts.NodeIP, opts.PodCIDR); err != nil {
@@ -436,13 +445,25 @@ func (kp *KubeProxy) Ruleset() []string {
 func (kp *KubeProxy) WaitSynced(ctx context.Context, want ...string) (string, error) {
 	var last string
 	var lastErr error
+	var onlyDropSince time.Time
 	for {
 		out, err := kp.Exec(kp.Ruleset()...)
 		if err == nil {
-			if missing := missingOf(out, want); len(missing) == 0 {
+			missing := missingOf(out, want)
+			if len(missing) == 0 {
 				return out, nil
-			} else {
-				lastErr = fmt.Errorf("missing %q", missing)
+			}
+			lastErr = fmt.Errorf("missing %q", missing)
+			if kp.opts.Mode == NFTables && len(missing) == 1 && missing[0] == kp.unallocatedDrop {
+				if onlyDropSince.IsZero() {
+					onlyDropSince = time.Now()
+				}
+				if time.Since(onlyDropSince) > fullSyncWait {
+					if err := kp.forceFullSync(ctx); err != nil {
+						return out, err
+					}
+					onlyDropSince = time.Now()
+				}
 			}
 		} else {
 			lastErr = err
@@ -456,6 +477,31 @@ func (kp *KubeProxy) WaitSynced(ctx context.Context, want ...string) (string, er
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// fullSyncWait is how long WaitSynced waits for the unallocated-ClusterIP
+// drop rule, all else being written, before it asks for a full sync.
+const fullSyncWait = 3 * time.Second
+
+// forceFullSync changes the node's topology.kubernetes.io/zone label, which
+// makes kube-proxy resync in full (OnTopologyChange). kube-proxy v1.37.2's
+// nftables mode writes "Drop traffic to unallocated ClusterIPs" only in a
+// full sync (at start, then hourly), and the ServiceCIDRs it needs for it
+// may arrive after its first one, which nothing then repeats
+// (OnServiceCIDRsChanged only records them): in a 6.12 guest its IPv4 full
+// sync began 1 s before its ServiceCIDR informer delivered, and the rule
+// stayed missing for the 3 minutes the test waited. On a node the same
+// race leaves ClusterIPs nobody allocated answering as if routed, until
+// the next full sync or restart.
+func (kp *KubeProxy) forceFullSync(ctx context.Context) error {
+	kp.fullSyncs++
+	zone := fmt.Sprintf("tracer-full-sync-%d", kp.fullSyncs)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, corev1.LabelTopologyZone, zone)
+	if _, err := kp.admin.CoreV1().Nodes().Patch(ctx, kp.opts.NodeName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label node %s to make kube-proxy resync in full: %w", kp.opts.NodeName, err)
+	}
+	kp.tb.Logf("kubeproxy: nftables mode wrote everything but %q, whose ServiceCIDRs came after its last full sync: node labelled %s=%s for a full sync", kp.unallocatedDrop, corev1.LabelTopologyZone, zone)
+	return nil
 }
 
 func missingOf(out string, want []string) []string {

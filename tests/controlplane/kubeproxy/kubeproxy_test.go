@@ -225,6 +225,11 @@ func TestNFTablesRuleset(t *testing.T) {
 	}
 	t.Logf("kube-proxy wrote a new Service %s after it was created", time.Since(t0).Round(time.Millisecond))
 
+	// The unallocated-ClusterIP drop, gone as when kube-proxy's ServiceCIDRs
+	// come after its first full sync, is back once WaitSynced asks for a
+	// full sync.
+	checkFullSyncRestoresDrop(t, kp)
+
 	if err := kp.Stop(); err != nil {
 		t.Error(err)
 	}
@@ -319,5 +324,36 @@ func TestCanonical(t *testing.T) {
 	}
 	if d := LineDiff(ca, cs); len(d) == 0 {
 		t.Error("rules in another order compare equal")
+	}
+}
+
+func checkFullSyncRestoresDrop(t *testing.T, kp *KubeProxy) {
+	t.Helper()
+	out, err := kp.Exec("nft", "-a", "list", "chain", "ip", "kube-proxy", "cluster-ips-check")
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := ""
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, kp.unallocatedDrop) {
+			if _, h, ok := strings.Cut(line, "# handle "); ok {
+				handle = strings.TrimSpace(h)
+			}
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no %q rule with a handle in cluster-ips-check:\n%s", kp.unallocatedDrop, out)
+	}
+	if _, err := kp.Exec("nft", "delete", "rule", "ip", "kube-proxy", "cluster-ips-check", "handle", handle); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
+	defer cancel()
+	before := kp.fullSyncs
+	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
+		t.Fatalf("after the drop rule was deleted: %v", err)
+	}
+	if kp.fullSyncs == before {
+		t.Errorf("the drop rule came back without a full sync asked for: the deletion did not take")
 	}
 }
