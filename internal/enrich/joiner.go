@@ -159,19 +159,6 @@ func (p *pending) answer() answerOf {
 	return a
 }
 
-// indexedUnder lists the tuples p may be indexed under; only those still
-// leading to p are its own.
-func (p *pending) indexedUnder() []event.Tuple {
-	out := append(make([]event.Tuple, 0, 3+len(p.oldReplies)), p.key)
-	if p.reply.Valid() {
-		out = append(out, p.reply, p.reply.Reverse())
-	}
-	for _, r := range p.oldReplies {
-		out = append(out, r, r.Reverse())
-	}
-	return out
-}
-
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
 	if j.byTuple == nil {
@@ -220,13 +207,27 @@ func (j *Joiner) retire(old *pending) {
 	old.replaced = true
 }
 
-// unindex removes every tuple that leads to p.
+// unindex removes every tuple that leads to p: p may be indexed under its
+// key, its reply and that reversed, and the same of earlier replies; only
+// those still leading to p are its own.
 func (j *Joiner) unindex(p *pending) {
-	for _, t := range p.indexedUnder() {
-		k := keyOf(t)
-		if j.byTuple[k] == p {
-			delete(j.byTuple, k)
-		}
+	j.unindexTuple(p, p.key)
+	j.unindexReply(p, p.reply)
+	for _, r := range p.oldReplies {
+		j.unindexReply(p, r)
+	}
+}
+
+func (j *Joiner) unindexReply(p *pending, reply event.Tuple) {
+	if reply.Valid() {
+		j.unindexTuple(p, reply)
+		j.unindexTuple(p, reply.Reverse())
+	}
+}
+
+func (j *Joiner) unindexTuple(p *pending, t event.Tuple) {
+	if k := keyOf(t); j.byTuple[k] == p {
+		delete(j.byTuple, k)
 	}
 }
 
