@@ -6,7 +6,7 @@ PKGS      := ./...
 # tests/controlplane/kubeproxy (etcd, kube-apiserver, the real kube-proxy
 # and the live tracer) skips on every VM kernel but 6.12: under TCG its
 # control planes cost about two minutes per kernel.
-PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
+PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/netns ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
 
 .PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench clean check-generated
 

@@ -3,7 +3,6 @@ package loader
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/netns"
 )
 
 // Priorities just after the kernel's nat hooks (NF_IP_PRI_NAT_DST = -100,
@@ -62,7 +62,7 @@ func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 		netnsPaths = []string{""}
 	}
 	for _, path := range netnsPaths {
-		err := inNetns(path, func() error {
+		err := netns.On(path, func() error {
 			for _, a := range nfAttachments(roles) {
 				l, err := attachNetfilterAt(progs[a.prog], a)
 				if err != nil {
@@ -100,35 +100,4 @@ func attachNetfilterAt(p *ebpf.Program, a nfAttach) (link.Link, error) {
 		}
 	}
 	return nil, fmt.Errorf("attach netfilter %s hook %d priorities %v: %w", a.prog, a.hook, a.prios, err)
-}
-
-// inNetns runs fn on a thread switched into the namespace at path ("" runs
-// it in place). The thread is switched back, or retired if that fails.
-func inNetns(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open network namespace %s: %w", path, err)
-	}
-	defer unix.Close(target)
-	runtime.LockOSThread()
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open own network namespace: %w", err)
-	}
-	defer unix.Close(orig)
-	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter network namespace %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-		// Leave the thread locked: Go retires it when the goroutine ends.
-		return errors.Join(ferr, fmt.Errorf("return from network namespace %s: %w", path, err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
 }

@@ -10,11 +10,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/netns"
 )
 
 // Namespace is a named network namespace under /run/netns.
@@ -160,46 +161,12 @@ func (n Namespace) Sysctl(key, value string) error {
 	return nil
 }
 
-// Do runs fn on an OS thread switched into the namespace: sockets fn
-// creates belong to it and stay there after fn returns, and commands fn
-// starts inherit it. The thread is switched back and released afterwards,
-// not retired: the parent-death signal of a child follows the thread that
-// started it, so retiring a pooled thread kills whatever long-lived child
-// (kube-apiserver, etcd, kube-proxy, all run with Pdeathsig) it happened to
-// start. Only when switching back fails is the thread left locked, so the
-// runtime ends it rather than reuse it in the wrong namespace.
+// Do runs fn on an OS thread switched into the namespace (netns.Do):
+// sockets fn creates belong to it and stay there after fn returns, and
+// commands fn starts inherit it. The thread is handed back afterwards, not
+// retired, which would kill the long-lived children it once started.
 func (n Namespace) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		errc <- n.doLocked(fn)
-	}()
-	return <-errc
-}
-
-func (n Namespace) doLocked(fn func() error) error {
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open own namespace: %w", err)
-	}
-	defer unix.Close(orig)
-	fd, err := unix.Open(n.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open namespace %s: %w", n.Name, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", n.Name, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("return from namespace %s: %w", n.Name, err) // still locked: the runtime ends this thread
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return netns.Do(n.Path(), fn)
 }
 
 func run(name string, args ...string) (string, error) {

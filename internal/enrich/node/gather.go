@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/netns"
 	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -54,25 +54,12 @@ func nsRunner(path string) Runner {
 	if path == "" {
 		return execRunner
 	}
-	return func(ctx context.Context, name string, args ...string) ([]byte, error) {
-		type result struct {
-			out []byte
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			var r result
-			err := inNetns(path, func() error {
-				r.out, r.err = execRunner(ctx, name, args...)
-				return nil
-			})
-			if err != nil {
-				r.err = fmt.Errorf("run %s: %w", name, err)
-			}
-			ch <- r
-		}()
-		r := <-ch
-		return r.out, r.err
+	return func(ctx context.Context, name string, args ...string) (out []byte, err error) {
+		err = netns.Do(path, func() error {
+			out, err = execRunner(ctx, name, args...)
+			return err
+		})
+		return out, err
 	}
 }
 
@@ -372,57 +359,12 @@ func dialIPVS(nsPath string) (ipvs.Client, error) {
 	if nsPath == "" {
 		return ipvs.New()
 	}
-	type res struct {
-		c   ipvs.Client
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		var c ipvs.Client
-		err := inNetns(nsPath, func() (err error) {
-			c, err = ipvs.New()
-			return err
-		})
-		ch <- res{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
-}
-
-// inNetns runs fn on the calling goroutine's thread switched into the
-// namespace at nsPath, then switches the thread back and releases it.
-// Retiring the thread instead (leaving it locked when the goroutine ends)
-// kills the process's children: the parent-death signal follows the
-// thread that started a child, and a process embedding the tracer (its
-// tests: kube-apiserver, etcd and kube-proxy run with Pdeathsig) loses
-// every child that thread happened to start. Only when switching back
-// fails does the thread stay locked, so that the runtime ends it when the
-// goroutine returns rather than reuse it in the wrong namespace: call it
-// on a goroutine of its own.
-func inNetns(nsPath string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open own namespace: %w", err)
-	}
-	defer unix.Close(orig)
-	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open namespace %s: %w", nsPath, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", nsPath, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("return from namespace %s: %w", nsPath, err) // still locked: the runtime ends this thread
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	var c ipvs.Client
+	err := netns.Do(nsPath, func() (err error) {
+		c, err = ipvs.New()
+		return err
+	})
+	return c, err
 }
 
 func readIPVS(c ipvs.Client) ([]IPVSService, error) {

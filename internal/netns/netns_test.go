@@ -1,4 +1,4 @@
-package node
+package netns
 
 import (
 	"os"
@@ -11,16 +11,16 @@ import (
 
 // The main goroutine keeps the main thread for itself, so no test
 // goroutine runs on it: the runtime never ends the main thread, retired
-// or not, and a test of whether inNetns retires its thread must run on
+// or not, and a test of whether On retires its thread must run on
 // another one.
 func init() { runtime.LockOSThread() }
 
-// TestInNetnsKeepsThread: a child started with Pdeathsig from the thread
-// inNetns ran on survives the goroutine's end, so inNetns handed the
+// TestOnKeepsThread: a child started with Pdeathsig from the thread
+// On ran on survives the goroutine's end, so On handed the
 // thread back instead of retiring it. (Retiring it SIGKILLed the
 // kube-apiserver of tests/controlplane/kubeproxy's ipvs-mode test the
 // moment the tracer read the node's IPVS table.)
-func TestInNetnsKeepsThread(t *testing.T) {
+func TestOnKeepsThread(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("setns needs CAP_SYS_ADMIN: run as root")
 	}
@@ -28,7 +28,7 @@ func TestInNetnsKeepsThread(t *testing.T) {
 	if err != nil {
 		t.Skipf("needs the sleep command for a child process: %v", err)
 	}
-	cmd, onMain, err := childFromInNetnsThread(sleep)
+	cmd, onMain, err := childFromOnThread(sleep)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,17 +41,17 @@ func TestInNetnsKeepsThread(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		t.Fatalf("the child started from inNetns's thread died (%v): the thread was retired, not handed back", err)
+		t.Fatalf("the child started from On's thread died (%v): the thread was retired, not handed back", err)
 	case <-time.After(time.Second):
 		_ = cmd.Process.Kill()
 		<-exited
 	}
 }
 
-// childFromInNetnsThread starts a child with Pdeathsig on a locked
-// thread, runs inNetns (into the process's own namespace) on that thread
+// childFromOnThread starts a child with Pdeathsig on a locked
+// thread, runs On (into the process's own namespace) on that thread
 // and ends the goroutine. onMain: the thread was the main thread.
-func childFromInNetnsThread(bin string) (_ *exec.Cmd, onMain bool, _ error) {
+func childFromOnThread(bin string) (_ *exec.Cmd, onMain bool, _ error) {
 	type result struct {
 		cmd    *exec.Cmd
 		onMain bool
@@ -67,7 +67,7 @@ func childFromInNetnsThread(bin string) (_ *exec.Cmd, onMain bool, _ error) {
 			ch <- result{err: err}
 			return
 		}
-		err := inNetns("/proc/self/ns/net", func() error { return nil })
+		err := On("/proc/self/ns/net", func() error { return nil })
 		ch <- result{cmd, syscall.Gettid() == os.Getpid(), err}
 	}()
 	r := <-ch
