@@ -36,6 +36,9 @@ const volatile __u16 cfg_ports[MAX_FILTER_PORTS] = {};
 const volatile __u32 cfg_nprefixes = 0;
 const volatile struct prefix cfg_prefixes[MAX_FILTER_PREFIXES] = {};
 const volatile __u32 cfg_nf_roles = 0;
+/* The families a program reports (FAMILY_*): a tracepoint both families
+ * pass through is attached once for each family's hook. */
+const volatile __u32 cfg_families = FAMILY_V4 | FAMILY_V6;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -148,6 +151,26 @@ static __always_inline bool wanted(const struct event *e)
 	    !tuple_has_addr(&e->reply) && !tuple_has_addr(&e->to))
 		return false;
 	return true;
+}
+
+static __always_inline bool family_wanted(__u8 family)
+{
+	return cfg_families & (family == AF_INET6 ? FAMILY_V6 : FAMILY_V4);
+}
+
+/* The hook an ICMP error or reset is reported under: IPv6 sends them from
+ * functions of its own, each with its own attach ladder, so an event's
+ * hook says which one saw it. */
+static __always_inline __u8 family_hook(__u8 hook, __u8 family)
+{
+	if (family != AF_INET6)
+		return hook;
+	switch (hook) {
+	case HOOK_ICMP_SEND: return HOOK_ICMP6_SEND;
+	case HOOK_NF_SEND_RESET: return HOOK_NF_SEND_RESET6;
+	case HOOK_TCP_SEND_RESET: return HOOK_TCP_SEND_RESET6;
+	}
+	return hook;
 }
 
 static __always_inline void count_lost(__u32 hook)
@@ -550,16 +573,20 @@ int BPF_KPROBE(tr_ipvsl_kraw, void *svc, struct sk_buff *skb)
 	return 0;
 }
 
-/* ---- __icmp_send: REJECT and every other ICMP error ---- */
+/* ---- __icmp_send, icmp6_send: REJECT and every other ICMP error ---- */
 
+/* The IPv6 function takes type and code as u8: only their low bytes are
+ * read (e->icmp_type and icmp_code are bytes). */
 static __always_inline int on_icmp_send(struct sk_buff *skb, int type, int code, __u8 via)
 {
 	if (!skb)
 		return 0;
-	struct event *e = reserve(KIND_REJECT, HOOK_ICMP_SEND, via);
+	struct tuple t = {};
+	read_skb(&t, skb);
+	struct event *e = reserve(KIND_REJECT, family_hook(HOOK_ICMP_SEND, t.family), via);
 	if (!e)
 		return 0;
-	read_skb(&e->pkt, skb);
+	e->pkt = t;
 	e->icmp_type = type;
 	e->icmp_code = code;
 	e->netns = skb_netns(skb);
@@ -587,16 +614,18 @@ int tr_icmp_tp(struct bpf_raw_tracepoint_args *ctx)
 			    (int)ctx->args[2], VIA_TRACEPOINT);
 }
 
-/* ---- nf_send_reset: REJECT --reject-with tcp-reset ---- */
+/* ---- nf_send_reset, nf_send_reset6: REJECT --reject-with tcp-reset ---- */
 
 static __always_inline int on_nf_send_reset(struct net *net, struct sk_buff *skb, int hook, __u8 via)
 {
 	if (!skb)
 		return 0;
-	struct event *e = reserve(KIND_RESET, HOOK_NF_SEND_RESET, via);
+	struct tuple t = {};
+	read_skb(&t, skb);
+	struct event *e = reserve(KIND_RESET, family_hook(HOOK_NF_SEND_RESET, t.family), via);
 	if (!e)
 		return 0;
-	read_skb(&e->pkt, skb);
+	e->pkt = t;
 	e->nf_hook = hook;
 	e->netns = net ? net_inum(net) : skb_netns(skb);
 	finish(e);
@@ -615,7 +644,8 @@ int BPF_KPROBE(tr_nfrst_kprobe, struct net *net, struct sock *sk, struct sk_buff
 	return on_nf_send_reset(net, skb, hook, VIA_KPROBE);
 }
 
-/* ---- the stack's RSTs: tcp_v4_send_reset, tcp:tcp_send_reset ---- */
+/* ---- the stack's RSTs: tcp_v4_send_reset, tcp_v6_send_reset,
+ * tcp:tcp_send_reset ---- */
 
 /* The packet a RST answers: the incoming skb, or for an active reset the
  * socket's connection as the peer sends it. */
@@ -642,10 +672,16 @@ static __always_inline void read_rst_packet(struct tuple *t, const struct sock *
 static __always_inline int on_tcp_reset(const struct sock *sk, struct sk_buff *skb, __u32 reason,
 					bool has_reason, __u8 via)
 {
-	struct event *e = reserve(KIND_RESET, HOOK_TCP_SEND_RESET, via);
+	struct tuple t = {};
+	read_rst_packet(&t, sk, skb);
+	/* The tracepoint fires for both families; each family's hook has
+	 * its own instance of the program. */
+	if (t.family && !family_wanted(t.family))
+		return 0;
+	struct event *e = reserve(KIND_RESET, family_hook(HOOK_TCP_SEND_RESET, t.family), via);
 	if (!e)
 		return 0;
-	read_rst_packet(&e->pkt, sk, skb);
+	e->pkt = t;
 	e->reason = reason;
 	e->has_reason = has_reason;
 	if (skb)
@@ -806,31 +842,54 @@ static __always_inline void reverse_tuple(struct tuple *dst, const struct tuple 
 	dst->proto = src->proto;
 }
 
+/* netfilter's IPv6 RST, told from the stack's: nf_send_reset6 attaches
+ * the rejected packet's conntrack entry as RELATED (where conntrack runs),
+ * and otherwise sends it with the hook's socket, none for a forwarded or
+ * incoming packet; the stack's go out in their connection's entry, on a
+ * control socket. Both skbs have no owner, unlike IPv4's stack RSTs. */
+static __always_inline bool nf_reset6(struct sk_buff *skb, bool state_sk)
+{
+	__u8 ctinfo;
+	struct nf_conn *ct = skb_ct(skb, &ctinfo);
+	if (ct)
+		return ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY;
+	return !state_sk;
+}
+
 /* Packets the kernel generates to answer another packet, seen leaving at
- * LOCAL_OUT: a TCP RST without a socket (netfilter's REJECT
- * --reject-with tcp-reset sends it with none; the stack's RSTs go out on a
- * control socket and are seen by their own hook), and ICMP errors (their
- * payload holds the packet they answer). */
-static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns)
+ * LOCAL_OUT: a TCP RST netfilter sent (REJECT --reject-with tcp-reset;
+ * IPv4's goes without a socket, the stack's on a control socket, and the
+ * stack's are seen by their own hook), and ICMP errors (their payload
+ * holds the packet they answer). */
+static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns, bool state_sk)
 {
 	struct tuple t = {};
 	const void *l4 = read_skb_l4(&t, skb);
 	if (!l4 || !t.family)
 		return;
+	bool v6 = t.family == AF_INET6;
 	__u8 kind = 0, icmp[2] = {};
-	if ((cfg_nf_roles & NF_ROLE_RESET) && t.proto == IPPROTO_TCP) {
+	if ((cfg_nf_roles & (v6 ? NF_ROLE_RESET6 : NF_ROLE_RESET)) && t.proto == IPPROTO_TCP) {
 		__u8 flags = 0;
 		bpf_probe_read_kernel(&flags, 1, l4 + 13);
-		if ((flags & TCP_FLAG_RST) && !BPF_CORE_READ(skb, sk))
+		bool by_nf = v6 ? nf_reset6(skb, state_sk) : !BPF_CORE_READ(skb, sk);
+		if ((flags & TCP_FLAG_RST) && by_nf)
 			kind = KIND_RESET;
-	} else if ((cfg_nf_roles & NF_ROLE_ICMP) && t.proto == IPPROTO_ICMP) {
+	} else if (!v6 && (cfg_nf_roles & NF_ROLE_ICMP) && t.proto == IPPROTO_ICMP) {
 		bpf_probe_read_kernel(icmp, 2, l4);
+		/* destination unreachable, time exceeded, parameter problem */
 		if (icmp[0] == 3 || icmp[0] == 11 || icmp[0] == 12)
+			kind = KIND_REJECT;
+	} else if (v6 && (cfg_nf_roles & NF_ROLE_ICMP6) && t.proto == IPPROTO_ICMPV6) {
+		bpf_probe_read_kernel(icmp, 2, l4);
+		/* ICMPv6 errors are types 1-127; 1-4 are the ones sent for a
+		 * packet (unreachable, too big, time exceeded, parameter). */
+		if (icmp[0] >= 1 && icmp[0] <= 4)
 			kind = KIND_REJECT;
 	}
 	if (!kind)
 		return;
-	struct event *e = reserve(kind, kind == KIND_RESET ? HOOK_NF_SEND_RESET : HOOK_ICMP_SEND,
+	struct event *e = reserve(kind, family_hook(kind == KIND_RESET ? HOOK_NF_SEND_RESET : HOOK_ICMP_SEND, t.family),
 				  VIA_NETFILTER);
 	if (!e)
 		return;
@@ -863,8 +922,9 @@ int tr_nf_dnat(struct bpf_nf_ctx *ctx)
 	__u8 hook = BPF_CORE_READ(ctx->state, hook);
 	if (cfg_nf_roles & NF_ROLE_NAT)
 		nf_nat_event(skb, hook, IPS_DST_NAT, KIND_DNAT);
-	if (hook == NF_INET_LOCAL_OUT && (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP)))
-		nf_local_out_answer(skb, net_inum(BPF_CORE_READ(ctx->state, net)));
+	if (hook == NF_INET_LOCAL_OUT &&
+	    (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP | NF_ROLE_RESET6 | NF_ROLE_ICMP6)))
+		nf_local_out_answer(skb, net_inum(BPF_CORE_READ(ctx->state, net)), BPF_CORE_READ(ctx->state, sk) != NULL);
 	return NF_ACCEPT;
 }
 

@@ -22,7 +22,11 @@ enum hook_id {
 	HOOK_NF_SEND_RESET = 5,
 	HOOK_TCP_SEND_RESET = 6,
 	HOOK_KFREE_SKB = 7,
-	HOOK_MAX = 8,
+	/* IPv6 has its own functions for ICMP errors and resets. */
+	HOOK_ICMP6_SEND = 8,
+	HOOK_NF_SEND_RESET6 = 9,
+	HOOK_TCP_SEND_RESET6 = 10,
+	HOOK_MAX = 11,
 };
 
 enum via {
@@ -38,6 +42,14 @@ enum nf_role {
 	NF_ROLE_NAT = 1,
 	NF_ROLE_RESET = 2,
 	NF_ROLE_ICMP = 4,
+	NF_ROLE_RESET6 = 8,
+	NF_ROLE_ICMP6 = 16,
+};
+
+/* Address families a program reports (cfg_families). */
+enum family_bit {
+	FAMILY_V4 = 1,
+	FAMILY_V6 = 2,
 };
 
 struct tuple {

@@ -74,7 +74,7 @@ func Decode(b []byte, clock Clock) (Event, error) {
 		return e, fmt.Errorf("decode event: unknown kind %d", b[OffKind])
 	}
 	e.Hook = Hook(b[OffHook])
-	if e.Hook < HookNFNat || e.Hook > HookKfreeSkb {
+	if e.Hook == 0 || int(e.Hook) >= len(hookNames) {
 		return e, fmt.Errorf("decode event: unknown hook %d", b[OffHook])
 	}
 	e.Via = Via(b[OffVia])

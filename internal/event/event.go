@@ -45,12 +45,18 @@ const (
 	HookNFSendReset  Hook = 5
 	HookTCPSendReset Hook = 6
 	HookKfreeSkb     Hook = 7
+	// IPv6 sends ICMP errors and resets from functions of its own.
+	HookICMP6Send     Hook = 8
+	HookNFSendReset6  Hook = 9
+	HookTCPSendReset6 Hook = 10
 )
 
 // Hooks lists every hook in the order doctor shows them.
-var Hooks = []Hook{HookNFNat, HookIPVSConnNew, HookIPVSLeave, HookICMPSend, HookNFSendReset, HookTCPSendReset, HookKfreeSkb}
+var Hooks = []Hook{HookNFNat, HookIPVSConnNew, HookIPVSLeave, HookICMPSend, HookICMP6Send,
+	HookNFSendReset, HookNFSendReset6, HookTCPSendReset, HookTCPSendReset6, HookKfreeSkb}
 
-var hookNames = [...]string{"", "nf_nat_setup_info", "ip_vs_conn_new", "ip_vs_leave", "icmp_send", "nf_send_reset", "tcp_send_reset", "kfree_skb"}
+var hookNames = [...]string{"", "nf_nat_setup_info", "ip_vs_conn_new", "ip_vs_leave", "icmp_send", "nf_send_reset",
+	"tcp_send_reset", "kfree_skb", "icmp6_send", "nf_send_reset6", "tcp_send_reset6"}
 
 func (h Hook) String() string {
 	if int(h) < len(hookNames) && h != 0 {

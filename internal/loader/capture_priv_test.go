@@ -32,6 +32,20 @@ const (
 	ipvsIP = "10.96.77.9"
 )
 
+// The same topology's IPv6 addresses (every link is dual-stack).
+const (
+	cAddr6  = "fd77:1::2"
+	rAddrC6 = "fd77:1::1"
+	rAddrS6 = "fd77:2::1"
+	sAddr6  = "fd77:2::2"
+	vip6    = "fd96:77::7"
+	ipvsIP6 = "fd96:77::9"
+)
+
+// hostPort joins an address and a port as Go's net package writes them
+// ("[addr]:port" for IPv6).
+func hostPort(addr string, port int) string { return net.JoinHostPort(addr, fmt.Sprint(port)) }
+
 func requirePrivileged(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
@@ -83,7 +97,40 @@ func newTopology(t *testing.T) *topology {
 	run(t, tp.c, "ip", "route", "add", "default", "via", rAddrC)
 	run(t, tp.s, "ip", "route", "add", "default", "via", rAddrS)
 	must(t, tp.r.Sysctl("net.ipv4.ip_forward", "1"))
+	// nodad: the addresses are usable at once, not after duplicate
+	// address detection.
+	for _, a := range []struct {
+		ns        netlab.Namespace
+		dev, cidr string
+	}{{tp.c, "c-r", cAddr6 + "/64"}, {tp.r, "r-c", rAddrC6 + "/64"}, {tp.r, "r-s", rAddrS6 + "/64"}, {tp.s, "s-r", sAddr6 + "/64"}} {
+		run(t, a.ns, "ip", "-6", "addr", "add", a.cidr, "dev", a.dev, "nodad")
+	}
+	run(t, tp.c, "ip", "-6", "route", "add", "default", "via", rAddrC6)
+	run(t, tp.s, "ip", "-6", "route", "add", "default", "via", rAddrS6)
+	must(t, tp.r.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	settleIPv6(t, tp.c, tp.r, tp.s)
 	return tp
+}
+
+// settleIPv6 waits until duplicate address detection is over for every
+// address (the links' own fe80:: ones too): until then the first packets
+// of a connection can wait seconds for neighbour discovery.
+func settleIPv6(t *testing.T, spaces ...netlab.Namespace) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, ns := range spaces {
+		for {
+			out, err := ns.Run("ip", "-6", "addr", "show", "tentative")
+			must(t, err)
+			if !strings.Contains(out, "inet6") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("IPv6 addresses of %s still tentative after 10s:\n%s", ns.Name, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 func must(t *testing.T, err error) {
@@ -105,6 +152,7 @@ func (tp *topology) flush(t *testing.T) {
 	for _, ns := range []netlab.Namespace{tp.c, tp.r, tp.s} {
 		for _, table := range []string{"filter", "nat"} {
 			run(t, ns, "iptables", "-t", table, "-F")
+			run(t, ns, "ip6tables", "-t", table, "-F")
 		}
 	}
 	if _, err := exec.LookPath("ipvsadm"); err == nil {
@@ -145,7 +193,11 @@ func dialTCP(ns netlab.Namespace, addr string) (string, error) {
 		return err
 	})
 	if err != nil {
-		return fmt.Sprintf("%s:%d", cAddr, local.Port), err
+		client := cAddr
+		if strings.HasPrefix(addr, "[") {
+			client = cAddr6
+		}
+		return hostPort(client, local.Port), err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(2 * time.Second))
@@ -265,19 +317,20 @@ func expectedVia() map[event.Hook]event.Via {
 	switch vmKernel() {
 	case "5.10":
 		return map[event.Hook]event.Via{event.HookNFNat: event.ViaKprobe, event.HookIPVSConnNew: event.ViaKprobe,
-			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
 	case "6.1":
 		return map[event.Hook]event.Via{event.HookNFNat: event.ViaFentry, event.HookIPVSConnNew: event.ViaKprobe,
-			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
 	case "6.12":
 		return map[event.Hook]event.Via{event.HookNFNat: event.ViaFentry, event.HookIPVSConnNew: event.ViaFentry,
-			event.HookICMPSend: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
 	case "":
 		if !hasKprobes() {
 			// This project's build machine: no kprobes, no fentry.
 			return map[event.Hook]event.Via{event.HookNFNat: event.ViaNetfilter, event.HookICMPSend: event.ViaTracepoint,
-				event.HookNFSendReset: event.ViaNetfilter, event.HookTCPSendReset: event.ViaTracepoint,
-				event.HookKfreeSkb: event.ViaTracepoint}
+				event.HookICMP6Send: event.ViaNetfilter, event.HookNFSendReset: event.ViaNetfilter,
+				event.HookNFSendReset6: event.ViaNetfilter, event.HookTCPSendReset: event.ViaTracepoint,
+				event.HookTCPSendReset6: event.ViaTracepoint, event.HookKfreeSkb: event.ViaTracepoint}
 		}
 	}
 	return nil
@@ -404,6 +457,160 @@ func scenarios() []scenario {
 	}
 }
 
+// scenarios6 are the scenarios' IPv6 twins: ip6tables rules, IPv6 traffic,
+// ICMPv6 errors, and the IPv6 functions that send errors and resets.
+func scenarios6() []scenario {
+	return []scenario{
+		{
+			name:    "dnat6-output",
+			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.c, "ip6tables", "-t", "nat", "-A", "OUTPUT", "-d", vip6, "-p", "tcp", "--dport", "80",
+					"-j", "DNAT", "--to-destination", hostPort(sAddr6, 8080))
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, hostPort(vip6, 80)) },
+			kinds:   []event.Kind{event.KindDNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindDNAT]
+				checkTuple(t, "dnat orig", e.Orig, client, hostPort(vip6, 80))
+				checkReply(t, e, hostPort(sAddr6, 8080), client)
+				checkEq(t, "dnat to", e.To.String(), hostPort(sAddr6, 8080))
+				checkNFHook(t, e, "OUTPUT")
+			},
+		},
+		{
+			name:    "dnat6-prerouting",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-t", "nat", "-A", "PREROUTING", "-d", rAddrC6, "-p", "tcp", "--dport", "80",
+					"-j", "DNAT", "--to-destination", hostPort(sAddr6, 8080))
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, hostPort(rAddrC6, 80)) },
+			kinds:   []event.Kind{event.KindDNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindDNAT]
+				checkTuple(t, "dnat orig", e.Orig, client, hostPort(rAddrC6, 80))
+				checkEq(t, "dnat to", e.To.String(), hostPort(sAddr6, 8080))
+				checkNFHook(t, e, "PREROUTING")
+			},
+		},
+		{
+			name:    "masquerade6",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-t", "nat", "-A", "POSTROUTING", "-s", "fd77:1::/64", "-o", "r-s", "-j", "MASQUERADE")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, hostPort(sAddr6, 8080)) },
+			kinds:   []event.Kind{event.KindSNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindSNAT]
+				checkTuple(t, "snat orig", e.Orig, client, hostPort(sAddr6, 8080))
+				checkEq(t, "snat to address", e.To.MinAddr.String(), rAddrS6)
+				if e.Reply.Valid() {
+					checkEq(t, "snat reply dst", e.Reply.Dst.String(), rAddrS6)
+				}
+				checkNFHook(t, e, "POSTROUTING")
+			},
+		},
+		{
+			name:    "reject6-icmp6-port-unreachable",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", "9", "-j", "REJECT",
+					"--reject-with", "icmp6-port-unreachable")
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				client, err := sendUDP(tp.c, hostPort(sAddr6, 9))
+				must(t, err)
+				return client
+			},
+			kinds: []event.Kind{event.KindReject, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReject]
+				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
+				checkTuple(t, "rejected packet", e.Packet, client, hostPort(sAddr6, 9))
+				// ICMPv6 destination unreachable, port unreachable.
+				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 9), "NETFILTER_DROP")
+			},
+		},
+		{
+			name:    "reject6-tcp-reset",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "tcp", "--dport", "81", "-j", "REJECT",
+					"--reject-with", "tcp-reset")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, hostPort(sAddr6, 81)) },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset6")
+				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 81))
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 81), "NETFILTER_DROP")
+			},
+		},
+		{
+			name:    "closed-port6",
+			observe: func(tp *topology) netlab.Namespace { return tp.s },
+			setup:   func(t *testing.T, tp *topology) {},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, hostPort(sAddr6, 9999)) },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "tcp_send_reset6")
+				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 9999))
+				if e.HasReason {
+					checkEq(t, "reset reason", LoadReasonNames().ResetReason(e.Reason), "NO_SOCKET")
+				}
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 9999), "NO_SOCKET")
+			},
+		},
+	}
+}
+
+// ipvsScenarios6 are IPVS's IPv6 virtual services.
+func ipvsScenarios6() []scenario {
+	return []scenario{
+		{
+			name:    "ipvs6-masq",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ipvsadm", "-A", "-t", hostPort(ipvsIP6, 80), "-s", "rr")
+				run(t, tp.r, "ipvsadm", "-a", "-t", hostPort(ipvsIP6, 80), "-r", hostPort(sAddr6, 8080), "-m")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, hostPort(ipvsIP6, 80)) },
+			kinds:   []event.Kind{event.KindIPVS},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindIPVS]
+				checkTuple(t, "ipvs client->virtual", e.Orig, client, hostPort(ipvsIP6, 80))
+				checkEq(t, "real server", netip.AddrPortFrom(e.To.MinAddr, e.To.MinPort).String(), hostPort(sAddr6, 8080))
+				checkEq(t, "forwarding", event.IPVSForward(e.Reason), "masq")
+			},
+		},
+		{
+			// UDP: one datagram is one packet. A TCP SYN is sent again
+			// when the error arrives while connect holds the socket (seen
+			// on 5.10), and each SYN is answered with its own events.
+			name:    "ipvs6-no-real-server",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ipvsadm", "-A", "-u", hostPort(ipvsIP6, 81), "-s", "rr")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefusedUDP(t, tp.c, hostPort(ipvsIP6, 81)) },
+			kinds:   []event.Kind{event.KindIPVSNoDest, event.KindReject, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindIPVSNoDest]
+				checkTuple(t, "ipvs-no-dest virtual", e.Orig, client, hostPort(ipvsIP6, 81))
+				r := evs[event.KindReject]
+				checkEq(t, "reject hook", r.Hook.String(), "icmp6_send")
+				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", r.ICMPType, r.ICMPCode), "1/4")
+				checkDrop(t, evs[event.KindDrop], client, hostPort(ipvsIP6, 81), "NETFILTER_DROP")
+			},
+		},
+	}
+}
+
 // ipvsScenarios need the ip_vs module: the VM matrix kernels have it,
 // this project's build machine does not.
 func ipvsScenarios() []scenario {
@@ -472,6 +679,31 @@ func mustBeUnreachable(t *testing.T, ns netlab.Namespace, addr string) string {
 	return client
 }
 
+// mustBeRefusedUDP sends one datagram and expects the ICMP error it
+// draws to reach the client's socket as "connection refused".
+func mustBeRefusedUDP(t *testing.T, ns netlab.Namespace, addr string) string {
+	t.Helper()
+	var client string
+	err := ns.Do(func() error {
+		conn, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		client = conn.LocalAddr().String()
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			return err
+		}
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("udp to %s: want connection refused (an ICMP port unreachable), got %v", addr, err)
+	}
+	return client
+}
+
 func mustConnect(t *testing.T, ns netlab.Namespace, addr string) string {
 	t.Helper()
 	client, err := dialTCP(ns, addr)
@@ -534,10 +766,13 @@ func TestCapture(t *testing.T) {
 	requirePrivileged(t)
 	tp := newTopology(t)
 	serve(t, tp.s, sAddr+":8080")
-	all := scenarios()
+	serve(t, tp.s, hostPort(sAddr6, 8080))
+	all := append(scenarios(), scenarios6()...)
 	if haveIPVS(t) {
 		run(t, tp.r, "ip", "addr", "add", ipvsIP+"/32", "dev", "lo")
+		run(t, tp.r, "ip", "-6", "addr", "add", ipvsIP6+"/128", "dev", "lo", "nodad")
 		all = append(all, ipvsScenarios()...)
+		all = append(all, ipvsScenarios6()...)
 	}
 	// Rules first: they load the nf_nat and reject modules whose functions
 	// the fentry and kprobe rungs attach to.
@@ -635,7 +870,8 @@ func checkPlan(t *testing.T, plan Plan, tr tier) {
 		}
 	}
 	if tr.name != "best" {
-		for _, h := range []event.Hook{event.HookNFNat, event.HookICMPSend, event.HookNFSendReset, event.HookTCPSendReset, event.HookKfreeSkb} {
+		for _, h := range []event.Hook{event.HookNFNat, event.HookICMPSend, event.HookICMP6Send, event.HookNFSendReset,
+			event.HookNFSendReset6, event.HookTCPSendReset, event.HookTCPSendReset6, event.HookKfreeSkb} {
 			if plan[slices.IndexFunc(plan, func(p HookPlan) bool { return p.Hook == h })].Via == event.ViaNone {
 				t.Errorf("tier %s: %s did not attach: %s", tr.name, h, plan.Reasons())
 			}

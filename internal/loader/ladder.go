@@ -18,6 +18,10 @@ type rung struct {
 	// for every hook that falls through to it (see nfRole).
 	attach func(p *ebpf.Program, target string) (link.Link, error)
 	nfRole uint32
+	// families, when set, is what the program reports (cfg_families):
+	// a tracepoint both families pass through serves each family's hook
+	// with an instance of its own.
+	families uint32
 	// needs says what this rung needs that the next one does not, for
 	// the explanation when it fails for lack of it.
 	needs string
@@ -25,9 +29,17 @@ type rung struct {
 
 // Netfilter roles, as in enum nf_role of bpf/tracer.h.
 const (
-	nfRoleNAT   = 1
-	nfRoleReset = 2
-	nfRoleICMP  = 4
+	nfRoleNAT    = 1
+	nfRoleReset  = 2
+	nfRoleICMP   = 4
+	nfRoleReset6 = 8
+	nfRoleICMP6  = 16
+)
+
+// Address families a program reports, as in enum family_bit.
+const (
+	familyV4 = 1
+	familyV6 = 2
 )
 
 func fentry(p *ebpf.Program, _ string) (link.Link, error) {
@@ -68,17 +80,36 @@ var ladders = map[event.Hook][]rung{
 		{via: event.ViaTracepoint, prog: "tr_icmp_tp", target: "icmp_send", attach: rawTracepoint},
 		{via: event.ViaNetfilter, target: "related ICMP at OUTPUT", nfRole: nfRoleICMP},
 	},
+	// The IPv4 programs, attached to the IPv6 functions: the arguments
+	// they read are the same, and the packet's family picks the hook.
+	event.HookICMP6Send: {
+		{via: event.ViaFentry, prog: "tr_icmp_fentry", target: "icmp6_send", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_icmp_kprobe", target: "icmp6_send", attach: kprobe},
+		{via: event.ViaNetfilter, target: "related ICMPv6 at OUTPUT", nfRole: nfRoleICMP6},
+	},
 	event.HookNFSendReset: {
 		{via: event.ViaFentry, prog: "tr_nfrst_fentry", target: "nf_send_reset", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset", attach: kprobe},
 		{via: event.ViaNetfilter, target: "related RST at OUTPUT", nfRole: nfRoleReset},
 	},
+	event.HookNFSendReset6: {
+		{via: event.ViaFentry, prog: "tr_nfrst_fentry", target: "nf_send_reset6", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset6", attach: kprobe},
+		{via: event.ViaNetfilter, target: "related IPv6 RST at OUTPUT", nfRole: nfRoleReset6},
+	},
 	event.HookTCPSendReset: {
 		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v4_send_reset", attach: fentry, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v4_send_reset", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v4_send_reset", attach: kprobe},
-		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, needs: "the RST reason argument (kernel 6.10+)"},
-		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV4, needs: "the RST reason argument (kernel 6.10+)"},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint, families: familyV4},
+	},
+	event.HookTCPSendReset6: {
+		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v6_send_reset", attach: fentry, needs: "the RST reason argument (kernel 6.10+)"},
+		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v6_send_reset", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v6_send_reset", attach: kprobe},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6, needs: "the RST reason argument (kernel 6.10+)"},
+		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6},
 	},
 	event.HookKfreeSkb: {
 		{via: event.ViaTracepoint, prog: "tr_drop_tp3", target: "kfree_skb", attach: rawTracepoint, needs: "the drop reason argument (kernel 5.17+)"},

@@ -286,13 +286,19 @@ func (t *Tracer) createMaps() error {
 }
 
 // loadProgram loads one program of the object on its own, sharing the maps,
-// so that a program this kernel rejects costs only its own rung.
-func (t *Tracer) loadProgram(name string, rodata map[string]any) (*ebpf.Program, error) {
+// so that a program this kernel rejects costs only its own rung. A tracing
+// program is loaded for attachTo when it is set, instead of the function
+// its section names.
+func (t *Tracer) loadProgram(name, attachTo string, rodata map[string]any) (*ebpf.Program, error) {
 	ps, ok := t.spec.Programs[name]
 	if !ok {
 		return nil, fmt.Errorf("program %s missing from object", name)
 	}
 	s := t.spec.Copy()
+	if attachTo != "" {
+		ps = ps.Copy()
+		ps.AttachTo = attachTo
+	}
 	s.Programs = map[string]*ebpf.ProgramSpec{name: ps}
 	for k, v := range rodata {
 		if err := s.Variables[k].Set(v); err != nil {
@@ -324,7 +330,7 @@ func (t *Tracer) attachAll(cfg Config) {
 				hp.Target = r.target
 				break
 			}
-			err := t.tryRung(r)
+			err := t.tryRung(h, r)
 			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err, Needs: r.needs})
 			if err == nil {
 				hp.Via, hp.Target, hp.Program = r.via, r.target, r.prog
@@ -352,8 +358,16 @@ func (t *Tracer) attachAll(cfg Config) {
 	}
 }
 
-func (t *Tracer) tryRung(r rung) error {
-	p, err := t.loadProgram(r.prog, nil)
+func (t *Tracer) tryRung(h event.Hook, r rung) error {
+	var attachTo string
+	if r.via == event.ViaFentry {
+		attachTo = r.target
+	}
+	var rodata map[string]any
+	if r.families != 0 {
+		rodata = map[string]any{"cfg_families": r.families}
+	}
+	p, err := t.loadProgram(r.prog, attachTo, rodata)
 	if err != nil {
 		return fmt.Errorf("load %s %s: %w", r.via, r.target, err)
 	}
@@ -362,7 +376,7 @@ func (t *Tracer) tryRung(r rung) error {
 		return fmt.Errorf("attach %s %s: %w", r.via, r.target, err)
 	}
 	t.links = append(t.links, l)
-	t.progs = append(t.progs, attachedProgram{name: r.prog, via: r.via, prog: p})
+	t.progs = append(t.progs, attachedProgram{name: r.prog, via: r.via, hook: h, prog: p})
 	return nil
 }
 

@@ -52,7 +52,7 @@ func nfAttachments(roles uint32) []nfAttach {
 func (t *Tracer) attachNetfilter(netnsPaths []string, roles uint32) error {
 	progs := map[string]*ebpf.Program{}
 	for _, name := range []string{"tr_nf_dnat", "tr_nf_snat"} {
-		p, err := t.loadProgram(name, map[string]any{"cfg_nf_roles": roles})
+		p, err := t.loadProgram(name, "", map[string]any{"cfg_nf_roles": roles})
 		if err != nil {
 			return fmt.Errorf("load netfilter program %s: %w", name, err)
 		}

@@ -43,6 +43,7 @@ type ProgramStat struct {
 type attachedProgram struct {
 	name string
 	via  event.Via
+	hook event.Hook // the hook whose ladder attached it (not for netfilter)
 	prog *ebpf.Program
 }
 
@@ -55,19 +56,21 @@ func (t *Tracer) ProgramStats() ([]ProgramStat, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read run statistics of %s: %w", a.name, err)
 		}
-		out = append(out, ProgramStat{Program: a.name, Via: a.via, Hooks: programHooks(t.Plan, a.name, a.via),
+		out = append(out, ProgramStat{Program: a.name, Via: a.via, Hooks: programHooks(t.Plan, a),
 			Runs: s.RunCount, RunTime: s.Runtime})
 	}
 	return out, nil
 }
 
-// programHooks lists the hooks of the plan that program serves.
-func programHooks(plan Plan, program string, via event.Via) []event.Hook {
+// programHooks lists the hooks of the plan a program serves: the hook
+// that attached it, or for the netfilter tier every hook it stands in for.
+func programHooks(plan Plan, a attachedProgram) []event.Hook {
+	if a.via != event.ViaNetfilter {
+		return []event.Hook{a.hook}
+	}
 	var hooks []event.Hook
 	for _, hp := range plan {
-		switch {
-		case via != event.ViaNetfilter && hp.Program == program,
-			via == event.ViaNetfilter && hp.Via == event.ViaNetfilter && nfServes(program, nfRoleOf(hp.Hook)):
+		if hp.Via == event.ViaNetfilter && nfServes(a.name, nfRoleOf(hp.Hook)) {
 			hooks = append(hooks, hp.Hook)
 		}
 	}

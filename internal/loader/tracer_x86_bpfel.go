@@ -120,6 +120,7 @@ const (
 	tracerProgTrRstKprobe   = "tr_rst_kprobe"
 	tracerProgTrRstTp       = "tr_rst_tp"
 	tracerProgTrRstTp3      = "tr_rst_tp3"
+	tracerVarCfgFamilies    = "cfg_families"
 	tracerVarCfgNetns       = "cfg_netns"
 	tracerVarCfgNfRoles     = "cfg_nf_roles"
 	tracerVarCfgNnetns      = "cfg_nnetns"
@@ -210,6 +211,7 @@ type tracerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tracerVariableSpecs struct {
+	CfgFamilies  *ebpf.VariableSpec `ebpf:"cfg_families"`
 	CfgNetns     *ebpf.VariableSpec `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.VariableSpec `ebpf:"cfg_nf_roles"`
 	CfgNnetns    *ebpf.VariableSpec `ebpf:"cfg_nnetns"`
@@ -258,6 +260,7 @@ func (m *tracerMaps) Close() error {
 //
 // It can be passed to loadTracerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tracerVariables struct {
+	CfgFamilies  *ebpf.Variable `ebpf:"cfg_families"`
 	CfgNetns     *ebpf.Variable `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.Variable `ebpf:"cfg_nf_roles"`
 	CfgNnetns    *ebpf.Variable `ebpf:"cfg_nnetns"`

@@ -52,7 +52,7 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 		r.Reason = event.ICMPName(e.Packet.Src.Is4() || !e.Packet.Valid(), t, c)
 	case event.KindReset:
 		r.By = ResetByStack
-		if e.Hook == event.HookNFSendReset {
+		if e.Hook == event.HookNFSendReset || e.Hook == event.HookNFSendReset6 {
 			r.By = ResetByNetfilter
 		} else if e.HasReason && names != nil {
 			r.Reason = names.ResetReason(e.Reason)
