@@ -101,6 +101,23 @@ func (d *diagnosis) dst() netip.AddrPort { return d.dstAP }
 // wentTo is where the connection really went: the reply's source.
 func (d *diagnosis) wentTo() netip.AddrPort { return d.wentAP }
 
+// isPing reports whether the flow is ICMP of either family: ping6 to a
+// ClusterIP is refused for the same reason as ping.
+func (d *diagnosis) isPing() bool { return d.f.Proto == "icmp" || d.f.Proto == "icmpv6" }
+
+// rejectReason is the ICMP error the flow's REJECT sent. When the kernel
+// did not report it, REJECT's default for the destination's family stands
+// in: ip6tables answers icmp6-port-unreachable, not the IPv4 name.
+func (d *diagnosis) rejectReason() string {
+	if ev := d.event(trace.KindReject); ev != nil && ev.Reason != "" {
+		return ev.Reason
+	}
+	if d.dst().Addr().Unmap().Is6() {
+		return "icmp6-port-unreachable"
+	}
+	return "icmp-port-unreachable"
+}
+
 // target names what the client addressed: "10.96.0.20:3306 (Service ns/name)".
 func (d *diagnosis) target() string {
 	s := d.f.Orig.Dst
@@ -132,7 +149,8 @@ func (d *diagnosis) ruleEvidence() string {
 		return ""
 	}
 	s := fmt.Sprintf("Rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
-	if r.NFTables() {
+	switch {
+	case r.NFTables():
 		s = fmt.Sprintf("nftables rule `%s` (table %s %s, chain path %s, handle %d)", r.Text, r.Family, r.Table, strings.Join(rulePath(r), " → "), r.Handle)
 		if e := r.Element; e != nil {
 			s += fmt.Sprintf(", reached through element %s", e.Key)
@@ -143,6 +161,10 @@ func (d *diagnosis) ruleEvidence() string {
 				s += fmt.Sprintf(" (comment %q)", e.Comment)
 			}
 		}
+	case r.Family == "ip6":
+		// ip6tables-save prints rules just as iptables-save does, so the
+		// text alone would pass for an IPv4 rule.
+		s = fmt.Sprintf("ip6tables rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
 	}
 	if r.Uncertain != "" {
 		s += "; attribution uncertain: " + r.Uncertain

@@ -30,6 +30,7 @@ func newEnv() *fakeEnv {
 			netip.MustParseAddr("10.96.0.10"):    {"tcp:80"},
 			netip.MustParseAddr("10.96.0.20"):    {"tcp:3306"},
 			netip.MustParseAddr("192.168.1.200"): {"tcp:80"},
+			netip.MustParseAddr("fd00:10:96::a"): {"tcp:80"},
 		},
 		podNodes: map[string]string{"ns-b/mysql-b": "node-2", "ns-a/mysql-a": "node-1", "web/web-1": "node-1"},
 		services: map[string]trace.Service{
@@ -83,6 +84,11 @@ var portmapRule = &trace.Rule{
 var filterRule = &trace.Rule{
 	Table: "filter", Chain: "KUBE-IPVS-FILTER", Path: []string{"INPUT", "KUBE-IPVS-FILTER"},
 	Text: "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable",
+}
+
+var filterRule6 = &trace.Rule{
+	Family: "ip6", Table: "filter", Chain: "KUBE-IPVS-FILTER", Path: []string{"INPUT", "KUBE-IPVS-FILTER"},
+	Text: "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-6-IPVS-IPS dst -j REJECT --reject-with icmp6-port-unreachable",
 }
 
 func flow(proto, src, dst, replySrc string, kinds ...string) *trace.Flow {
@@ -177,6 +183,58 @@ func TestPingClusterIPRejectedByFilter(t *testing.T) {
 	f := flow("icmp", "10.244.1.7", "10.96.0.10", "", trace.KindReject, trace.KindDrop)
 	f.Rule = filterRule
 	check(t, f, trace.VerdictIPVSFilterReject, "KUBE-IPVS-FILTER", "ICMP (ping)", "only tcp:80", "kube-ipvs0", "ping never will")
+}
+
+// ping6 to a ClusterIP is refused by the same filter as ping; the IPv6
+// filter answers with the ICMPv6 error, never the IPv4 name.
+func TestPing6ClusterIPRejectedByFilter(t *testing.T) {
+	f := flow("icmpv6", "fd00:10:244:1::7", "fd00:10:96::a", "", trace.KindReject, trace.KindDrop)
+	f.Events[0].Reason = "icmp6-port-unreachable"
+	f.Rule = filterRule6
+	check(t, f, trace.VerdictIPVSFilterReject, "ICMP (ping)", "only tcp:80", "ping never will",
+		"REJECTs new connections with icmp6-port-unreachable", "ipset KUBE-6-IPVS-IPS")
+	if r := Diagnose(f, newEnv()); strings.Contains(r.Explanation, "icmp-port-unreachable") {
+		t.Errorf("IPv4 reject type named for an IPv6 flow: %s", r.Explanation)
+	}
+}
+
+// The reject type comes from the kernel's event; without one, REJECT's
+// default for the destination's family.
+func TestFilterRejectNamesReason(t *testing.T) {
+	for _, tt := range []struct {
+		name, src, dst, reason, want string
+	}{
+		{"v4 reported", "10.244.1.7:40000", "192.168.1.200:443", "icmp-admin-prohibited", "with icmp-admin-prohibited"},
+		{"v4 unreported", "10.244.1.7:40000", "192.168.1.200:443", "", "with icmp-port-unreachable"},
+		{"v6 unreported", "[fd00:10:244:1::7]:40000", "[fd00:10:96::a]:443", "", "with icmp6-port-unreachable"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := flow("tcp", tt.src, tt.dst, "", trace.KindReject)
+			f.Events[0].Reason = tt.reason
+			f.Rule = filterRule
+			check(t, f, trace.VerdictIPVSFilterReject, tt.want)
+		})
+	}
+}
+
+// kube-proxy's nftables mode: ping6 gets the ping wording and advice.
+func TestPing6ClusterIPRejectedNFT(t *testing.T) {
+	f := flow("icmpv6", "fd00:10:244:1::7", "fd00:10:96::a", "", trace.KindReject)
+	f.Events[0].Reason = "icmp6-port-unreachable"
+	f.Rule = &trace.Rule{Backend: trace.BackendNFTables, Family: "ip6", Table: "kube-proxy", Chain: "cluster-ips-check", Handle: 12,
+		EntryChain: "filter-input", Path: []string{"filter-input", "cluster-ips-check"},
+		Text: `ip6 daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"`}
+	check(t, f, trace.VerdictClusterIPReject, "ICMP (ping)", "ping never will", "answered with icmp6-port-unreachable")
+}
+
+// An ip6tables rule is named as one; an IPv4 rule reads as it always has.
+func TestRuleEvidenceFamily(t *testing.T) {
+	f := flow("tcp", "10.244.1.7:40000", "192.168.1.200:443", "", trace.KindReject)
+	f.Rule = filterRule
+	check(t, f, trace.VerdictIPVSFilterReject, "Rule `"+filterRule.Text+"` (table filter, chain path INPUT → KUBE-IPVS-FILTER)")
+	f = flow("tcp", "[fd00:10:244:1::7]:40000", "[fd00:10:96::a]:443", "", trace.KindReject)
+	f.Rule = filterRule6
+	check(t, f, trace.VerdictIPVSFilterReject, "ip6tables rule `"+filterRule6.Text+"` (table filter, chain path INPUT → KUBE-IPVS-FILTER)")
 }
 
 func TestLBPortOutsideClusterRejected(t *testing.T) {

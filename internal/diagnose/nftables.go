@@ -41,7 +41,7 @@ func (d *diagnosis) clusterIPReject() (Result, bool) {
 	}
 	dst := d.dst()
 	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
-	if d.f.Proto == "icmp" {
+	if d.isPing() {
 		what = "ICMP (ping)"
 	}
 	rule := d.f.Rule
@@ -63,7 +63,7 @@ func (d *diagnosis) clusterIPReject() (Result, bool) {
 		how = ev.Reason
 	}
 	fix := "Fix: connect to one of the Service's own ports; a ClusterIP answers nothing else"
-	if d.f.Proto == "icmp" {
+	if d.isPing() {
 		fix = "A ClusterIP is virtual: kube-proxy answers only its Service ports, and ping never will. Test the Service with a connection to its port instead"
 	}
 	return Result{trace.VerdictClusterIPReject, sentences(

@@ -2,6 +2,7 @@ package diagnose
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -69,7 +70,7 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 		return Result{}, false
 	}
 	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
-	if d.f.Proto == "icmp" {
+	if d.isPing() {
 		what = "ICMP (ping)"
 	}
 	ports := d.env.ServicePortsOn(dst.Addr())
@@ -82,16 +83,25 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 		evidence = "the rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"
 	}
 	parts := []string{
-		fmt.Sprintf("rejected by KUBE-IPVS-FILTER: %s to %s is refused because %s is bound to kube-ipvs0 (ipset KUBE-IPVS-IPS) while kube-proxy's ipsets accept %s there, so the filter (kube-proxy IPVS mode ≥ 1.26) REJECTs new connections with icmp-port-unreachable",
-			what, d.target(), dst.Addr(), accepted),
+		fmt.Sprintf("rejected by KUBE-IPVS-FILTER: %s to %s is refused because %s is bound to kube-ipvs0 (ipset %s) while kube-proxy's ipsets accept %s there, so the filter (kube-proxy IPVS mode ≥ 1.26) REJECTs new connections with %s",
+			what, d.target(), dst.Addr(), ipvsIPsSet(dst.Addr()), accepted, d.rejectReason()),
 		evidence,
 	}
 	parts = append(parts, d.filterFix(dst)...)
 	return Result{trace.VerdictIPVSFilterReject, sentences(parts...)}, true
 }
 
+// ipvsIPsSet is kube-proxy's ipset of kube-ipvs0 addresses for a's family:
+// its IPv6 sets take the prefix KUBE-6- (pkg/proxy/ipvs/ipset.go).
+func ipvsIPsSet(a netip.Addr) string {
+	if a.Unmap().Is6() {
+		return "KUBE-6-IPVS-IPS"
+	}
+	return "KUBE-IPVS-IPS"
+}
+
 func (d *diagnosis) filterFix(dst interface{ String() string }) []string {
-	if d.f.Proto == "icmp" {
+	if d.isPing() {
 		return []string{"A ClusterIP is virtual: in IPVS mode only its service ports answer, and ping never will. Test the Service with a connection to its port instead"}
 	}
 	if sv, ok := d.service(); ok && len(sv.LBIPs) > 0 {

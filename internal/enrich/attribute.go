@@ -99,7 +99,7 @@ func iptablesCandidate(rs *rules.Ruleset, pkt rules.Packet, env Env, act rules.K
 	if err != nil || at == nil || at.Result == nil || !canExplain(at.Result.Outcome.Verdict, act.Kind) {
 		return candidate{}, true
 	}
-	return candidate{rule: ruleRecord(at), agrees: at.Agrees, prio: tablePrio(at.Result.Table, act.Hook)}, true
+	return candidate{rule: ruleRecord(at, rs.Family), agrees: at.Agrees, prio: tablePrio(at.Result.Table, act.Hook)}, true
 }
 
 func nftCandidate(env Env, pkt rules.Packet, act rules.KernelAction) (candidate, bool) {
@@ -208,8 +208,13 @@ func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (r
 	if f.Conntrack == nil || !f.Conntrack.Replied {
 		pkt.State = rules.CTNew // the first packet: what nat sees, and REJECT met
 	}
-	if pkt.Proto == rules.ProtoICMP {
-		pkt.ICMPType, pkt.ICMPKnown = 8, true // an echo request: what opens an ICMP flow
+	// An echo request is what opens an ICMP flow (a ping); ICMPv6 numbers
+	// it 128, and a rule matching the type must see the family's number.
+	switch pkt.Proto {
+	case rules.ProtoICMP:
+		pkt.ICMPType, pkt.ICMPKnown = 8, true
+	case rules.ProtoICMPv6:
+		pkt.ICMPType, pkt.ICMPKnown = 128, true
 	}
 	return pkt, true
 }
@@ -266,10 +271,16 @@ func answerSeenLeaving(ev *trace.Event, kind rules.ActionKind) bool {
 }
 
 // ruleRecord turns an attribution into the trace's rule object. A policy
-// decision names the chain's policy; an uncertain one says why.
-func ruleRecord(at *rules.Attribution) *trace.Rule {
+// decision names the chain's policy; an uncertain one says why. An
+// ip6tables rule gets family "ip6" (nftables' spelling), since its text
+// alone reads like an IPv4 rule; IPv4 rules leave it empty, as traces
+// always had them.
+func ruleRecord(at *rules.Attribution, fam rules.Family) *trace.Rule {
 	res := at.Result
 	r := &trace.Rule{Table: res.Table, Chain: res.Chain, Path: res.Outcome.Chains()}
+	if fam == rules.IPv6 {
+		r.Family = "ip6"
+	}
 	if res.Outcome.Rule != nil {
 		r.Chain = res.Outcome.Rule.Chain
 		r.Text = res.Outcome.Rule.Text

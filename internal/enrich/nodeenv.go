@@ -47,8 +47,13 @@ type NodeEnv struct {
 var _ Env = (*NodeEnv)(nil)
 
 // kubeProxyServiceSets are the ipsets whose ip,proto:port members are the
-// service ports KUBE-IPVS-FILTER lets through.
-var kubeProxyServiceSets = []string{"KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"}
+// service ports KUBE-IPVS-FILTER lets through. kube-proxy names a set's
+// IPv6 twin with the prefix KUBE-6- (pkg/proxy/ipvs/ipset.go NewIPSet), so
+// a dual-stack node has both.
+var kubeProxyServiceSets = []string{
+	"KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL",
+	"KUBE-6-CLUSTER-IP", "KUBE-6-LOAD-BALANCER", "KUBE-6-EXTERNAL-IP", "KUBE-6-EXTERNAL-IP-LOCAL",
+}
 
 // NewNodeEnv builds the Env of node name from snap; meta may be nil (no
 // metadata: pods and Services stay unnamed). A snapshot part that does not
@@ -233,19 +238,24 @@ func (e *NodeEnv) IPVSService(proto string, vip netip.AddrPort) (trace.IPVSServi
 	return s, ok
 }
 
-// Listener finds a listening socket that would take dst: the same port on
-// dst's address or on a wildcard address.
+// Listener finds the listening socket that would take dst, as the kernel
+// picks it (trace.ListenerRank): the same port on dst's address, else on a
+// wildcard address of dst's family, else a dual-stack [::] for IPv4.
 func (e *NodeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bool) {
-	for _, l := range e.listeners {
+	best, rank := -1, 0
+	for i, l := range e.listeners {
 		ap, err := netip.ParseAddrPort(l.Address)
 		if err != nil || l.Proto != proto || ap.Port() != dst.Port() {
 			continue
 		}
-		if ap.Addr() == dst.Addr() || ap.Addr().IsUnspecified() {
-			return l, true
+		if r := trace.ListenerRank(ap.Addr(), l.V6Only, dst.Addr()); r > rank {
+			best, rank = i, r
 		}
 	}
-	return trace.Listener{}, false
+	if best < 0 {
+		return trace.Listener{}, false
+	}
+	return e.listeners[best], true
 }
 
 func (e *NodeEnv) PodNode(p trace.PodRef) string { return e.meta.PodNode(p) }

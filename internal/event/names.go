@@ -32,7 +32,8 @@ func (r Range) String() string {
 	return s
 }
 
-// ICMPName names common ICMP error type/code pairs as REJECT spells them.
+// ICMPName names common ICMP and ICMPv6 error type/code pairs as REJECT
+// and ip6tables' REJECT spell them.
 func ICMPName(v4 bool, typ, code uint8) string {
 	if v4 && typ == 3 {
 		switch code {
@@ -56,6 +57,27 @@ func ICMPName(v4 bool, typ, code uint8) string {
 	}
 	if v4 && typ == 11 {
 		return "icmp-time-exceeded"
+	}
+	// The spellings match internal/rules' reject table, so a rule's
+	// --reject-with and the ICMPv6 error seen on the wire compare equal.
+	if !v4 && typ == 1 {
+		switch code {
+		case 0:
+			return "icmp6-no-route"
+		case 1:
+			return "icmp6-adm-prohibited"
+		case 3:
+			return "icmp6-addr-unreachable"
+		case 4:
+			return "icmp6-port-unreachable"
+		case 5:
+			return "icmp6-policy-fail"
+		case 6:
+			return "icmp6-reject-route"
+		}
+	}
+	if !v4 && typ == 3 {
+		return "icmp6-time-exceeded"
 	}
 	return fmt.Sprintf("icmp type %d code %d", typ, code)
 }

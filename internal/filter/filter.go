@@ -1,11 +1,14 @@
 // Package filter is the filter language shared by the UI's filter bar and
 // the --filter flag (SPEC.md): pod:NS/NAME or pod:NAME, ns:NS, port:N,
-// ip:ADDR or ip:CIDR, verdict:ID, proto:P and free words. Terms AND
-// together; !term negates one. A filter is compiled once by Parse so that
-// Match over a million stored flows allocates nothing.
+// ip:ADDR or ip:CIDR, verdict:ID, proto:P and free words; an IPv6 address
+// or prefix alone is an ip: term. Terms AND together; !term negates one.
+// A filter is compiled once by Parse so that Match over a million stored
+// flows allocates nothing.
 package filter
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -53,8 +56,11 @@ type term struct {
 	port uint16
 	pfx  netip.Prefix
 	// v4net and v4mask are an IPv4 prefix as integers, matched against
-	// addresses parsed without netip.
+	// addresses parsed without netip; v6net and v6mask an IPv6 one, as
+	// the words of trace.AddrKeys.
 	v4net, v4mask uint32
+	v6net, v6mask [4]uint32
+	v6            bool
 	// portText is ":PORT", matched as a suffix of "IP:PORT".
 	portText string
 	// probe is the needle byte that free-word search looks for first:
@@ -158,6 +164,15 @@ func parseTerm(tok token) (term, error) {
 	if s == "" {
 		return fail("nothing after !: write !term to exclude flows matching term")
 	}
+	if !tok.quoted {
+		// An IPv6 address may start with a group of letters (beef::1),
+		// which would read as a field name.
+		if pfx, ok := parseIPv6(s); ok {
+			t.kind = kindIP
+			t.setPrefix(pfx)
+			return t, nil
+		}
+	}
 	field, value, hasField := strings.Cut(s, ":")
 	if tok.quoted || !hasField || !isFieldName(field) {
 		t.kind, t.text = kindWord, strings.ToLower(s)
@@ -196,15 +211,7 @@ func parseTerm(tok token) (term, error) {
 		if err != nil {
 			return fail("not an IP address or CIDR")
 		}
-		t.pfx = pfx
-		if pfx.Addr().Is4() {
-			a := pfx.Addr().As4()
-			t.v4mask = ^uint32(0) << (32 - pfx.Bits())
-			if pfx.Bits() == 0 {
-				t.v4mask = 0
-			}
-			t.v4net = (uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])) & t.v4mask
-		}
+		t.setPrefix(pfx)
 	case kindVerdict:
 		v := strings.ToLower(value)
 		if !trace.KnownVerdict(v) {
@@ -237,7 +244,48 @@ func isFieldName(s string) bool {
 	return true
 }
 
+func (t *term) setPrefix(pfx netip.Prefix) {
+	t.pfx = pfx
+	if pfx.Addr().Is4() {
+		a := pfx.Addr().As4()
+		t.v4mask = ^uint32(0) << (32 - pfx.Bits())
+		if pfx.Bits() == 0 {
+			t.v4mask = 0
+		}
+		t.v4net = binary.BigEndian.Uint32(a[:]) & t.v4mask
+		return
+	}
+	t.v6 = true
+	a := pfx.Addr().As16()
+	for i := range t.v6mask {
+		bits := min(max(pfx.Bits()-32*i, 0), 32)
+		if bits > 0 {
+			t.v6mask[i] = ^uint32(0) << (32 - bits)
+		}
+		t.v6net[i] = binary.BigEndian.Uint32(a[4*i:]) & t.v6mask[i]
+	}
+}
+
+// parseIPv6 reads a term that is an IPv6 address or prefix, bracketed or
+// not.
+func parseIPv6(s string) (netip.Prefix, bool) {
+	if !strings.Contains(s, ":") {
+		return netip.Prefix{}, false
+	}
+	p, err := parseIPOrCIDR(s)
+	return p, err == nil
+}
+
+// parseIPOrCIDR reads an address or prefix; an IPv6 one may be bracketed
+// as in "[fd00::1]:80" ("[fd00::1]", "[fd00::]/64" or "[fd00::/64]").
 func parseIPOrCIDR(s string) (netip.Prefix, error) {
+	if inner, ok := strings.CutPrefix(s, "["); ok {
+		addr, rest, ok := strings.Cut(inner, "]")
+		if !ok || !strings.Contains(addr, ":") || rest != "" && (rest[0] != '/' || strings.Contains(addr, "/")) {
+			return netip.Prefix{}, errors.New("brackets hold an IPv6 address or prefix")
+		}
+		s = addr + rest
+	}
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		return p.Masked(), err

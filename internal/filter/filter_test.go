@@ -152,10 +152,11 @@ func TestContainsFold(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"port:3306", "!verdict:ok pod:db/x", `"a b" ip:10.0.0.0/8`, "!", `"`, "ns:", "ip:::1"} {
+	for _, s := range []string{"port:3306", "!verdict:ok pod:db/x", `"a b" ip:10.0.0.0/8`, "!", `"`, "ns:", "ip:::1",
+		"beef::1", "!cafe:1::/32", "ip:[fd00::1]", "[fd00::1]:80", "ip:[fd00::]/64"} {
 		f.Add(s)
 	}
-	flows := incidentFlows(f)
+	flows := append(incidentFlows(f), ipv6Flows()...)
 	f.Fuzz(func(t *testing.T, expr string) {
 		flt, err := Parse(expr)
 		if err != nil {
@@ -164,8 +165,11 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		for _, fl := range flows {
-			flt.Match(fl)
+		for i, fl := range flows {
+			k := trace.KeysOf(fl)
+			if a, b := flt.Match(fl), flt.MatchKeyed(fl, &k); a != b {
+				t.Errorf("%q flow %d: Match %v, MatchKeyed %v", expr, i, a, b)
+			}
 		}
 		flt.KernelTerms()
 	})
@@ -177,8 +181,10 @@ func TestMatchKeyedAgreesWithMatch(t *testing.T) {
 	flows := incidentFlows(t)
 	flows = append(flows, &trace.Flow{Proto: "tcp", Orig: trace.Tuple{Src: "[fd00::1]:5000", Dst: "[fd00::2]:3306"},
 		Events: []trace.Event{{Kind: trace.KindDNAT, To: "10.0.0.1-10.0.0.9:3300-3310"}}})
+	flows = append(flows, ipv6Flows()...)
 	for _, expr := range []string{"port:3306", "port:7", "port:3305", "!port:53", "ip:10.96.0.20", "ip:10.0.0.5",
-		"ip:10.244.0.0/16", "ip:192.168.1.20", "ip:fd00::/64", "ip:0.0.0.0/0", "port:8080 ip:10.244.3.8", "proto:tcp port:443"} {
+		"ip:10.244.0.0/16", "ip:192.168.1.20", "ip:fd00::/64", "ip:0.0.0.0/0", "port:8080 ip:10.244.3.8", "proto:tcp port:443",
+		"ip:beef::1", "ip:fd00::10", "ip:fd00::/125", "ip:::/0", "ip:cafe:1::/33", "port:40000 ip:cafe::/16", "!ip:beef::/16"} {
 		f := MustParse(expr)
 		for i, fl := range flows {
 			k := trace.KeysOf(fl)

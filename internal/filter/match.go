@@ -314,8 +314,8 @@ func equalFoldLower(s, needle string) bool {
 }
 
 // MatchKeyed is Match with the flow's address keys from the Store: port:
-// and ip: terms over IPv4 flows compare integers instead of parsing the
-// flow's address strings.
+// and ip: terms compare integers instead of parsing the flow's address
+// strings.
 func (f Filter) MatchKeyed(fl *trace.Flow, k *trace.AddrKeys) bool {
 	return f.matchKeyed(fl, k, nil)
 }
@@ -331,7 +331,7 @@ func (f Filter) matchKeyed(fl *trace.Flow, k *trace.AddrKeys, memos []memo) bool
 			ok = t.matchWordMemo(fl, &memos[i])
 		case t.kind == kindPort && k.Complete:
 			ok = t.portIn(k)
-		case t.kind == kindIP && k.Complete && t.pfx.Addr().Is4():
+		case t.kind == kindIP && k.Complete:
 			ok = t.ipIn(k)
 		default:
 			ok = t.match(fl)
@@ -353,8 +353,21 @@ func (t *term) portIn(k *trace.AddrKeys) bool {
 }
 
 func (t *term) ipIn(k *trace.AddrKeys) bool {
-	for _, a := range k.IPv4[:k.NIPv4] {
-		if a&t.v4mask == t.v4net {
+	if t.v6 != k.IPv6 {
+		return false
+	}
+	if !k.IPv6 {
+		for _, a := range k.Addrs[:k.NAddrs] {
+			if a&t.v4mask == t.v4net {
+				return true
+			}
+		}
+		return false
+	}
+	m, n := &t.v6mask, &t.v6net
+	for i := 0; i < 4*int(k.NAddrs); i += 4 {
+		a := k.Addrs[i : i+4 : i+4]
+		if a[0]&m[0] == n[0] && a[1]&m[1] == n[1] && a[2]&m[2] == n[2] && a[3]&m[3] == n[3] {
 			return true
 		}
 	}

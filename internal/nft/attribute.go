@@ -309,11 +309,27 @@ func (n natSpec) choiceAgrees(to, orig netip.AddrPort, src bool) error {
 	return fmt.Errorf("%s to one of %s: the kernel chose %s", n.kind, strings.Join(texts, ", "), to)
 }
 
-func (c natChoice) text() string {
-	if c.port == nil {
-		return c.addr.text
+func (c natChoice) text() string { return natTarget(&c.addr, c.port) }
+
+// natTarget writes a NAT's address and port as nft does: an IPv6 address
+// with a port is bracketed (`[fd00::1]:80`, `[fd00::1]-[fd00::3]:80`) so
+// the port is not read as part of it.
+func natTarget(addr, port *keyPart) string {
+	var b strings.Builder
+	if addr != nil {
+		switch {
+		case port == nil || !addr.lo.addr.Is6():
+			b.WriteString(addr.text)
+		case addr.lo.addr != addr.hi.addr && !strings.Contains(addr.text, "/"):
+			b.WriteString("[" + addr.lo.addr.String() + "]-[" + addr.hi.addr.String() + "]")
+		default:
+			b.WriteString("[" + addr.text + "]")
+		}
 	}
-	return c.addr.text + ":" + c.port.text
+	if port != nil {
+		b.WriteString(":" + port.text)
+	}
+	return b.String()
 }
 
 // portAgrees: without a port a DNAT keeps the original one; an SNAT or
@@ -332,13 +348,4 @@ func (n natSpec) portAgrees(to, orig uint16, src bool) error {
 }
 
 // Target renders a NAT's destination as nft prints it ("10.0.0.2:80").
-func (o *Outcome) Target() string {
-	var b strings.Builder
-	if o.NAT.addr != nil {
-		b.WriteString(o.NAT.addr.text)
-	}
-	if o.NAT.port != nil {
-		b.WriteString(":" + o.NAT.port.text)
-	}
-	return b.String()
-}
+func (o *Outcome) Target() string { return natTarget(o.NAT.addr, o.NAT.port) }

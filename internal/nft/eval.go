@@ -220,6 +220,12 @@ func (w *walker) rule(r *Rule, b branch, depth int) (cont, ret []branch) {
 			case sReject:
 				w.end(rules.VerdictReject, r, a, nil).Reject = s.reject
 			case sNAT:
+				if f := s.nat.family; (f == "ip" || f == "ip6") && f != w.env.family {
+					// nft_nat_inet_eval leaves the packet alone and the
+					// rule's next statement runs.
+					next = append(next, a)
+					break
+				}
 				o := w.end(natVerdict[s.nat.kind], r, a, nil)
 				o.NAT = s.nat
 			default:

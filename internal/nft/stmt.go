@@ -58,9 +58,11 @@ type natSpec struct {
 	// choices are the targets of an address taken from a numgen map that
 	// covers every number (kube-proxy's multi-endpoint DNAT): the kernel
 	// picked one of them.
-	choices    []natChoice
-	flags      []string
-	familyHint string
+	choices []natChoice
+	flags   []string
+	// family is the one the statement names (`dnat ip to`, which inet
+	// tables require); the kernel skips it for a packet of the other one.
+	family string
 }
 
 var nopStmts = map[string]bool{"counter": true, "log": true, "notrack": true, "quota": false, "limit": false,
@@ -251,7 +253,7 @@ func readNAT(kind string, raw any) (stmt, error) {
 	if !ok {
 		return stmt{}, fmt.Errorf("%s %s not read", kind, clip(raw))
 	}
-	n.familyHint, _ = m["family"].(string)
+	n.family, _ = m["family"].(string)
 	switch f := m["flags"].(type) {
 	case string:
 		n.flags = []string{f}

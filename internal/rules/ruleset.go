@@ -230,13 +230,14 @@ func (n NATRange) String() string {
 	var b strings.Builder
 	if n.hasAddr() {
 		a := n.MinAddr.String()
+		if n.MaxAddr != n.MinAddr {
+			a += "-" + n.MaxAddr.String()
+		}
 		if n.MinAddr.Is6() {
+			// Bracketed whole, as ip6tables writes it: `[a-b]:port`.
 			a = "[" + a + "]"
 		}
 		b.WriteString(a)
-		if n.MaxAddr != n.MinAddr {
-			b.WriteString("-" + n.MaxAddr.String())
-		}
 	}
 	if n.hasPort() {
 		fmt.Fprintf(&b, ":%d", n.MinPort)

@@ -1,26 +1,39 @@
 package trace
 
 import (
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
 // AddrKeys is a compact summary of every address a flow carries (its
 // tuples, and each event's packet, conntrack tuples, NAT target and IPVS
-// virtual server): the distinct IPv4 addresses and ports. The Store keeps
-// one per flow in a dense array, so a port: or ip: filter over a million
+// virtual server): the distinct addresses and ports. The Store keeps one
+// per flow in a dense array, so a port: or ip: filter over a million
 // flows compares integers instead of parsing strings. When a flow has an
-// address that does not fit (IPv6, a NAT range, too many), Complete is
-// false and filters use the flow itself.
+// address that does not fit (a NAT range, a zoned address, both families,
+// too many), Complete is false and filters use the flow itself.
 type AddrKeys struct {
-	IPv4     [maxKeys]uint32
-	Ports    [maxKeys]uint16
-	NIPv4    uint8
+	// Addrs holds the addresses as 32-bit words, most significant first:
+	// one word for an IPv4 address, four for an IPv6 one (IPv6 says
+	// which). The families share the words because a flow's addresses are
+	// all of one family, and the Store holds a key for every flow.
+	Addrs [addrWords]uint32
+	Ports [maxKeys]uint16
+	// NAddrs counts addresses, not words.
+	NAddrs   uint8
 	NPorts   uint8
+	IPv6     bool
 	Complete bool
 }
 
-const maxKeys = 6
+const (
+	maxKeys = 6
+	// addrWords holds 16 IPv4 addresses or 4 IPv6 ones: a DNAT'd and
+	// masqueraded connection has four (client, Service, backend, node).
+	addrWords = 16
+)
 
 // KeysOf computes a flow's AddrKeys.
 func KeysOf(f *Flow) AddrKeys {
@@ -45,7 +58,8 @@ func (k *AddrKeys) addTuple(t *Tuple) {
 	}
 }
 
-// add records one "IP:PORT" or bare "IP" (a SNAT target without port).
+// add records one "IP:PORT", "[IPv6]:PORT" or bare "IP" (a SNAT target
+// without port).
 func (k *AddrKeys) add(s string) {
 	if s == "" || !k.Complete {
 		return
@@ -54,12 +68,12 @@ func (k *AddrKeys) add(s string) {
 		k.Complete = false // a NAT range
 		return
 	}
-	if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr().Is4() {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
 		k.addIP(ap.Addr())
 		k.addPort(ap.Port())
 		return
 	}
-	if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+	if a, err := netip.ParseAddr(s); err == nil {
 		k.addIP(a)
 		return
 	}
@@ -67,19 +81,38 @@ func (k *AddrKeys) add(s string) {
 }
 
 func (k *AddrKeys) addIP(a netip.Addr) {
-	b := a.As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	for _, x := range k.IPv4[:k.NIPv4] {
-		if x == v {
-			return
-		}
-	}
-	if int(k.NIPv4) == maxKeys {
+	// The filter matches a mapped address as the IPv4 one, and no prefix
+	// holds a zoned address.
+	a = a.Unmap()
+	if a.Zone() != "" || (k.NAddrs > 0 && a.Is6() != k.IPv6) {
 		k.Complete = false
 		return
 	}
-	k.IPv4[k.NIPv4] = v
-	k.NIPv4++
+	k.IPv6 = a.Is6()
+	var w [4]uint32
+	n := 1
+	if a.Is4() {
+		b := a.As4()
+		w[0] = binary.BigEndian.Uint32(b[:])
+	} else {
+		b := a.As16()
+		for i := range w {
+			w[i] = binary.BigEndian.Uint32(b[4*i:])
+		}
+		n = 4
+	}
+	held := k.Addrs[:int(k.NAddrs)*n]
+	for i := 0; i < len(held); i += n {
+		if slices.Equal(held[i:i+n], w[:n]) {
+			return
+		}
+	}
+	if len(held)+n > addrWords {
+		k.Complete = false
+		return
+	}
+	copy(k.Addrs[len(held):], w[:n])
+	k.NAddrs++
 }
 
 func (k *AddrKeys) addPort(p uint16) {

@@ -121,6 +121,36 @@ type Listener struct {
 	Proto   string `json:"proto"`
 	Address string `json:"address"` // IP:PORT
 	Process string `json:"process,omitempty"`
+	// V6Only is an IPv6 socket with IPV6_V6ONLY, which takes no IPv4: it
+	// tells a [::] listener that takes IPv6 only from a dual-stack one.
+	// Traces older than the field read as dual-stack, Linux's default.
+	V6Only bool `json:"v6only,omitempty"`
+}
+
+// ListenerRank says whether a socket listening on addr (V6ONLY or not)
+// takes a connection to dst, and how the kernel prefers it: 3 bound to dst
+// itself, 2 a wildcard of dst's family, 1 a dual-stack [::] taking IPv4, 0
+// not at all. A 0.0.0.0 socket takes no IPv6. The live node state and a
+// trace's replay both ask it, so they name the same listener.
+func ListenerRank(addr netip.Addr, v6only bool, dst netip.Addr) int {
+	dst = dst.Unmap()
+	switch {
+	case !addr.IsValid() || !dst.IsValid():
+		return 0
+	case addr.Unmap() == dst:
+		return 3
+	case !addr.IsUnspecified():
+		return 0
+	case addr.Is4():
+		if dst.Is4() {
+			return 2
+		}
+	case dst.Is6():
+		return 2
+	case !v6only:
+		return 1
+	}
+	return 0
 }
 
 // Pod is the part of a pod's metadata the tracer uses.
@@ -232,7 +262,7 @@ type Rule struct {
 	Backend string `json:"backend,omitempty"`
 	// Family, Handle and Element identify a native nftables rule: its
 	// table's family (ip, ip6, inet), its handle, and the map element that
-	// sent the packet to it.
+	// sent the packet to it. An ip6tables rule has Family "ip6" too.
 	Family     string       `json:"family,omitempty"`
 	Handle     uint64       `json:"handle,omitempty"`
 	Element    *RuleElement `json:"element,omitempty"`

@@ -110,6 +110,8 @@ func ruleLines(f *trace.Flow, width int) []string {
 	}
 	if r.NFTables() {
 		out = append(out, fmt.Sprintf("  nftables table %s %s: %s (handle %d)", r.Family, r.Table, strings.Join(path, " → "), r.Handle))
+	} else if r.Family == "ip6" {
+		out = append(out, "  ip6tables table "+r.Table+": "+strings.Join(path, " → "))
 	} else {
 		out = append(out, "  table "+r.Table+": "+strings.Join(path, " → "))
 	}

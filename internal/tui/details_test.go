@@ -25,3 +25,15 @@ func TestRuleLinesNFTables(t *testing.T) {
 		}
 	}
 }
+
+// An ip6tables rule is named as one: its text alone reads like an
+// iptables rule.
+func TestRuleLinesIP6Tables(t *testing.T) {
+	f := &trace.Flow{Rule: &trace.Rule{Family: "ip6", Table: "nat", Chain: "CNI-DN-abc",
+		Path: []string{"PREROUTING", "CNI-HOSTPORT-DNAT", "CNI-DN-abc"},
+		Text: "-A CNI-DN-abc -p tcp -m tcp --dport 80 -j DNAT --to-destination [fd44:1::2]:8080"}}
+	got := ansi.Strip(strings.Join(ruleLines(f, 120), "\n"))
+	if want := "ip6tables table nat: PREROUTING → CNI-HOSTPORT-DNAT → CNI-DN-abc"; !strings.Contains(got, want) {
+		t.Errorf("rule lines lack %q:\n%s", want, got)
+	}
+}

@@ -20,43 +20,65 @@ type layout struct {
 
 const (
 	markerWidth = 2
-	protoWidth  = 5
+	protoWidth  = 6   // "icmpv6"
 	wideFrom    = 120 // terminal width from which the wide layout is used
 )
 
-func layoutFor(width int) layout {
+// The pods column keeps this many cells when the flow column grows.
+const (
+	minPodsWide   = 30
+	minPodsNarrow = 12
+)
+
+// layoutFor lays the columns out for a terminal width. flowNeed is the
+// widest flow text on screen: IPv6 tuples are much longer than IPv4 ones,
+// so the flow column grows past its usual width to show them whole, as
+// far as the pods column keeps minPods cells.
+func layoutFor(width, flowNeed int) layout {
 	l := layout{time: 8, verdict: 15, timeFormat: "15:04:05", flowTitle: "dst ⇒ went to", podsTitle: "service / pods"}
 	if width >= wideFrom {
 		l = layout{wide: true, time: 12, verdict: 22, timeFormat: "15:04:05.000", flowTitle: "orig src → dst ⇒ went to (reply src)", podsTitle: "service / pods / rule owner"}
 	}
 	rest := width - markerWidth - l.time - protoWidth - l.verdict - 4 // 4 gaps
 	l.flow = min(max(rest*11/20, 10), 57)
+	minPods := minPodsWide
 	if !l.wide {
 		l.flow = min(max(rest*3/4, 10), 33)
+		minPods = minPodsNarrow
+	}
+	if flowNeed > l.flow {
+		l.flow = max(l.flow, min(flowNeed, rest-1-minPods))
 	}
 	l.pods = max(rest-l.flow-1, 0)
 	return l
 }
 
 func (m *Model) tableLines() []string {
-	l := layoutFor(m.width)
+	wide := m.width >= wideFrom
+	var flows []*trace.Flow
+	var texts []string
+	need := 0
+	for r := m.top; r < m.top+m.tableRows() && r < m.flows.count(); r++ {
+		f := m.flows.view.At(m.rowFlow(r))
+		flows, texts = append(flows, f), append(texts, flowText(f, wide))
+		need = max(need, ansi.StringWidth(texts[len(texts)-1]))
+	}
+	l := layoutFor(m.width, need)
 	out := []string{styleColumns.Render(ansi.Truncate(
 		strings.Repeat(" ", markerWidth)+pad("time", l.time)+" "+pad("proto", protoWidth)+" "+
 			pad("verdict", l.verdict)+" "+pad(l.flowTitle, l.flow)+" "+pad(l.podsTitle, l.pods), m.width, ""))}
-	rows := m.tableRows()
 	if m.flows.count() == 0 {
 		return append(out, m.emptyLines()...)
 	}
-	for r := m.top; r < m.top+rows && r < m.flows.count(); r++ {
-		f := m.flows.view.At(m.rowFlow(r))
-		out = append(out, m.row(f, l, r == m.cur))
+	for i, f := range flows {
+		out = append(out, m.row(f, texts[i], l, m.top+i == m.cur))
 	}
 	return out
 }
 
 // row renders one flow. The selected row has a marker as well as reverse
 // video, so it shows without colour too.
-func (m *Model) row(f *trace.Flow, l layout, selected bool) string {
+func (m *Model) row(f *trace.Flow, flow string, l layout, selected bool) string {
 	look := lookOf(f.Verdict)
 	verdict := look.symbol + " " + look.short
 	if l.wide && f.Verdict != "" {
@@ -70,7 +92,7 @@ func (m *Model) row(f *trace.Flow, l layout, selected bool) string {
 		pad(f.Time.UTC().Format(l.timeFormat), l.time),
 		pad(f.Proto, protoWidth),
 		pad(verdict, l.verdict),
-		pad(flowText(f, l.wide), l.flow),
+		pad(flow, l.flow),
 		pad(podsText(f, l.wide), l.pods),
 	}
 	if selected {

@@ -88,6 +88,7 @@ func TestScreensGolden(t *testing.T) {
 		{"empty", func(t *testing.T) Source { return Source{Header: incidentSource(t).Header, Live: true} }, ""},
 		{"no-match", func(t *testing.T) Source { return incidentSource(t) }, "/port:1\n"},
 		{"filter-error", func(t *testing.T) Source { return incidentSource(t) }, "/port:abc"},
+		{"ipv6", ipv6Source, ""},
 	}
 	for _, size := range [][2]int{{80, 24}, {160, 48}} {
 		for _, s := range screens {
@@ -291,7 +292,7 @@ func TestEveryVerdictHasALookAndAKey(t *testing.T) {
 			t.Errorf("verdicts %s and %s share the symbol %s", other, v, l.symbol)
 		}
 		symbols[l.symbol] = v
-		if w := ansi.StringWidth(l.symbol + " " + l.short); w > layoutFor(80).verdict {
+		if w := ansi.StringWidth(l.symbol + " " + l.short); w > layoutFor(80, 0).verdict {
 			t.Errorf("%s: %q is %d cells, wider than the narrow verdict column", v, l.short, w)
 		}
 		m := New(incidentSource(t), Options{Now: fixedNow})

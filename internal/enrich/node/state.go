@@ -188,31 +188,20 @@ func (s *State) Notes() []string {
 // datagram) to ap: one bound to ap's address, else a wildcard one of the
 // same family (or [::] without V6ONLY for IPv4), as the kernel prefers.
 func (s *State) Listening(proto string, ap netip.AddrPort) (Listener, bool) {
-	a := ap.Addr().Unmap()
-	var wild *Listener
+	best, rank := -1, 0
 	for i := range s.listeners {
 		l := &s.listeners[i]
 		if l.Proto != proto || l.Addr.Port() != ap.Port() {
 			continue
 		}
-		la := l.Addr.Addr()
-		switch {
-		case la.Unmap() == a:
-			return *l, true
-		case la.IsUnspecified() && la.Is4() && a.Is4():
-			wild = l
-		case la.IsUnspecified() && la.Is6() && (a.Is6() || !l.V6Only):
-			// For IPv4, a 0.0.0.0 socket is preferred over a dual-stack
-			// [::] one; for IPv6 only [::] can match.
-			if wild == nil {
-				wild = l
-			}
+		if r := trace.ListenerRank(l.Addr.Addr(), l.V6Only, ap.Addr()); r > rank {
+			best, rank = i, r
 		}
 	}
-	if wild != nil {
-		return *wild, true
+	if best < 0 {
+		return Listener{}, false
 	}
-	return Listener{}, false
+	return s.listeners[best], true
 }
 
 // Snapshot is the state as a trace header records it.
@@ -242,7 +231,7 @@ func (s *State) Snapshot() *trace.Snapshot {
 	}
 	snap.NFTables = s.nftRuleset
 	for _, l := range s.listeners {
-		snap.Listeners = append(snap.Listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process})
+		snap.Listeners = append(snap.Listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process, V6Only: l.V6Only})
 	}
 	return snap
 }

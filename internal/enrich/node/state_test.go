@@ -133,23 +133,27 @@ func TestIsLocalAndNodeState(t *testing.T) {
 	}
 }
 
+// listeningCases are the sample state's listeners' answers, live and after
+// a trace replay alike.
+var listeningCases = []struct {
+	proto, dst string
+	want       string // listener address, "" for none
+}{
+	{"tcp", "127.0.0.1:80", "127.0.0.1:80"}, // exact beats wildcard
+	{"tcp", "10.96.0.10:80", "0.0.0.0:80"},
+	{"tcp", "[fd00::1]:80", ""}, // 0.0.0.0 takes no IPv6
+	{"tcp", "10.0.0.1:443", "[::]:443"},
+	{"tcp", "[fd00::1]:443", "[::]:443"},
+	{"tcp", "10.0.0.1:8443", ""}, // V6ONLY
+	{"tcp", "[::1]:8443", "[::]:8443"},
+	{"udp", "10.96.0.10:53", "10.96.0.10:53"},
+	{"udp", "10.96.0.11:53", ""},
+	{"tcp", "10.96.0.10:53", ""},
+}
+
 func TestListening(t *testing.T) {
 	st := sampleState(t)
-	for _, c := range []struct {
-		proto, dst string
-		want       string // listener address, "" for none
-	}{
-		{"tcp", "127.0.0.1:80", "127.0.0.1:80"}, // exact beats wildcard
-		{"tcp", "10.96.0.10:80", "0.0.0.0:80"},
-		{"tcp", "[fd00::1]:80", ""}, // 0.0.0.0 takes no IPv6
-		{"tcp", "10.0.0.1:443", "[::]:443"},
-		{"tcp", "[fd00::1]:443", "[::]:443"},
-		{"tcp", "10.0.0.1:8443", ""}, // V6ONLY
-		{"tcp", "[::1]:8443", "[::]:8443"},
-		{"udp", "10.96.0.10:53", "10.96.0.10:53"},
-		{"udp", "10.96.0.11:53", ""},
-		{"tcp", "10.96.0.10:53", ""},
-	} {
+	for _, c := range listeningCases {
 		l, ok := st.Listening(c.proto, netip.MustParseAddrPort(c.dst))
 		got := ""
 		if ok {
@@ -190,6 +194,19 @@ func TestSnapshotReplays(t *testing.T) {
 	}
 	if l, ok := env.Listener("tcp", netip.MustParseAddrPort("10.0.0.1:80")); !ok || l.Process != "nginx[12]" {
 		t.Errorf("listener after replay %+v %v", l, ok)
+	}
+	if back.Listeners[3].Address != "[::]:8443" || !back.Listeners[3].V6Only {
+		t.Errorf("V6ONLY lost in the snapshot: %+v", back.Listeners[3])
+	}
+	for _, c := range listeningCases {
+		l, ok := env.Listener(c.proto, netip.MustParseAddrPort(c.dst))
+		got := ""
+		if ok {
+			got = l.Address
+		}
+		if got != c.want {
+			t.Errorf("after replay Listener(%s %s) = %q, want %q", c.proto, c.dst, got, c.want)
+		}
 	}
 	if v, ok := env.IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80")); !ok || len(v.Reals) != 2 {
 		t.Errorf("ipvs after replay %+v", v)
