@@ -33,9 +33,9 @@ func (c *cluster) serve(ns netlab.Namespace, name string, ports []containerPort)
 		var err error
 		switch p.Proto {
 		case "tcp":
-			err = c.serveTCP(ns, name, p.Port)
+			err = c.serveTCP(ns, name, c.network("tcp"), p.Port)
 		case "udp":
-			err = c.serveUDP(ns, name, p.Port)
+			err = c.serveUDP(ns, name, c.network("udp"), p.Port)
 		default:
 			err = fmt.Errorf("unknown protocol %q", p.Proto)
 		}
@@ -46,11 +46,38 @@ func (c *cluster) serve(ns netlab.Namespace, name string, ports []containerPort)
 	return nil
 }
 
-func (c *cluster) serveTCP(ns netlab.Namespace, name string, port int) error {
+// network is what the servers listen on: IPv4 only, or in a dual-stack
+// cluster one dual-stack socket ([::] without IPV6_V6ONLY) for both
+// families, as most servers do. The socket is asked for explicitly:
+// Go's "tcp" takes dual-stack only where its once-per-process probe,
+// made in whichever namespace it first ran, found IPv4-mapped addresses.
+func (c *cluster) network(proto string) string {
+	if c.dualStack {
+		return proto + "6"
+	}
+	return proto + "4"
+}
+
+// listenConfig clears IPV6_V6ONLY, which Go sets on every tcp6 and udp6
+// socket, so an IPv6 wildcard socket takes IPv4 too.
+var listenConfig = net.ListenConfig{Control: func(network, _ string, rc syscall.RawConn) error {
+	if network != "tcp6" && network != "udp6" {
+		return nil
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+	}); err != nil {
+		return err
+	}
+	return serr
+}}
+
+func (c *cluster) serveTCP(ns netlab.Namespace, name, network string, port int) error {
 	var ln net.Listener
 	err := ns.Do(func() error {
 		var err error
-		ln, err = net.Listen("tcp4", ":"+strconv.Itoa(port))
+		ln, err = listenConfig.Listen(context.Background(), network, ":"+strconv.Itoa(port))
 		return err
 	})
 	if err != nil {
@@ -73,11 +100,11 @@ func (c *cluster) serveTCP(ns netlab.Namespace, name string, port int) error {
 	return nil
 }
 
-func (c *cluster) serveUDP(ns netlab.Namespace, name string, port int) error {
+func (c *cluster) serveUDP(ns netlab.Namespace, name, network string, port int) error {
 	var pc net.PacketConn
 	err := ns.Do(func() error {
 		var err error
-		pc, err = net.ListenPacket("udp4", ":"+strconv.Itoa(port))
+		pc, err = listenConfig.ListenPacket(context.Background(), network, ":"+strconv.Itoa(port))
 		return err
 	})
 	if err != nil {
@@ -105,7 +132,7 @@ func dialTCP(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (src, 
 	err = ns.Do(func() error {
 		var port int
 		d := net.Dialer{Timeout: connectTimeout, Control: bindControl(srcIP, &port)}
-		conn, derr := d.DialContext(ctx, "tcp4", dst)
+		conn, derr := d.DialContext(ctx, familyNetwork("tcp", srcIP), dst)
 		src = net.JoinHostPort(srcIP, strconv.Itoa(port))
 		if derr != nil {
 			saw = classify(derr)
@@ -127,20 +154,41 @@ func dialTCP(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (src, 
 	return src, saw, nil
 }
 
+// familyNetwork is proto4 or proto6, by the family of the source address.
+func familyNetwork(proto, srcIP string) string {
+	if strings.Contains(srcIP, ":") {
+		return proto + "6"
+	}
+	return proto + "4"
+}
+
 // bindControl binds the socket to ip with an ephemeral port before connect
 // and records the port.
 func bindControl(ip string, port *int) func(string, string, syscall.RawConn) error {
 	return func(_, _ string, rc syscall.RawConn) error {
 		var berr error
 		err := rc.Control(func(fd uintptr) {
-			sa := &unix.SockaddrInet4{}
-			copy(sa.Addr[:], net.ParseIP(ip).To4())
+			var sa unix.Sockaddr
+			if a := net.ParseIP(ip); a.To4() != nil {
+				sa4 := &unix.SockaddrInet4{}
+				copy(sa4.Addr[:], a.To4())
+				sa = sa4
+			} else {
+				sa6 := &unix.SockaddrInet6{}
+				copy(sa6.Addr[:], a.To16())
+				sa = sa6
+			}
 			if berr = unix.Bind(int(fd), sa); berr != nil {
 				return
 			}
 			var got unix.Sockaddr
 			if got, berr = unix.Getsockname(int(fd)); berr == nil {
-				*port = got.(*unix.SockaddrInet4).Port
+				switch g := got.(type) {
+				case *unix.SockaddrInet4:
+					*port = g.Port
+				case *unix.SockaddrInet6:
+					*port = g.Port
+				}
 			}
 		})
 		if err != nil {
@@ -175,11 +223,12 @@ func classify(err error) string {
 // answer.
 func exchangeUDP(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (src, saw string, err error) {
 	err = ns.Do(func() error {
-		raddr, err := net.ResolveUDPAddr("udp4", dst)
+		network := familyNetwork("udp", srcIP)
+		raddr, err := net.ResolveUDPAddr(network, dst)
 		if err != nil {
 			return err
 		}
-		conn, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(srcIP)}, raddr)
+		conn, err := net.DialUDP(network, &net.UDPAddr{IP: net.ParseIP(srcIP)}, raddr)
 		if err != nil {
 			return err
 		}

@@ -129,6 +129,7 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 		if p.Rule.Backend == backendNFT {
 			wrong = append(wrong, compareNFTRule(r, *p.Rule)...)
 		} else {
+			differ("rule family", r.Family, p.Rule.Family)
 			differ("rule", r.Text, p.Rule.Text)
 		}
 		mention("the rule's chain", p.Rule.Chain)

@@ -24,7 +24,7 @@ func TestParseRuleCounters(t *testing.T) {
 	if len(m) != 5 {
 		t.Fatalf("want 5 rules (the duplicate kept apart), got %d: %v", len(m), m)
 	}
-	if n := m[ruleKey{"nat", "-A CNI-DN-abc -p tcp -m tcp --dport 3306 -j DNAT --to-destination 10.244.2.2:3306"}]; n != 1 {
+	if n := m[ruleKey{table: "nat", text: "-A CNI-DN-abc -p tcp -m tcp --dport 3306 -j DNAT --to-destination 10.244.2.2:3306"}]; n != 1 {
 		t.Errorf("DNAT rule counted %d, want 1", n)
 	}
 }
@@ -37,7 +37,7 @@ func TestHitsKeepOnlyDecidingRulesThatCounted(t *testing.T) {
 		t.Fatalf("hits = %+v, want the one DNAT rule of CNI-DN-abc", got)
 	}
 	c := &cluster{pods: []*pod{{namespace: "db-b", name: "mysql-b", sandboxID: "0a1b"}}}
-	if o := c.portmapOwner(after, "CNI-DN-abc"); o != "db-b/mysql-b" {
+	if o := c.portmapOwner(after, "", "CNI-DN-abc"); o != "db-b/mysql-b" {
 		t.Errorf("owner %q, want db-b/mysql-b from portmap's comment", o)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
@@ -30,6 +32,9 @@ type cluster struct {
 	lan      netlab.Namespace
 	lanPorts int
 	stateDir string
+	// dualStack gives nodes, pods and outside hosts an IPv6 address
+	// beside the IPv4 one (ip6Of), and the servers listen on both.
+	dualStack bool
 
 	nodes    []*node
 	outside  []*host
@@ -45,7 +50,9 @@ type node struct {
 	ns      netlab.Namespace
 	ip      string // on the LAN
 	podCIDR string
-	kp      *kubeProxy
+	// ip6 and podCIDR6 are the IPv6 twins of a dual-stack cluster's node.
+	ip6, podCIDR6 string
+	kp            *kubeProxy
 	// kpNFT is kube-proxy in nftables mode, instead of kp.
 	kpNFT *kubeProxyNFT
 	// portmapNFT is the portmap release whose nftables backend writes the
@@ -68,6 +75,7 @@ type host struct {
 	name string
 	ns   netlab.Namespace
 	ip   string
+	ip6  string // in a dual-stack cluster
 }
 
 func newCluster(env *Env, scenario string) (*cluster, error) {
@@ -94,10 +102,24 @@ func newCluster(env *Env, scenario string) (*cluster, error) {
 	return c, nil
 }
 
-// plug connects ns to the LAN bridge with eth0 = cidr. The veth is created
-// inside the LAN namespace with its peer directly in ns, so the host's
-// namespace never holds either end.
-func (c *cluster) plug(ns netlab.Namespace, cidr string) error {
+// The IPv6 twins of the cluster's IPv4 addresses in a dual-stack
+// cluster: the LAN 172.18.0.0/24 is fd18::/64 (172.18.0.N is fd18::N),
+// node-N's pod CIDR 10.244.N.0/24 is fd44:N::/64.
+const lanCIDRBits6 = "/64"
+
+func ip6Of(lanIP string) string {
+	return "fd18::" + lanIP[strings.LastIndexByte(lanIP, '.')+1:]
+}
+
+func podCIDR6Of(podCIDR string) string {
+	third := strings.Split(podCIDR, ".")[2]
+	return "fd44:" + third + "::/64"
+}
+
+// plug connects ns to the LAN bridge with eth0 = cidr (and cidr6 when
+// set). The veth is created inside the LAN namespace with its peer
+// directly in ns, so the host's namespace never holds either end.
+func (c *cluster) plug(ns netlab.Namespace, cidr, cidr6 string) error {
 	port := fmt.Sprintf("lp%d", c.lanPorts)
 	c.lanPorts++
 	if _, err := c.lan.Run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns.Name); err != nil {
@@ -106,10 +128,12 @@ func (c *cluster) plug(ns netlab.Namespace, cidr string) error {
 	if _, err := c.lan.Run("ip", "link", "set", port, "master", "br0", "up"); err != nil {
 		return fmt.Errorf("plug %s into lan: %w", ns.Name, err)
 	}
-	return runAll(ns, [][]string{
-		{"ip", "addr", "add", cidr, "dev", "eth0"},
-		{"ip", "link", "set", "eth0", "up"},
-	})
+	cmds := [][]string{{"ip", "addr", "add", cidr, "dev", "eth0"}}
+	if cidr6 != "" {
+		// nodad: usable at once; the lab's addresses are unique by design.
+		cmds = append(cmds, []string{"ip", "-6", "addr", "add", cidr6, "dev", "eth0", "nodad"})
+	}
+	return runAll(ns, append(cmds, []string{"ip", "link", "set", "eth0", "up"}))
 }
 
 // addNode creates a node with eth0 = ip on the LAN and podCIDR for cni0.
@@ -119,7 +143,12 @@ func (c *cluster) addNode(name, ip, podCIDR string) (*node, error) {
 		return nil, fmt.Errorf("create node %s: %w", name, err)
 	}
 	n := &node{name: name, ns: ns, ip: ip, podCIDR: podCIDR}
-	if err := c.plug(ns, ip+lanCIDRBits); err != nil {
+	cidr6 := ""
+	if c.dualStack {
+		n.ip6, n.podCIDR6 = ip6Of(ip), podCIDR6Of(podCIDR)
+		cidr6 = n.ip6 + lanCIDRBits6
+	}
+	if err := c.plug(ns, ip+lanCIDRBits, cidr6); err != nil {
 		return nil, err
 	}
 	// A node forwards; it must not answer a DNAT back out of the interface
@@ -134,6 +163,11 @@ func (c *cluster) addNode(name, ip, podCIDR string) (*node, error) {
 			return nil, fmt.Errorf("node %s: %w", name, err)
 		}
 	}
+	if c.dualStack {
+		if err := ns.Sysctl("net.ipv6.conf.all.forwarding", "1"); err != nil {
+			return nil, fmt.Errorf("node %s: %w", name, err)
+		}
+	}
 	c.nodes = append(c.nodes, n)
 	return n, nil
 }
@@ -145,13 +179,23 @@ func (c *cluster) addOutside(name, ip, gw string) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", name, err)
 	}
-	if err := c.plug(ns, ip+lanCIDRBits); err != nil {
+	h := &host{name: name, ns: ns, ip: ip}
+	cidr6 := ""
+	if c.dualStack {
+		h.ip6 = ip6Of(ip)
+		cidr6 = h.ip6 + lanCIDRBits6
+	}
+	if err := c.plug(ns, ip+lanCIDRBits, cidr6); err != nil {
 		return nil, err
 	}
 	if _, err := ns.Run("ip", "route", "add", "default", "via", gw); err != nil {
 		return nil, fmt.Errorf("route %s via %s: %w", name, gw, err)
 	}
-	h := &host{name: name, ns: ns, ip: ip}
+	if c.dualStack {
+		if _, err := ns.Run("ip", "-6", "route", "add", "default", "via", ip6Of(gw)); err != nil {
+			return nil, fmt.Errorf("route %s via %s: %w", name, ip6Of(gw), err)
+		}
+	}
 	c.outside = append(c.outside, h)
 	return h, nil
 }
@@ -166,6 +210,12 @@ func (c *cluster) routeNodes() error {
 			}
 			if _, err := a.ns.Run("ip", "route", "add", b.podCIDR, "via", b.ip); err != nil {
 				return fmt.Errorf("route %s to %s: %w", a.name, b.podCIDR, err)
+			}
+			if b.podCIDR6 == "" {
+				continue
+			}
+			if _, err := a.ns.Run("ip", "-6", "route", "add", b.podCIDR6, "via", b.ip6); err != nil {
+				return fmt.Errorf("route %s to %s: %w", a.name, b.podCIDR6, err)
 			}
 		}
 	}
@@ -189,6 +239,9 @@ func (c *cluster) close() error {
 // built wraps the cluster as a Built observed at node (and extra), whose
 // Traffic makes atts.
 func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Built, error) {
+	if err := c.settleIPv6(); err != nil {
+		return nil, err
+	}
 	meta, err := c.metadata()
 	if err != nil {
 		return nil, err
@@ -204,6 +257,47 @@ func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Bu
 		Close:        c.close,
 		cluster:      c,
 	}, nil
+}
+
+// settleIPv6 waits until no IPv6 address of the cluster is tentative.
+// The bridge plugin waits for the pod's own addresses but not for cni0's
+// gateway address: until its duplicate address detection ends, a pod's
+// neighbour solicitation for the gateway goes unanswered, and its first
+// replies wait seconds while the client retransmits, which is the lab's
+// doing, not the incident's.
+func (c *cluster) settleIPv6() error {
+	if !c.dualStack {
+		return nil
+	}
+	var spaces []netlab.Namespace
+	for _, n := range c.nodes {
+		spaces = append(spaces, n.ns)
+	}
+	for _, h := range c.outside {
+		spaces = append(spaces, h.ns)
+	}
+	for _, p := range c.pods {
+		if !p.hostNetwork {
+			spaces = append(spaces, p.ns)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, ns := range spaces {
+		for {
+			out, err := ns.Run("ip", "-6", "addr", "show", "tentative")
+			if err != nil {
+				return fmt.Errorf("settle ipv6 addresses: %w", err)
+			}
+			if !strings.Contains(out, "inet6") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("settle ipv6 addresses: still tentative in %s after 10s:\n%s", ns.Name, out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // mode says how kube-proxy's service handling ran, and with nftables

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,7 @@ type pod struct {
 	node            *node
 	ns              netlab.Namespace
 	ip              string
+	ip6             string // in a dual-stack cluster
 	uid             string
 	sandboxID       string // CNI_CONTAINERID: the pause container's id
 	containerID     string // the app container's id (containerStatuses)
@@ -66,7 +68,7 @@ func (c *cluster) addPod(n *node, namespace, name string, ports ...containerPort
 	if err != nil {
 		return nil, err
 	}
-	if p.ip, err = sandboxIP(result); err != nil {
+	if p.ip, p.ip6, err = sandboxIPs(result); err != nil {
 		return nil, fmt.Errorf("pod %s: %w", name, err)
 	}
 	switch {
@@ -89,7 +91,7 @@ func (c *cluster) addPod(n *node, namespace, name string, ports ...containerPort
 // addHostNetworkPod is a pod with hostNetwork: true; its servers listen in
 // the node's own namespace.
 func (c *cluster) addHostNetworkPod(n *node, namespace, name string, ports ...containerPort) (*pod, error) {
-	p := &pod{namespace: namespace, name: name, node: n, ns: n.ns, ip: n.ip, uid: newUID(),
+	p := &pod{namespace: namespace, name: name, node: n, ns: n.ns, ip: n.ip, ip6: n.ip6, uid: newUID(),
 		sandboxID: randomHex(64), containerID: randomHex(64), hostNetwork: true, ports: ports}
 	if err := c.serve(n.ns, name, ports); err != nil {
 		return nil, err
@@ -108,6 +110,18 @@ func (c *cluster) bridgeAdd(n *node, p *pod) ([]byte, error) {
 	gw := make(net.IP, 4)
 	copy(gw, subnet.IP.To4())
 	gw[3]++
+	ranges := [][]map[string]string{{{"subnet": n.podCIDR, "gateway": gw.String()}}}
+	routes := []map[string]string{{"dst": "0.0.0.0/0"}}
+	if n.podCIDR6 != "" {
+		// A dual-stack network: host-local gives the pod one address of
+		// each range, as a dual-stack flannel or kindnet conflist asks.
+		p6, err := netip.ParsePrefix(n.podCIDR6)
+		if err != nil {
+			return nil, fmt.Errorf("pod cidr %s: %w", n.podCIDR6, err)
+		}
+		ranges = append(ranges, []map[string]string{{"subnet": n.podCIDR6, "gateway": p6.Addr().Next().String()}})
+		routes = append(routes, map[string]string{"dst": "::/0"})
+	}
 	conf := map[string]any{
 		"cniVersion":  "1.0.0",
 		"name":        netName,
@@ -117,8 +131,8 @@ func (c *cluster) bridgeAdd(n *node, p *pod) ([]byte, error) {
 		"hairpinMode": true,
 		"ipam": map[string]any{
 			"type":    "host-local",
-			"ranges":  [][]map[string]string{{{"subnet": n.podCIDR, "gateway": gw.String()}}},
-			"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+			"ranges":  ranges,
+			"routes":  routes,
 			"dataDir": filepath.Join(c.stateDir, n.name, "ipam"),
 		},
 	}
@@ -201,13 +215,13 @@ type cniResult struct {
 	} `json:"ips"`
 }
 
-// sandboxIP returns the pod's address from a bridge result, and insists the
-// address points to an interface with a sandbox: without it portmap
-// silently writes no rule at all.
-func sandboxIP(result []byte) (string, error) {
+// sandboxIPs returns the pod's IPv4 address and its IPv6 one (if any) from
+// a bridge result, and insists the addresses point to an interface with a
+// sandbox: without it portmap silently writes no rule at all.
+func sandboxIPs(result []byte) (ip4, ip6 string, err error) {
 	var r cniResult
 	if err := json.Unmarshal(result, &r); err != nil {
-		return "", fmt.Errorf("decode cni result: %w", err)
+		return "", "", fmt.Errorf("decode cni result: %w", err)
 	}
 	for _, ip := range r.IPs {
 		if ip.Interface == nil || *ip.Interface < 0 || *ip.Interface >= len(r.Interfaces) {
@@ -218,13 +232,19 @@ func sandboxIP(result []byte) (string, error) {
 		}
 		addr, _, err := net.ParseCIDR(ip.Address)
 		if err != nil {
-			return "", fmt.Errorf("cni result address %q: %w", ip.Address, err)
+			return "", "", fmt.Errorf("cni result address %q: %w", ip.Address, err)
 		}
-		if addr.To4() != nil {
-			return addr.String(), nil
+		switch {
+		case addr.To4() != nil && ip4 == "":
+			ip4 = addr.String()
+		case addr.To4() == nil && ip6 == "":
+			ip6 = addr.String()
 		}
 	}
-	return "", fmt.Errorf("cni result has no IPv4 address on a sandbox interface: %s", result)
+	if ip4 == "" {
+		return "", "", fmt.Errorf("cni result has no IPv4 address on a sandbox interface: %s", result)
+	}
+	return ip4, ip6, nil
 }
 
 // portmapJumpsFirst moves portmap's PREROUTING and OUTPUT jumps to the top

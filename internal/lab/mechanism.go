@@ -126,7 +126,7 @@ func (c *cluster) prove(e *Expectation, before, after counters, ct *CTEntry) {
 		pick("nat", "CNI-DN-", "DNAT")
 		need(p.IPVS == nil, "IPVS has no connection of it (found: %s)", describeHits(nil, p.IPVS))
 		if p.Rule != nil {
-			p.Owner = c.portmapOwner(after, p.Rule.Chain)
+			p.Owner = c.portmapOwner(after, p.Rule.Family, p.Rule.Chain)
 			need(p.Owner != "", "portmap's CNI-HOSTPORT-DNAT jump to %s names the sandbox of a lab pod", p.Rule.Chain)
 		}
 	case FilterReject:
@@ -184,9 +184,9 @@ var portmapComment = regexp.MustCompile(`dnat name: \\?"[^"\\]*\\?" id: \\?"([0-
 
 // portmapOwner finds the pod whose sandbox id portmap wrote on the
 // CNI-HOSTPORT-DNAT rule that jumps to chain, in the node's own rules.
-func (c *cluster) portmapOwner(after counters, chain string) string {
+func (c *cluster) portmapOwner(after counters, family, chain string) string {
 	for k := range after.rules {
-		if k.table != "nat" || !strings.HasPrefix(k.text, "-A CNI-HOSTPORT-DNAT ") || !strings.HasSuffix(k.text, " -j "+chain) {
+		if k.family != family || k.table != "nat" || !strings.HasPrefix(k.text, "-A CNI-HOSTPORT-DNAT ") || !strings.HasSuffix(k.text, " -j "+chain) {
 			continue
 		}
 		m := portmapComment.FindStringSubmatch(k.text)
@@ -230,7 +230,7 @@ func (c *cluster) podByName(name string) string {
 func (c *cluster) podAt(ip string) string {
 	found := ""
 	for _, p := range c.pods {
-		if p.ip != ip {
+		if p.ip != ip && (p.ip6 == "" || p.ip6 != ip) {
 			continue
 		}
 		if !p.hostNetwork {
@@ -251,7 +251,7 @@ func (c *cluster) serviceAt(proto, dst string) string {
 		}
 	}
 	for _, n := range c.nodes {
-		if n.ip != ip {
+		if n.ip != ip && (n.ip6 == "" || n.ip6 != ip) {
 			continue
 		}
 		for _, s := range c.services {

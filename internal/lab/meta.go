@@ -56,6 +56,10 @@ func podObject(p *pod) obj {
 		ports = append(ports, port)
 	}
 	image := "registry.lab/" + p.name + ":1"
+	hostIPs, podIPs := []obj{{"ip": p.node.ip}}, []obj{{"ip": p.ip}}
+	if p.ip6 != "" {
+		hostIPs, podIPs = append(hostIPs, obj{"ip": p.node.ip6}), append(podIPs, obj{"ip": p.ip6})
+	}
 	return obj{
 		"apiVersion": "v1",
 		"kind":       "Pod",
@@ -72,9 +76,9 @@ func podObject(p *pod) obj {
 		"status": obj{
 			"phase":   "Running",
 			"hostIP":  p.node.ip,
-			"hostIPs": []obj{{"ip": p.node.ip}},
+			"hostIPs": hostIPs,
 			"podIP":   p.ip,
-			"podIPs":  []obj{{"ip": p.ip}},
+			"podIPs":  podIPs,
 			"containerStatuses": []obj{{
 				"name": p.name, "image": image, "imageID": image,
 				"containerID": "containerd://" + p.containerID,

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -108,21 +109,31 @@ type counters struct {
 	nft *nftListing
 }
 
-type ruleKey struct{ table, text string }
+// ruleKey is a rule of iptables-save (family "") or ip6tables-save
+// (family "ip6", as the trace names an ip6tables rule).
+type ruleKey struct{ family, table, text string }
 
 var proofTables = []string{"nat", "filter"}
 
 // readCounters reads the rule and SNMP counters, with ipvs IPVS's
-// virtual servers and connection table, and with nft the native ruleset.
-func readCounters(node, client netlab.Namespace, ipvs, nft bool) (counters, error) {
+// virtual servers and connection table, with nft the native ruleset, and
+// with ip6 the ip6tables rules too (a dual-stack node).
+func readCounters(node, client netlab.Namespace, ipvs, nft, ip6 bool) (counters, error) {
 	c := counters{rules: map[ruleKey]uint64{}}
-	for _, table := range proofTables {
-		out, err := node.Run("iptables-save", "-c", "-t", table)
-		if err != nil {
-			return c, fmt.Errorf("read rule counters: %w", err)
-		}
-		for k, n := range parseRuleCounters(table, out) {
-			c.rules[k] = n
+	saves := map[string]string{"": "iptables-save"}
+	if ip6 {
+		saves["ip6"] = "ip6tables-save"
+	}
+	for family, save := range saves {
+		for _, table := range proofTables {
+			out, err := node.Run(save, "-c", "-t", table)
+			if err != nil {
+				return c, fmt.Errorf("read rule counters: %w", err)
+			}
+			for k, n := range parseRuleCounters(table, out) {
+				k.family = family
+				c.rules[k] = n
+			}
 		}
 	}
 	if ipvs {
@@ -181,7 +192,7 @@ func parseRuleCounters(table, out string) map[ruleKey]uint64 {
 		if seen[text] > 1 {
 			text += "\x00" + strconv.Itoa(seen[text])
 		}
-		m[ruleKey{table, text}] = n
+		m[ruleKey{table: table, text: text}] = n
 	}
 	return m
 }
@@ -238,7 +249,7 @@ func hits(a, b counters) []RuleHit {
 		for target, table := range decidingTargets {
 			if k.table == table && strings.Contains(text+" ", " "+target+" ") {
 				chain, _, _ := strings.Cut(strings.TrimPrefix(text, "-A "), " ")
-				out = append(out, RuleHit{Table: k.table, Chain: chain, Text: text, Packets: after - before})
+				out = append(out, RuleHit{Family: k.family, Table: k.table, Chain: chain, Text: text, Packets: after - before})
 			}
 		}
 	}
@@ -300,7 +311,7 @@ func endpointOf(ip, port string) string {
 	if port == "" {
 		return ip
 	}
-	return ip + ":" + port
+	return net.JoinHostPort(ip, port)
 }
 
 // conntrackEntry lists the node's entry for one connection with the
@@ -309,9 +320,13 @@ func conntrackEntry(node netlab.Namespace, proto, src, dst string) (*CTEntry, er
 	if proto == "icmp" {
 		return nil, nil
 	}
-	sip, sport, _ := strings.Cut(src, ":")
-	dip, dport, _ := strings.Cut(dst, ":")
-	out, err := node.Run("conntrack", "-L", "-p", proto, "--orig-src", sip, "--orig-dst", dip,
+	sip, sport, _ := net.SplitHostPort(src)
+	dip, dport, _ := net.SplitHostPort(dst)
+	family := "ipv4"
+	if strings.Contains(sip, ":") {
+		family = "ipv6"
+	}
+	out, err := node.Run("conntrack", "-L", "-f", family, "-p", proto, "--orig-src", sip, "--orig-dst", dip,
 		"--orig-port-src", sport, "--orig-port-dst", dport)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack -L for %s %s -> %s: %w", proto, src, dst, err)

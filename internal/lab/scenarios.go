@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -51,6 +53,15 @@ func iptablesScenarios() []Scenario {
 				"Baseline: the listener's other port works.",
 			NoIPVS: "runs unchanged: no kube-proxy is involved",
 			Build:  buildHostNetworkHostPort,
+		},
+		{
+			Name:  "dualstack-hostnetwork-vs-hostport",
+			Title: "dual-stack: a hostPort :80 bypasses the hostNetwork listener on :80, over IPv6 as over IPv4",
+			Shows: "seed 002 on dual-stack nodes: host-local gives every pod an IPv4 and an IPv6 address, and portmap writes its hostPort DNAT " +
+				"in ip6tables as in iptables; ingress-agent's listener takes both families on one socket. The node's [IPv6]:80, from outside " +
+				"and from a pod, is DNAT'd by portmap's ip6tables rule to web-hp and never reaches the listener, as IPv4 is. Baseline: the listener's other port over IPv6.",
+			NoIPVS: "runs unchanged: no kube-proxy is involved",
+			Build:  buildHostNetworkHostPortDualStack,
 		},
 		{
 			Name:  "ping-clusterip",
@@ -249,8 +260,16 @@ func buildHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
 	return hostNetworkVsHostPort(ctx, env, "hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) { return c.twoNodes(false) })
 }
 
+func buildHostNetworkHostPortDualStack(ctx context.Context, env *Env) (*Built, error) {
+	return hostNetworkVsHostPort(ctx, env, "dualstack-hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) {
+		c.dualStack = true
+		return c.twoNodes(false)
+	})
+}
+
 // hostNetworkVsHostPort is seed 002 on nodes made by twoNodes: the same
-// pods and traffic whichever rule source portmap writes to.
+// pods and traffic whichever rule source portmap writes to, and the same
+// again over IPv6 when twoNodes makes the cluster dual-stack.
 func hostNetworkVsHostPort(ctx context.Context, env *Env, name string, twoNodes func(c *cluster) (*node, *node, error)) (*Built, error) {
 	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
 		n1, _, err := twoNodes(c)
@@ -272,13 +291,23 @@ func hostNetworkVsHostPort(ctx context.Context, env *Env, name string, twoNodes 
 		if err != nil {
 			return nil, err
 		}
-		return c.built(n1, []attempt{
+		atts := []attempt{
 			tcp(outside, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 				Note: "the hostNetwork listener on :80 is bypassed"}),
 			tcp(client, node1IP+":80", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 				Note: "from a pod too"}),
 			tcp(outside, node1IP+":9100", NoDecision, Expectation{Outcome: Connected("ingress-agent")}),
-		})
+		}
+		if c.dualStack {
+			node6 := func(port int) string { return net.JoinHostPort(n1.ip6, strconv.Itoa(port)) }
+			atts = append(atts,
+				tcp6(outside, node6(80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
+					Note: "over IPv6: portmap's ip6tables DNAT bypasses the same listener"}),
+				tcp6(client, node6(80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
+					Note: "over IPv6 from a pod too"}),
+				tcp6(outside, node6(9100), NoDecision, Expectation{Outcome: Connected("ingress-agent")}))
+		}
+		return c.built(n1, atts)
 	})
 }
 

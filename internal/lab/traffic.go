@@ -29,6 +29,14 @@ func icmp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
 	return newAttempt("icmp", from, dst, m, exp)
 }
 
+// tcp6 is tcp over IPv6, from the endpoint's IPv6 address in a dual-stack
+// cluster; dst is "[IP]:PORT".
+func tcp6(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	a := newAttempt("tcp", from, dst, m, exp)
+	a.srcIP = from.addr6()
+	return a
+}
+
 func newAttempt(proto string, from endpoint, dst string, m Mechanism, exp Expectation) attempt {
 	exp.Proto, exp.Mechanism = proto, m
 	if exp.Verdict == "" {
@@ -41,12 +49,15 @@ func newAttempt(proto string, from endpoint, dst string, m Mechanism, exp Expect
 type endpoint interface {
 	netns() netlab.Namespace
 	addr() string
+	addr6() string
 }
 
 func (p *pod) netns() netlab.Namespace  { return p.ns }
 func (p *pod) addr() string             { return p.ip }
+func (p *pod) addr6() string            { return p.ip6 }
 func (h *host) netns() netlab.Namespace { return h.ns }
 func (h *host) addr() string            { return h.ip }
+func (h *host) addr6() string           { return h.ip6 }
 
 // run makes the attempts one after the other, so each flow stands alone in
 // a trace and in the node's counters, fills in what the client saw, and
@@ -61,7 +72,7 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 		}
 		// IPVS's tables are only read after: the attempt's own connection
 		// is found by its source port, not by a difference.
-		before, err := readCounters(n.ns, a.from, false, nft)
+		before, err := readCounters(n.ns, a.from, false, nft, c.dualStack)
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
@@ -82,7 +93,7 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 			return out, fmt.Errorf("traffic: %w", err)
 		}
 		e.narrow()
-		after, err := readCounters(n.ns, a.from, ipvs, nft)
+		after, err := readCounters(n.ns, a.from, ipvs, nft, c.dualStack)
 		if err != nil {
 			return out, fmt.Errorf("traffic: %w", err)
 		}
