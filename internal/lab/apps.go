@@ -389,3 +389,106 @@ func ipPayload(pkt []byte) ([]byte, bool) {
 	}
 	return pkt[ihl:], true
 }
+
+// ping6 is ping over ICMPv6: one echo request from srcIP inside ns to dst
+// on a raw ICMPv6 socket (the kernel fills in the checksum), and what came
+// back: "echo reply", "icmp port unreachable" (ICMPv6 destination
+// unreachable, port unreachable), another ICMPv6 error, or timeout.
+func ping6(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (saw string, err error) {
+	err = ns.Do(func() error {
+		src, dstIP := net.ParseIP(srcIP), net.ParseIP(dst)
+		if src == nil || dstIP == nil || src.To4() != nil || dstIP.To4() != nil {
+			return fmt.Errorf("bad address %s -> %s", srcIP, dst)
+		}
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6)
+		if err != nil {
+			return fmt.Errorf("raw icmpv6 socket: %w", err)
+		}
+		defer unix.Close(fd)
+		sa := &unix.SockaddrInet6{}
+		copy(sa.Addr[:], src)
+		if err := unix.Bind(fd, sa); err != nil {
+			return fmt.Errorf("bind %s: %w", srcIP, err)
+		}
+		id := uint16(rand.IntN(0xffff) + 1)
+		to := &unix.SockaddrInet6{}
+		copy(to.Addr[:], dstIP)
+		if err := unix.Sendto(fd, echoRequest6(id, 1), 0, to); err != nil {
+			return fmt.Errorf("send echo to %s: %w", dst, err)
+		}
+		saw = awaitICMP6(ctx, fd, dstIP, id)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("ping6 %s from %s: %w", dst, ns.Name, err)
+	}
+	return saw, nil
+}
+
+func echoRequest6(id, seq uint16) []byte {
+	b := make([]byte, 8, 8+16)
+	b[0] = 128 // echo request
+	binary.BigEndian.PutUint16(b[4:], id)
+	binary.BigEndian.PutUint16(b[6:], seq)
+	return append(b, "trlab echo probe"...)
+}
+
+// awaitICMP6 reads the raw socket (every ICMPv6 message arriving in the
+// namespace, without its IPv6 header) until the answer to echo id.
+func awaitICMP6(ctx context.Context, fd int, dst net.IP, id uint16) string {
+	deadline := time.Now().Add(answerTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	buf := make([]byte, 1500)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return OutcomeTimeout
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return "error: " + err.Error()
+		}
+		var src net.IP
+		if sa, ok := from.(*unix.SockaddrInet6); ok {
+			src = net.IP(sa.Addr[:])
+		}
+		if saw := matchICMP6(buf[:n], src, dst, id); saw != "" {
+			return saw
+		}
+	}
+}
+
+// matchICMP6 interprets one ICMPv6 message from src; "" when it is not
+// about our echo request.
+func matchICMP6(msg []byte, src, dst net.IP, id uint16) string {
+	if len(msg) < 8 {
+		return ""
+	}
+	switch msg[0] {
+	case 129: // echo reply
+		if binary.BigEndian.Uint16(msg[4:]) == id && src.Equal(dst) {
+			return OutcomeEchoReply
+		}
+	case 1, 3: // destination unreachable, time exceeded: they quote our packet
+		inner := msg[8:]
+		if len(inner) < 40+8 || inner[0]>>4 != 6 || inner[6] != unix.IPPROTO_ICMPV6 || !net.IP(inner[24:40]).Equal(dst) {
+			return ""
+		}
+		quoted := inner[40:]
+		if quoted[0] != 128 || binary.BigEndian.Uint16(quoted[4:]) != id {
+			return ""
+		}
+		if msg[0] == 1 && msg[1] == 4 {
+			return OutcomeUnreachable
+		}
+		return fmt.Sprintf("icmpv6 type %d code %d", msg[0], msg[1])
+	}
+	return ""
+}

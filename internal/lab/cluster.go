@@ -104,8 +104,13 @@ func newCluster(env *Env, scenario string) (*cluster, error) {
 
 // The IPv6 twins of the cluster's IPv4 addresses in a dual-stack
 // cluster: the LAN 172.18.0.0/24 is fd18::/64 (172.18.0.N is fd18::N),
-// node-N's pod CIDR 10.244.N.0/24 is fd44:N::/64.
-const lanCIDRBits6 = "/64"
+// the cluster CIDR fd44::/48, node-N's pod CIDR 10.244.N.0/24 is
+// fd44:0:0:N::/64, the service CIDR fd96::/108.
+const (
+	lanCIDRBits6 = "/64"
+	clusterCIDR6 = "fd44::/48"
+	serviceCIDR6 = "fd96::/108"
+)
 
 func ip6Of(lanIP string) string {
 	return "fd18::" + lanIP[strings.LastIndexByte(lanIP, '.')+1:]
@@ -113,7 +118,7 @@ func ip6Of(lanIP string) string {
 
 func podCIDR6Of(podCIDR string) string {
 	third := strings.Split(podCIDR, ".")[2]
-	return "fd44:" + third + "::/64"
+	return "fd44:0:0:" + third + "::/64"
 }
 
 // plug connects ns to the LAN bridge with eth0 = cidr (and cidr6 when

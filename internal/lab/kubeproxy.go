@@ -19,7 +19,11 @@ type service struct {
 	uid             string
 	typ             string // ClusterIP, NodePort or LoadBalancer
 	clusterIP       string
-	lbIP            string
+	// clusterIP6 is a dual-stack Service's IPv6 ClusterIP
+	// (ipFamilyPolicy RequireDualStack); its endpoints' IPv6 addresses
+	// are the pods' ip6.
+	clusterIP6 string
+	lbIP       string
 	etpLocal        bool // externalTrafficPolicy: Local
 	healthCheckPort int
 	ports           []servicePort

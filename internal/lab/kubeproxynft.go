@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 )
@@ -58,6 +59,39 @@ func ipv4Proxier(nodeIP, clusterCIDR, serviceCIDR string) *kpFamily {
 
 func ipv6Proxier() *kpFamily {
 	return &kpFamily{nft: "ip6", addr: "ipv6_addr", notLocalhost: "ip6 daddr != ::1"}
+}
+
+// dualStackIPv6Proxier is the IPv6 proxier on a dual-stack node: it has
+// the node's IPv6 address, the IPv6 cluster CIDR and service CIDR, and
+// serves the IPv6 side of dual-stack Services.
+func dualStackIPv6Proxier(nodeIP6 string) *kpFamily {
+	f := ipv6Proxier()
+	f.nodeIPs, f.clusterCIDR, f.serviceCIDR = []string{nodeIP6}, clusterCIDR6, serviceCIDR6
+	return f
+}
+
+// v6 says f is an IPv6 proxier.
+func (f *kpFamily) v6() bool { return f.nft == "ip6" }
+
+// serviceIP is s's ClusterIP of f's family ("" when s has none).
+func (f *kpFamily) serviceIP(s *service) string {
+	if f.v6() {
+		return s.clusterIP6
+	}
+	return s.clusterIP
+}
+
+// podIP is an endpoint's address of f's family.
+func (f *kpFamily) podIP(p *pod) string {
+	if f.v6() {
+		return p.ip6
+	}
+	return p.ip
+}
+
+// endpoint is "IP:PORT" as nft writes a DNAT target ("[IP]:PORT").
+func (f *kpFamily) endpoint(p *pod, port int) string {
+	return net.JoinHostPort(f.podIP(p), strconv.Itoa(port))
 }
 
 // Settings kube-proxy uses (proxier.go 60-103, 248-271).
@@ -130,6 +164,9 @@ func (tx *nftTx) ruleComment(chain, rule, comment string) {
 // Service exists.
 func (c *cluster) installKubeProxyNFT(n *node) error {
 	n.kpNFT = &kubeProxyNFT{n: n, v4: ipv4Proxier(n.ip, clusterCIDR, serviceCIDR), v6: ipv6Proxier()}
+	if c.dualStack {
+		n.kpNFT.v6 = dualStackIPv6Proxier(n.ip6)
+	}
 	return n.kpNFT.start()
 }
 
@@ -158,11 +195,17 @@ func (kp *kubeProxyNFT) start() error {
 // portmap's.
 func (kp *kubeProxyNFT) restart() error { return kp.start() }
 
-// addService is the partial sync kube-proxy's IPv4 proxier runs when a
-// Service appears (the IPv6 one ignores an IPv4 Service).
+// addService is the partial sync each proxier runs when a Service of its
+// family appears (the IPv6 one ignores an IPv4-only Service).
 func (kp *kubeProxyNFT) addService(s *service) error {
 	kp.services = append(kp.services, s)
-	return kp.sync(kp.v4, s)
+	if err := kp.sync(kp.v4, s); err != nil {
+		return err
+	}
+	if s.clusterIP6 == "" {
+		return nil
+	}
+	return kp.sync(kp.v6, s)
 }
 
 // sync writes one syncProxyRules transaction of proxier f: a full sync
@@ -182,11 +225,8 @@ func (kp *kubeProxyNFT) syncTx(f *kpFamily, changed *service) *nftTx {
 	if changed == nil {
 		tx.setup()
 	}
-	if f != kp.v4 {
-		return tx // the lab's Services are IPv4 only
-	}
 	for _, s := range kp.services {
-		if changed == nil || s == changed {
+		if f.serviceIP(s) != "" && (changed == nil || s == changed) {
 			for _, p := range s.ports {
 				kp.servicePort(tx, s, p)
 			}
@@ -366,7 +406,8 @@ func (kp *kubeProxyNFT) servicePort(tx *nftTx, s *service, p servicePort) {
 	// ones are a subset of them (internalTrafficPolicy stays Cluster).
 	for _, ep := range pp.cluster {
 		if ep.node == kp.n {
-			tx.op("add element %s hairpin-connections { %s . %s . %s . %d }", tx.t, ep.ip, ep.ip, p.Proto, p.TargetPort)
+			ip := tx.f.podIP(ep)
+			tx.op("add element %s hairpin-connections { %s . %s . %s . %d }", tx.t, ip, ip, p.Proto, p.TargetPort)
 		}
 	}
 	if pp.usesCluster {
@@ -395,13 +436,14 @@ func (kp *kubeProxyNFT) servicePort(tx *nftTx, s *service, p servicePort) {
 func (kp *kubeProxyNFT) elements(tx *nftTx, s *service, p servicePort, pp kpPortPolicy) {
 	comment := s.portName(p)
 	key := func(ip string) string { return fmt.Sprintf("%s . %s . %d", ip, p.Proto, p.Port) }
-	tx.op("add element %s cluster-ips { %s }", tx.t, s.clusterIP)
+	clusterIP := tx.f.serviceIP(s)
+	tx.op("add element %s cluster-ips { %s }", tx.t, clusterIP)
 	if pp.hasEndpoints {
-		tx.op("add element %s service-ips { %s : goto service-%s }", tx.t, key(s.clusterIP), pp.base)
+		tx.op("add element %s service-ips { %s : goto service-%s }", tx.t, key(clusterIP), pp.base)
 	} else {
-		tx.op("add element %s no-endpoint-services { %s comment %q : %s }", tx.t, key(s.clusterIP), comment, pp.internalVerdict)
+		tx.op("add element %s no-endpoint-services { %s comment %q : %s }", tx.t, key(clusterIP), comment, pp.internalVerdict)
 	}
-	if s.lbIP != "" {
+	if s.lbIP != "" && !tx.f.v6() { // the lab's LB IPs are IPv4
 		if pp.hasEndpoints {
 			tx.op("add element %s service-ips { %s : goto external-%s }", tx.t, key(s.lbIP), pp.base)
 		}
@@ -445,12 +487,12 @@ func (kp *kubeProxyNFT) externalChain(tx *nftTx, s *service, pp kpPortPolicy) {
 // picks.
 func (kp *kubeProxyNFT) endpointDNATs(tx *nftTx, chain string, p servicePort, eps []*pod) {
 	if len(eps) == 1 {
-		tx.rule(chain, fmt.Sprintf("meta l4proto %s dnat to %s", p.Proto, net4(eps[0].ip, p.TargetPort)))
+		tx.rule(chain, fmt.Sprintf("meta l4proto %s dnat to %s", p.Proto, tx.f.endpoint(eps[0], p.TargetPort)))
 		return
 	}
 	var elems []string
 	for i, ep := range eps {
-		elems = append(elems, fmt.Sprintf("%d : %s . %d", i, ep.ip, p.TargetPort))
+		elems = append(elems, fmt.Sprintf("%d : %s . %d", i, tx.f.podIP(ep), p.TargetPort))
 	}
 	tx.rule(chain, fmt.Sprintf("meta l4proto %s dnat %s addr . port to numgen random mod %d map { %s }",
 		p.Proto, tx.f.nft, len(eps), strings.Join(elems, " , ")))

@@ -284,13 +284,16 @@ type kubeList struct {
 			Name, Namespace string
 		} `json:"metadata"`
 		Spec struct {
-			NodeName    string `json:"nodeName"`
-			HostNetwork bool   `json:"hostNetwork"`
-			ClusterIP   string `json:"clusterIP"`
+			NodeName    string   `json:"nodeName"`
+			HostNetwork bool     `json:"hostNetwork"`
+			ClusterIP   string   `json:"clusterIP"`
+			ClusterIPs  []string `json:"clusterIPs"`
 		} `json:"spec"`
 		Status struct {
-			PodIP             string `json:"podIP"`
-			HostIP            string `json:"hostIP"`
+			PodIP             string                `json:"podIP"`
+			HostIP            string                `json:"hostIP"`
+			PodIPs            []struct{ IP string } `json:"podIPs"`
+			HostIPs           []struct{ IP string } `json:"hostIPs"`
 			ContainerStatuses []struct {
 				ContainerID string `json:"containerID"`
 			} `json:"containerStatuses"`
@@ -303,7 +306,9 @@ type kubeList struct {
 }
 
 // checkMetadata parses the metadata as a v1 List and checks every pod's IP
-// and host IP is an address really configured in the scenario's namespaces.
+// and host IP (of either family) is an address really configured in the
+// scenario's namespaces, and that each Service has an EndpointSlice per
+// ClusterIP family.
 func checkMetadata(t *testing.T, name string, raw []byte) {
 	t.Helper()
 	var l kubeList
@@ -331,7 +336,21 @@ func checkMetadata(t *testing.T, name string, raw []byte) {
 		if len(st.ContainerStatuses) == 0 || !strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
 			t.Errorf("pod %s: no container status", it.Metadata.Name)
 		}
-		podIPs[st.PodIP] = true
+		if len(st.PodIPs) == 0 || st.PodIPs[0].IP != st.PodIP || len(st.HostIPs) != len(st.PodIPs) {
+			t.Errorf("pod %s: podIPs %v hostIPs %v do not start with podIP %s, one host IP per family", it.Metadata.Name, st.PodIPs, st.HostIPs, st.PodIP)
+		}
+		for i, a := range st.PodIPs {
+			if !real[a.IP] || i < len(st.HostIPs) && !real[st.HostIPs[i].IP] {
+				t.Errorf("pod %s: podIPs %v hostIPs %v not really assigned", it.Metadata.Name, st.PodIPs, st.HostIPs)
+			}
+			podIPs[a.IP] = true
+		}
+	}
+	families := 0
+	for _, it := range l.Items {
+		if it.Kind == "Service" {
+			families += len(it.Spec.ClusterIPs)
+		}
 	}
 	for _, it := range l.Items {
 		for _, ep := range it.Endpoints {
@@ -345,18 +364,18 @@ func checkMetadata(t *testing.T, name string, raw []byte) {
 	if kinds["Pod"] == 0 {
 		t.Errorf("metadata has no pods: %v", kinds)
 	}
-	if kinds["Service"] != kinds["EndpointSlice"] {
-		t.Errorf("metadata has %d Services but %d EndpointSlices", kinds["Service"], kinds["EndpointSlice"])
+	if families != kinds["EndpointSlice"] {
+		t.Errorf("metadata has %d Services with %d ClusterIPs but %d EndpointSlices", kinds["Service"], families, kinds["EndpointSlice"])
 	}
 }
 
-// scenarioAddresses lists the IPv4 addresses configured in every namespace
-// of the scenario.
+// scenarioAddresses lists the addresses configured in every namespace of
+// the scenario.
 func scenarioAddresses(t *testing.T, name string) map[string]bool {
 	t.Helper()
 	addrs := map[string]bool{}
 	for _, ns := range scenarioNamespaces(t, name) {
-		out, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr").CombinedOutput()
+		out, err := exec.Command("ip", "-n", ns, "-o", "addr").CombinedOutput()
 		if err != nil {
 			t.Fatalf("addresses of %s: %v: %s", ns, err, out)
 		}

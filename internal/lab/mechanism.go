@@ -74,7 +74,8 @@ func (c *cluster) prove(e *Expectation, before, after counters, ct *CTEntry) {
 	}
 	p.Conntrack = ct
 	p.NodeResets = after.snmp["Tcp:OutRsts"] - before.snmp["Tcp:OutRsts"]
-	p.NodeUnreach = after.snmp["Icmp:OutDestUnreachs"] - before.snmp["Icmp:OutDestUnreachs"]
+	p.NodeUnreach = after.snmp["Icmp:OutDestUnreachs"] - before.snmp["Icmp:OutDestUnreachs"] +
+		after.snmp["Icmp6:OutDestUnreachs"] - before.snmp["Icmp6:OutDestUnreachs"]
 	p.ClientResets = after.clientResets - before.clientResets
 	if name, ok := strings.CutPrefix(e.Saw, Connected("")); ok {
 		p.AnsweredBy = c.podByName(name)
@@ -246,7 +247,7 @@ func (c *cluster) podAt(ip string) string {
 func (c *cluster) serviceAt(proto, dst string) string {
 	ip, port := hostOf(dst), portOf(dst)
 	for _, s := range c.services {
-		if ip == s.clusterIP || ip != "" && ip == s.lbIP {
+		if ip == s.clusterIP || ip != "" && (ip == s.clusterIP6 || ip == s.lbIP) {
 			return s.namespace + "/" + s.name
 		}
 	}

@@ -23,7 +23,10 @@ func (c *cluster) metadata() ([]byte, error) {
 		items = append(items, serviceObject(s))
 	}
 	for _, s := range c.services {
-		items = append(items, endpointSliceObject(s))
+		items = append(items, endpointSliceObject(s, "IPv4"))
+		if s.clusterIP6 != "" {
+			items = append(items, endpointSliceObject(s, "IPv6"))
+		}
 	}
 	out, err := json.MarshalIndent(obj{
 		"apiVersion": "v1",
@@ -100,6 +103,11 @@ func serviceObject(s *service) obj {
 	}
 	spec := obj{
 		"type": s.typ, "clusterIP": s.clusterIP, "clusterIPs": []string{s.clusterIP}, "ports": ports,
+		"ipFamilies": []string{"IPv4"}, "ipFamilyPolicy": "SingleStack",
+	}
+	if s.clusterIP6 != "" {
+		spec["clusterIPs"] = []string{s.clusterIP, s.clusterIP6}
+		spec["ipFamilies"], spec["ipFamilyPolicy"] = []string{"IPv4", "IPv6"}, "RequireDualStack"
 	}
 	if len(s.endpoints) > 0 {
 		// Every endpoint of a lab Service is one pod, labelled app=<pod name>.
@@ -127,11 +135,17 @@ func serviceObject(s *service) obj {
 	}
 }
 
-func endpointSliceObject(s *service) obj {
+// endpointSliceObject is the Service's EndpointSlice of one address type
+// (IPv4 or IPv6): the EndpointSlice controller makes one per family.
+func endpointSliceObject(s *service, addressType string) obj {
 	var eps []obj
 	for _, p := range s.endpoints {
+		addr := p.ip
+		if addressType == "IPv6" {
+			addr = p.ip6
+		}
 		eps = append(eps, obj{
-			"addresses":  []string{p.ip},
+			"addresses":  []string{addr},
 			"conditions": obj{"ready": true, "serving": true, "terminating": false},
 			"nodeName":   p.node.name,
 			"targetRef":  obj{"kind": "Pod", "name": p.name, "namespace": p.namespace, "uid": p.uid},
@@ -141,11 +155,15 @@ func endpointSliceObject(s *service) obj {
 	for _, p := range s.ports {
 		ports = append(ports, obj{"name": p.Name, "protocol": strings.ToUpper(p.Proto), "port": p.TargetPort})
 	}
+	name := s.name + "-" + s.uid[:5]
+	if addressType == "IPv6" {
+		name = s.name + "-v6" + s.uid[:5]
+	}
 	return obj{
 		"apiVersion":  "discovery.k8s.io/v1",
 		"kind":        "EndpointSlice",
-		"metadata":    obj{"name": s.name + "-" + s.uid[:5], "namespace": s.namespace, "labels": obj{"kubernetes.io/service-name": s.name}},
-		"addressType": "IPv4",
+		"metadata":    obj{"name": name, "namespace": s.namespace, "labels": obj{"kubernetes.io/service-name": s.name}},
+		"addressType": addressType,
 		"endpoints":   eps,
 		"ports":       ports,
 	}

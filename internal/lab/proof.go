@@ -35,8 +35,9 @@ type Proof struct {
 	// Service is the Service owning the address the client dialled (its
 	// ClusterIP or LB IP, or a node address and one of its NodePorts).
 	Service string `json:"service,omitempty"`
-	// Counter deltas of the attempt: the node's TCP resets and ICMP
-	// destination-unreachable errors sent, and the client's TCP resets.
+	// Counter deltas of the attempt: the node's TCP resets and ICMP (and
+	// ICMPv6) destination-unreachable errors sent, and the client's TCP
+	// resets.
 	NodeResets   int64 `json:"node_resets,omitempty"`
 	NodeUnreach  int64 `json:"node_icmp_unreachable,omitempty"`
 	ClientResets int64 `json:"client_resets,omitempty"`
@@ -317,7 +318,7 @@ func endpointOf(ip, port string) string {
 // conntrackEntry lists the node's entry for one connection with the
 // conntrack tool (ICMP entries are not looked up: their id is the ping's).
 func conntrackEntry(node netlab.Namespace, proto, src, dst string) (*CTEntry, error) {
-	if proto == "icmp" {
+	if proto == "icmp" || proto == "icmpv6" {
 		return nil, nil
 	}
 	sip, sport, _ := net.SplitHostPort(src)

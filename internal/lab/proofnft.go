@@ -20,7 +20,8 @@ type nftProof struct {
 	c       *cluster
 	e       *Expectation
 	l       *nftListing
-	kp      *nftTable // ip kube-proxy
+	fam     string    // the attempt's nftables family: ip or ip6
+	kp      *nftTable // kube-proxy's table of that family
 	counted []*RuleHit
 	missing []string
 }
@@ -29,7 +30,8 @@ type nftProof struct {
 const labPolicyTable = "lab-policy"
 
 func (c *cluster) proveNFT(e *Expectation, before, after counters) []string {
-	pf := &nftProof{c: c, e: e, l: after.nft, kp: after.nft.table("ip", "kube-proxy"), counted: countedNFT(before.nft, after.nft)}
+	fam := familyOf(e.Dst)
+	pf := &nftProof{c: c, e: e, l: after.nft, fam: fam, kp: after.nft.table(fam, "kube-proxy"), counted: countedNFT(before.nft, after.nft)}
 	switch e.Mechanism {
 	case NoDecision:
 		pf.noDecision()
@@ -184,10 +186,21 @@ func (c *cluster) podBySandbox(id string) string {
 	return ""
 }
 
+// familyOf is the nftables family of a destination ("IP", "IP:PORT",
+// "[IP]:PORT"): ip6 for IPv6, else ip.
+func familyOf(dst string) string {
+	if strings.Contains(hostOf(dst), ":") {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func isICMP(proto string) bool { return proto == "icmp" || proto == "icmpv6" }
+
 // dialled is the kube-proxy map keys of the client's destination:
 // "IP . PROTO . PORT" and "PROTO . PORT" (ICMP has no port: no key).
 func (pf *nftProof) dialled() (ipKey, portKey string, ok bool) {
-	if pf.e.Proto == "icmp" {
+	if isICMP(pf.e.Proto) {
 		return "", "", false
 	}
 	port := strconv.Itoa(portOf(pf.e.Dst))
@@ -300,13 +313,13 @@ func (c *nftChain) rulesOrNil() []*nftRule {
 // foreign lists the rules outside kube-proxy's table whose text has word.
 func (pf *nftProof) foreign(word string) []*nftRule {
 	return pf.l.rules(func(r *nftRule) bool {
-		return r.chain.table != pf.kp && ipv4(r.chain.table) && strings.Contains(" "+r.text+" ", " "+word+" ")
+		return r.chain.table != pf.kp && pf.sees(r.chain.table) && strings.Contains(" "+r.text+" ", " "+word+" ")
 	})
 }
 
-// ipv4 says the table sees the lab's packets, all IPv4: ip and inet
-// tables do, ip6 ones (kube-proxy's IPv6 proxier's) never.
-func ipv4(t *nftTable) bool { return t.family == "ip" || t.family == "inet" }
+// sees says the table sees the attempt's packets: a table of its family
+// or an inet one.
+func (pf *nftProof) sees(t *nftTable) bool { return t.family == pf.fam || t.family == "inet" }
 
 // clusterIPReject: the node sent an ICMP error for a ClusterIP's address.
 // kube-proxy's table rejects in two places: reject-chain, reached only
@@ -319,14 +332,14 @@ func ipv4(t *nftTable) bool { return t.family == "ip" || t.family == "inet" }
 func (pf *nftProof) clusterIPReject() {
 	p := &pf.e.Proof
 	pf.need(p.NodeUnreach > 0, "the node sent an ICMP destination unreachable")
-	pf.need(pf.e.Proto == "icmp" || p.Conntrack == nil, "no conntrack entry was confirmed (%s)", describeCT(p.Conntrack))
+	pf.need(isICMP(pf.e.Proto) || p.Conntrack == nil, "no conntrack entry was confirmed (%s)", describeCT(p.Conntrack))
 	pf.need(pf.kp.elem("cluster-ips", hostOf(pf.e.Dst)) != nil, "%s is in kube-proxy's @cluster-ips", hostOf(pf.e.Dst))
 	if ipKey, _, ok := pf.dialled(); ok {
 		pf.need(pf.kp.elem("service-ips", ipKey) == nil && pf.kp.elem("no-endpoint-services", ipKey) == nil,
 			"%s is in neither service-ips nor no-endpoint-services", ipKey)
 	}
 	pf.need(len(pf.icmpRejects()) == 0, "no other table has a rule that rejects with an ICMP error")
-	r := pf.kpRule("cluster-ips-check", "ip daddr @cluster-ips reject")
+	r := pf.kpRule("cluster-ips-check", pf.fam+" daddr @cluster-ips reject")
 	pf.need(r != nil, "kube-proxy's cluster-ips-check has its reject rule")
 	if r != nil {
 		h := r.hit(0)
@@ -356,19 +369,22 @@ func (pf *nftProof) clusterIPDrop() {
 }
 
 // cidrDrop is cluster-ips-check's drop of the service CIDR, which nft
-// lists as `ip daddr 10.96.0.0/12 drop` (kube-proxy writes it in braces).
+// lists as `ip daddr 10.96.0.0/12 drop` (`ip6 daddr fd96::/108 drop`;
+// kube-proxy writes it in braces).
 func (pf *nftProof) cidrDrop() *nftRule {
 	for _, r := range pf.kp.chain("cluster-ips-check").rulesOrNil() {
-		if strings.HasPrefix(r.text, "ip daddr ") && strings.Contains(r.text, " drop") {
+		if strings.HasPrefix(r.text, pf.fam+" daddr ") && strings.Contains(r.text, " drop") {
 			return r
 		}
 	}
 	return nil
 }
 
-// inCIDR reports whether ip is in the prefix of "ip daddr P drop ...".
+// inCIDR reports whether ip is in the prefix of "ip daddr P drop ..." (or
+// "ip6 daddr P drop ...").
 func inCIDR(text, ip string) bool {
-	f := strings.Fields(strings.NewReplacer("{", " ", "}", " ").Replace(strings.TrimPrefix(text, "ip daddr ")))
+	_, rest, _ := strings.Cut(text, " daddr ")
+	f := strings.Fields(strings.NewReplacer("{", " ", "}", " ").Replace(rest))
 	if len(f) == 0 {
 		return false
 	}
@@ -446,6 +462,6 @@ func (pf *nftProof) endpointsCheckFirst() bool {
 // with an ICMP error: every reject but a TCP reset.
 func (pf *nftProof) icmpRejects() []*nftRule {
 	return pf.l.rules(func(r *nftRule) bool {
-		return r.chain.table != pf.kp && ipv4(r.chain.table) && strings.Contains(" "+r.text+" ", " reject ") && !strings.Contains(r.text, "reject with tcp reset")
+		return r.chain.table != pf.kp && pf.sees(r.chain.table) && strings.Contains(" "+r.text+" ", " reject ") && !strings.Contains(r.text, "reject with tcp reset")
 	})
 }

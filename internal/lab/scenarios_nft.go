@@ -70,6 +70,15 @@ func nftScenarios() []Scenario {
 			Build:  buildNFTPingClusterIP,
 		},
 		{
+			Name:  "dualstack-nft-ping-clusterip",
+			Title: "dual-stack: ping6 and a wrong port to an IPv6 ClusterIP, rejected by the ip6 kube-proxy table",
+			Shows: "seed 003's IPv6 twin on dual-stack nftables nodes: a RequireDualStack Service has a ClusterIP of each family, and kube-proxy's IPv6 proxier " +
+				"writes `table ip6 kube-proxy`, whose cluster-ips-check rejects ICMPv6 echo (ICMPv6 port unreachable) and TCP to a port no Service has, and drops " +
+				"an address of the IPv6 service CIDR that no Service has. Baseline: TCP to the service port over each family, ping6 to the pod.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTPingClusterIP,
+		},
+		{
 			Name:  "nft-service-no-endpoint",
 			Title: "a Service without endpoints is rejected, a Local NodePort without a local endpoint dropped",
 			Shows: "kube-proxy nftables mode's no-endpoint-services element (`goto reject-chain`, commented with the Service) refuses a ClusterIP without endpoints; " +
@@ -121,6 +130,11 @@ func (c *cluster) twoNodesNFT(kubeProxy bool, pm string) (*node, *node, error) {
 		n.portmapNFT = pm
 		if _, err := n.ns.Run("ip", "route", "add", "default", "via", uplink); err != nil {
 			return nil, nil, fmt.Errorf("route %s via %s: %w", n.name, uplink, err)
+		}
+		if c.dualStack {
+			if _, err := n.ns.Run("ip", "-6", "route", "add", "default", "via", ip6Of(uplink)); err != nil {
+				return nil, nil, fmt.Errorf("route %s via %s: %w", n.name, ip6Of(uplink), err)
+			}
 		}
 		if kubeProxy {
 			if err := c.installKubeProxyNFT(n); err != nil {
@@ -296,6 +310,40 @@ func buildNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 				Note: "no Service has 10.96.0.99: cluster-ips-check drops the service CIDR's unallocated addresses"}),
 			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
 			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+		})
+	})
+}
+
+func buildDualStackNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-nft-ping-clusterip", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodesNFT(true, "")
+		if err != nil {
+			return nil, err
+		}
+		ldap, err := c.addPod(n2, "auth", "ldap", tcpPort("ldap", 389, 0))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "auth", "debug")
+		if err != nil {
+			return nil, err
+		}
+		svc := clusterIPService("auth", "ldap", "10.96.0.30", servicePort{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}, ldap)
+		svc.clusterIP6 = "fd96::30"
+		if err := c.addService(svc); err != nil {
+			return nil, err
+		}
+		return c.built(n1, []attempt{
+			icmp6(client, "fd96::30", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeUnreachable,
+				Note: "ICMPv6 is never a Service's protocol"}),
+			tcp6(client, "[fd96::30]:22", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeRefused,
+				Note: "22 is not a port of the Service"}),
+			tcp6(client, "[fd96::99]:80", ClusterIPDrop, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeTimeout,
+				Note: "no Service has fd96::99: the ip6 table's cluster-ips-check drops the IPv6 service CIDR's unallocated addresses"}),
+			tcp6(client, "[fd96::30]:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
+			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap"), Note: "the same Service over IPv4"}),
+			icmp6(client, ldap.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }

@@ -29,6 +29,13 @@ func icmp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
 	return newAttempt("icmp", from, dst, m, exp)
 }
 
+// icmp6 is a ping over ICMPv6 from the endpoint's IPv6 address.
+func icmp6(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	a := newAttempt("icmpv6", from, dst, m, exp)
+	a.srcIP = from.addr6()
+	return a
+}
+
 // tcp6 is tcp over IPv6, from the endpoint's IPv6 address in a dual-stack
 // cluster; dst is "[IP]:PORT".
 func tcp6(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
@@ -86,6 +93,9 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 		case "icmp":
 			e.Src = a.srcIP
 			e.Saw, err = ping(ctx, a.from, a.srcIP, a.dst)
+		case "icmpv6":
+			e.Src = a.srcIP
+			e.Saw, err = ping6(ctx, a.from, a.srcIP, a.dst)
 		default:
 			err = fmt.Errorf("unknown protocol %q", e.Proto)
 		}

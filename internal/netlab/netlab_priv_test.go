@@ -91,3 +91,34 @@ func testNamespace(t *testing.T, name string) Namespace {
 	}
 	return ns
 }
+
+// SNMP counts what the namespace itself sent: a fresh namespace has sent
+// no ICMPv6 error until a datagram to a closed port of its own draws one.
+func TestSNMPCountsTheNamespace(t *testing.T) {
+	ns := testNamespace(t, "snmp")
+	before, err := ns.SNMP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := before["Icmp6:OutDestUnreachs"]; n != 0 {
+		t.Fatalf("a fresh namespace has sent %d ICMPv6 errors", n)
+	}
+	err = ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, []byte("x"), 0, &unix.SockaddrInet6{Port: 9, Addr: [16]byte{15: 1}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := ns.SNMP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after["Icmp6:OutDestUnreachs"]; n != 1 {
+		t.Errorf("Icmp6:OutDestUnreachs = %d after one datagram to a closed port, want 1", n)
+	}
+}
