@@ -22,8 +22,8 @@ type service struct {
 	// clusterIP6 is a dual-stack Service's IPv6 ClusterIP
 	// (ipFamilyPolicy RequireDualStack); its endpoints' IPv6 addresses
 	// are the pods' ip6.
-	clusterIP6 string
-	lbIP       string
+	clusterIP6      string
+	lbIP            string
 	etpLocal        bool // externalTrafficPolicy: Local
 	healthCheckPort int
 	ports           []servicePort

@@ -2,6 +2,8 @@ package lab
 
 import (
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 )
 
@@ -22,11 +24,13 @@ const (
 // conditions), in the text knftables writes. The rulesets it leaves are
 // those in internal/nft/testdata/portmap-VERSION.nft, which the real
 // plugins wrote (tests/cni TestPortmapFixtures); TestPortmapNFTWriter
-// checks the lab writes them byte for byte.
-func portmapNFTTx(version, containerID, podIP string, ports []containerPort) (string, error) {
+// checks the lab writes them byte for byte. family is the pod address's:
+// "ip" (table ip cni_hostport) or "ip6" (ip6 cni_hostport, written for a
+// dual-stack pod's IPv6 address: portmap-VERSION-dualstack.nft).
+func portmapNFTTx(version, family, containerID, podIP string, ports []containerPort) (string, error) {
 	var b strings.Builder
 	op := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	const t = "ip cni_hostport"
+	t := family + " cni_hostport"
 	op(`add table %s { comment "CNI portmap plugin" ; }`, t)
 	op("add chain %s hostports", t)
 	op("add chain %s hostip_hostports", t)
@@ -58,12 +62,18 @@ func portmapNFTTx(version, containerID, podIP string, ports []containerPort) (st
 	for _, hp := range ports {
 		match := fmt.Sprintf("%s dport %d", hp.Proto, hp.HostPort)
 		if hp.HostIP != "" {
-			match = "ip daddr " + hp.HostIP + " " + match
+			if strings.Contains(hp.HostIP, ":") != (family == "ip6") {
+				continue // portmap ignores a hostIP of the other family
+			}
+			match = family + " daddr " + hp.HostIP + " " + match
 		}
-		op("add rule %s %s %s dnat to %s comment %q", t, hostPortChain(version, hp), match, net4(podIP, hp.Port), containerID)
+		op("add rule %s %s %s dnat to %s comment %q", t, hostPortChain(version, hp), match, net.JoinHostPort(podIP, strconv.Itoa(hp.Port)), containerID)
 	}
-	op("add rule %s masquerading ip saddr %s ip daddr %s masquerade comment %q", t, podIP, podIP, containerID)
-	op("add rule %s masquerading ip saddr 127.0.0.1 ip daddr %s masquerade comment %q", t, podIP, containerID)
+	op("add rule %s masquerading %s saddr %s %s daddr %s masquerade comment %q", t, family, podIP, family, podIP, containerID)
+	if family == "ip" {
+		// Only IPv4 can hairpin from localhost (route_localnet).
+		op("add rule %s masquerading ip saddr 127.0.0.1 ip daddr %s masquerade comment %q", t, podIP, containerID)
+	}
 	return b.String(), nil
 }
 
@@ -78,22 +88,34 @@ func hostPortChain(version string, hp containerPort) string {
 }
 
 // portmapNFTAdd is portmap's CNI ADD with the nftables backend for p on n
-// (main.go cmdAdd): knftables.New's check, the transaction, and
-// route_localnet on the node's interface towards the pod (the bridge),
-// which snat sets so 127.0.0.1 can be DNAT'd across it.
+// (main.go cmdAdd): for the IPv4 address knftables.New's check, the
+// transaction, and route_localnet on the node's interface towards the pod
+// (the bridge), which snat sets so 127.0.0.1 can be DNAT'd across it; then
+// for an IPv6 address the same into ip6 cni_hostport.
 func (c *cluster) portmapNFTAdd(n *node, p *pod) error {
-	tx, err := portmapNFTTx(n.portmapNFT, p.sandboxID, p.ip, p.hostPorts())
-	if err != nil {
+	if err := portmapNFTFamily(n, p, "ip", p.ip); err != nil {
 		return err
-	}
-	if err := knftablesCheck(n, "ip cni_hostport"); err != nil {
-		return fmt.Errorf("portmap %s add %s: %w", n.portmapNFT, p.name, err)
-	}
-	if err := runStdin(n.ns, tx, "nft", "-f", "-"); err != nil {
-		return fmt.Errorf("portmap %s add %s: %w", n.portmapNFT, p.name, err)
 	}
 	if err := n.ns.Sysctl("net.ipv4.conf.cni0.route_localnet", "1"); err != nil {
 		return fmt.Errorf("portmap %s add %s: %w", n.portmapNFT, p.name, err)
+	}
+	if p.ip6 == "" {
+		return nil
+	}
+	return portmapNFTFamily(n, p, "ip6", p.ip6)
+}
+
+// portmapNFTFamily is portmap's forwardPorts for one of p's addresses.
+func portmapNFTFamily(n *node, p *pod, family, ip string) error {
+	tx, err := portmapNFTTx(n.portmapNFT, family, p.sandboxID, ip, p.hostPorts())
+	if err != nil {
+		return err
+	}
+	if err := knftablesCheck(n, family+" cni_hostport"); err != nil {
+		return fmt.Errorf("portmap %s add %s: %w", n.portmapNFT, p.name, err)
+	}
+	if err := runStdin(n.ns, tx, "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("portmap %s add %s (%s): %w", n.portmapNFT, p.name, family, err)
 	}
 	return nil
 }

@@ -152,7 +152,7 @@ func (pf *nftProof) hostportDNAT() {
 	if !ok {
 		return
 	}
-	pm := pf.l.table("ip", "cni_hostport")
+	pm := pf.l.table(pf.fam, "cni_hostport")
 	found := pf.l.rules(func(r *nftRule) bool { return r.chain.table == pm && dnatsTo(r.text, target) })
 	others := pf.l.rules(func(r *nftRule) bool { return r.chain.table != pm && r.chain.table != pf.kp && dnatsTo(r.text, target) })
 	var kube []*nftRule

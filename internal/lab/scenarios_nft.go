@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"strings"
 
@@ -68,6 +69,15 @@ func nftScenarios() []Scenario {
 				"and drops traffic to an address of the service CIDR that no Service has. Baseline: TCP to the service port, ping to the pod IP.",
 			NoIPVS: noIPVSNFT,
 			Build:  buildNFTPingClusterIP,
+		},
+		{
+			Name:  "dualstack-nft-hostport-hijack-clusterip-v1.8",
+			Title: "dual-stack: connecting to mysql-a's IPv6 ClusterIP lands on mysql-b's hostPort",
+			Shows: "seed 000's IPv6 twin on dual-stack nftables nodes: portmap v1.8.0 writes mysql-b's hostPort 3306 into ip6 cni_hostport too " +
+				"(as the real plugin does for a pod's IPv6 address), whose prerouting has no locality check and runs before kube-proxy's ip6 nat-prerouting: " +
+				"mysql-a's IPv6 ClusterIP and mysql-a's own IPv6 address are DNAT'd to mysql-b. Baseline: another Service's IPv6 ClusterIP, ping6 to mysql-a.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTHostportClusterIP,
 		},
 		{
 			Name:  "dualstack-nft-ping-clusterip",
@@ -310,6 +320,49 @@ func buildNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 				Note: "no Service has 10.96.0.99: cluster-ips-check drops the service CIDR's unallocated addresses"}),
 			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
 			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+		})
+	})
+}
+
+func buildDualStackNFTHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-nft-hostport-hijack-clusterip-v1.8", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodesNFT(true, PortmapV180)
+		if err != nil {
+			return nil, err
+		}
+		mysqlA, err := c.addPod(n1, "db-a", "mysql-a", tcpPort("mysql", 3306, 0))
+		if err != nil {
+			return nil, err
+		}
+		web, err := c.addPod(n1, "shop", "web", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		mysqlB, err := c.addPod(n2, "db-b", "mysql-b", tcpPort("mysql", 3306, 3306))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n2, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		mysql := servicePort{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}
+		svcA := clusterIPService("db-a", "mysql-a", "10.96.0.10", mysql, mysqlA)
+		svcB := clusterIPService("db-b", "mysql-b", "10.96.0.11", mysql, mysqlB)
+		svcWeb := clusterIPService("shop", "web", "10.96.0.20", servicePort{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080}, web)
+		svcA.clusterIP6, svcB.clusterIP6, svcWeb.clusterIP6 = "fd96::10", "fd96::11", "fd96::20"
+		if err := c.addServices(svcA, svcB, svcWeb); err != nil {
+			return nil, err
+		}
+		return c.built(n2, []attempt{
+			tcp6(client, "[fd96::10]:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
+				Note: "portmap v1.8's ip6 prerouting has no locality check and runs before kube-proxy's ip6 nat-prerouting"}),
+			tcp6(client, net.JoinHostPort(mysqlA.ip6, "3306"), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
+				Note: "mysql-a's own IPv6 address, only routed through node-2, is taken too"}),
+			tcp6(client, "[fd96::20]:80", ServiceDNAT, Expectation{Outcome: Connected("web"),
+				Note: "no hostPort has port 80: kube-proxy's ip6 chain runs next and DNATs"}),
+			icmp6(client, mysqlA.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }

@@ -52,8 +52,9 @@ type Sandbox struct {
 	// carries the same name, or portmap skips the address.
 	IfName string
 	// IP is the pod's address with its prefix ("10.88.0.2/16"), given to
-	// portmap as the prevResult a main plugin would return.
-	IP string
+	// portmap as the prevResult a main plugin would return; IP6, when set,
+	// its IPv6 address on a dual-stack network ("fd88::2/64").
+	IP, IP6 string
 	// Mappings become runtimeConfig.portMappings.
 	Mappings []PortMapping
 }
@@ -93,10 +94,14 @@ func (p Portmap) Config(s Sandbox) ([]byte, error) {
 	if name == "" {
 		name = "trpm"
 	}
-	if !strings.Contains(s.IP, "/") {
-		return nil, fmt.Errorf("sandbox ip %q: want an address with its prefix length", s.IP)
+	if !strings.Contains(s.IP, "/") || s.IP6 != "" && !strings.Contains(s.IP6, "/") {
+		return nil, fmt.Errorf("sandbox ips %q %q: want addresses with their prefix length", s.IP, s.IP6)
 	}
 	iface := 0
+	ips := []map[string]any{{"address": s.IP, "interface": &iface}}
+	if s.IP6 != "" {
+		ips = append(ips, map[string]any{"address": s.IP6, "interface": &iface})
+	}
 	conf := map[string]any{
 		"cniVersion":    "1.0.0",
 		"name":          name,
@@ -107,7 +112,7 @@ func (p Portmap) Config(s Sandbox) ([]byte, error) {
 		"prevResult": map[string]any{
 			"cniVersion": "1.0.0",
 			"interfaces": []map[string]string{{"name": s.ifName(), "sandbox": s.NetNS}},
-			"ips":        []map[string]any{{"address": s.IP, "interface": &iface}},
+			"ips":        ips,
 		},
 	}
 	b, err := json.Marshal(conf)

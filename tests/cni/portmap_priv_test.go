@@ -40,7 +40,38 @@ var (
 	fixtureHostIP   = "192.168.0.2/24"
 	fixtureClientIP = "192.168.0.1/24"
 	fixtureGateway  = "10.88.0.1/16"
+
+	// The dual-stack fixture pod: the same mappings plus one bound to a
+	// host IPv6 address, which portmap writes into ip6 cni_hostport only
+	// (and the IPv4 hostIP one into ip cni_hostport only).
+	fixtureSandboxDual = Sandbox{
+		ContainerID: "4f2a9c1e0b7d",
+		IP:          "10.88.0.2/16",
+		IP6:         "fd88::2/64",
+		Mappings: append(slices.Clone(fixtureSandbox.Mappings),
+			PortMapping{HostPort: 8086, ContainerPort: 86, Protocol: "tcp", HostIP: "fd92::2"}),
+	}
+	fixtureHostIP6  = "fd92::2/64"
+	fixtureGateway6 = "fd88::1/64"
 )
+
+// shapes6 are the IPv6 table's DNATs of the dual-stack fixture.
+var shapes6 = map[string]map[string][]string{
+	"v1.10.0": {
+		"hostports": {
+			`tcp dport 8080 dnat to [fd88::2]:80 comment "4f2a9c1e0b7d"`,
+			`udp dport 5353 dnat to [fd88::2]:53 comment "4f2a9c1e0b7d"`,
+			`ip6 daddr fd92::2 tcp dport 8086 dnat to [fd88::2]:86 comment "4f2a9c1e0b7d"`,
+		},
+	},
+	"v1.8.0": {
+		"hostip_hostports": {`ip6 daddr fd92::2 tcp dport 8086 dnat to [fd88::2]:86 comment "4f2a9c1e0b7d"`},
+		"hostports": {
+			`tcp dport 8080 dnat to [fd88::2]:80 comment "4f2a9c1e0b7d"`,
+			`udp dport 5353 dnat to [fd88::2]:53 comment "4f2a9c1e0b7d"`,
+		},
+	},
+}
 
 // shapes are the rules (handles stripped) of the chains that tell the
 // releases apart; they catch a cache that handed out the wrong binary,
@@ -92,6 +123,7 @@ func TestPortmapFixtures(t *testing.T) {
 	}
 	for _, v := range cphelper.PortmapVersions {
 		t.Run(v, func(t *testing.T) { testPortmapFixture(t, v, update) })
+		t.Run(v+"-dualstack", func(t *testing.T) { testPortmapFixtureDual(t, v, update) })
 	}
 	after, err := HostState()
 	if err != nil {
@@ -148,28 +180,7 @@ func testPortmapFixture(t *testing.T, version string, update bool) {
 		t.Errorf("route_localnet on the node's veth0 = %q (%v), want 1", strings.TrimSpace(out), err)
 	}
 
-	for _, f := range []struct{ ext, got string }{{"json", js}, {"nft", text}} {
-		path := filepath.Join(fixtureDir, "portmap-"+version+"."+f.ext)
-		if update {
-			if err := os.MkdirAll(fixtureDir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(f.got), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("wrote %s", path)
-			continue
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("read fixture (%s=1 writes it): %v", UpdateEnv, err)
-		}
-		if string(want) != f.got {
-			nftVersion, _ := exec.Command("nft", "--version").Output()
-			t.Errorf("portmap %s no longer writes %s (with %s; %s=1 rewrites it): %s",
-				version, path, strings.TrimSpace(string(nftVersion)), UpdateEnv, firstDiff(string(want), f.got))
-		}
-	}
+	checkFixtures(t, "portmap-"+version, js, text, update)
 
 	if err := pm.Del(s); err != nil {
 		t.Fatal(err)
@@ -189,6 +200,110 @@ func testPortmapFixture(t *testing.T, version string, update bool) {
 	if tables != 1 {
 		t.Errorf("after del: %d tables, want ip cni_hostport only", tables)
 	}
+}
+
+// checkFixtures compares what nft listed with the fixtures NAME.json and
+// NAME.nft, or rewrites them.
+func checkFixtures(t *testing.T, name, js, text string, update bool) {
+	t.Helper()
+	for _, f := range []struct{ ext, got string }{{"json", js}, {"nft", text}} {
+		path := filepath.Join(fixtureDir, name+"."+f.ext)
+		if update {
+			if err := os.MkdirAll(fixtureDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(f.got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("wrote %s", path)
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("read fixture (%s=1 writes it): %v", UpdateEnv, err)
+		}
+		if string(want) != f.got {
+			nftVersion, _ := exec.Command("nft", "--version").Output()
+			t.Errorf("portmap no longer writes %s (with %s; %s=1 rewrites it): %s",
+				path, strings.TrimSpace(string(nftVersion)), UpdateEnv, firstDiff(string(want), f.got))
+		}
+	}
+}
+
+// testPortmapFixtureDual runs ADD for a pod with an address of each family:
+// portmap writes ip cni_hostport for the IPv4 one and ip6 cni_hostport for
+// the IPv6 one, each mapping bound to a host address in its family's table
+// only, and DEL empties both.
+func testPortmapFixtureDual(t *testing.T, version string, update bool) {
+	bin, err := cphelper.EnsurePortmap(version, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, pod := fixtureNamespaces(t)
+	for _, s := range []struct {
+		ns        netlab.Namespace
+		cidr, dev string
+	}{{node, fixtureHostIP6, "eth0"}, {node, fixtureGateway6, "veth0"}, {pod, fixtureSandboxDual.IP6, "eth0"}} {
+		if _, err := s.ns.Run("ip", "-6", "addr", "add", s.cidr, "dev", s.dev, "nodad"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pm := Portmap{Plugin: bin, Node: node}
+	s := fixtureSandboxDual
+	s.NetNS = pod.Path()
+	if _, err := pm.Add(s); err != nil {
+		t.Fatal(err)
+	}
+	js, err := nft(node, "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := nft(node, "-a", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6 := tableText(text, "ip6 cni_hostport")
+	for chain, want := range shapes6[version] {
+		if got := chainRules(v6, chain); !slices.Equal(got, want) {
+			t.Errorf("portmap %s ip6 chain %s = %q, want %q\n%s", version, chain, got, want, text)
+		}
+	}
+	wantMasq := []string{`ip6 saddr fd88::2 ip6 daddr fd88::2 masquerade comment "4f2a9c1e0b7d"`}
+	if got := chainRules(v6, "masquerading"); !slices.Equal(got, wantMasq) {
+		t.Errorf("portmap %s ip6 masquerading = %q, want %q (no localhost rule for IPv6)", version, got, wantMasq)
+	}
+	if v4 := tableText(text, "ip cni_hostport"); strings.Contains(v4, "fd88::") || strings.Contains(v4, "fd92::") {
+		t.Errorf("portmap %s wrote IPv6 into ip cni_hostport:\n%s", version, v4)
+	}
+	checkFixtures(t, "portmap-"+version+"-dualstack", js, text, update)
+
+	if err := pm.Del(s); err != nil {
+		t.Fatal(err)
+	}
+	js, err = nft(node, "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, tables, err := rulesWithComment(js, s.ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || tables != 2 {
+		t.Errorf("after del: %d rules of %s left, %d tables (want 0, and ip and ip6 cni_hostport)", left, s.ContainerID, tables)
+	}
+}
+
+// tableText is the part of `nft list ruleset` output that lists table
+// ("ip6 cni_hostport"), or "".
+func tableText(text, table string) string {
+	_, rest, ok := strings.Cut(text, "table "+table+" {")
+	if !ok {
+		return ""
+	}
+	if i := strings.Index(rest, "\n}"); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 // fixtureNamespaces creates the node (192.168.0.2 on eth0 towards a
