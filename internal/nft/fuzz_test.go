@@ -13,7 +13,7 @@ import (
 // attribution from whatever was read never names a rule with certainty
 // while saying nothing was understood.
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"sample", "portmap-v1.10.0", "portmap-v1.8.0"} {
+	for _, name := range []string{"sample", "portmap-v1.10.0", "portmap-v1.8.0", "portmap-v1.8.0-dualstack"} {
 		js, err := os.ReadFile("testdata/" + name + ".json")
 		if err != nil {
 			f.Fatal(err)

@@ -81,7 +81,7 @@ func TestSampleNoEndpoint(t *testing.T) {
 // the counts must agree on what nft printed, and tell a rule missing from
 // one of them.
 func TestListedRulesCounts(t *testing.T) {
-	for _, name := range []string{"sample", "portmap-v1.10.0", "kube-proxy-v1.37.2"} {
+	for _, name := range []string{"sample", "portmap-v1.10.0", "portmap-v1.10.0-dualstack", "kube-proxy-v1.37.2"} {
 		js, _ := os.ReadFile("testdata/" + name + ".json")
 		listing, _ := os.ReadFile("testdata/" + name + ".nft")
 		rs, err := Parse(js, listing, nil)
