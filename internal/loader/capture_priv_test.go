@@ -403,6 +403,21 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			name:    "snat",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.77.1.0/24", "-o", "r-s", "-j", "SNAT", "--to-source", rAddrS)
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, sAddr+":8080") },
+			kinds:   []event.Kind{event.KindSNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindSNAT]
+				checkTuple(t, "snat orig", e.Orig, client, sAddr+":8080")
+				checkEq(t, "snat to", e.To.MinAddr.String()+"-"+e.To.MaxAddr.String(), rAddrS+"-"+rAddrS)
+				checkNFHook(t, e, "POSTROUTING")
+			},
+		},
+		{
 			name:    "reject-icmp-port-unreachable",
 			observe: router,
 			setup: func(t *testing.T, tp *topology) {
@@ -509,6 +524,21 @@ func scenarios6() []scenario {
 				if e.Reply.Valid() {
 					checkEq(t, "snat reply dst", e.Reply.Dst.String(), rAddrS6)
 				}
+				checkNFHook(t, e, "POSTROUTING")
+			},
+		},
+		{
+			name:    "snat6",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-t", "nat", "-A", "POSTROUTING", "-s", "fd77:1::/64", "-o", "r-s", "-j", "SNAT", "--to-source", rAddrS6)
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustConnect(t, tp.c, hostPort(sAddr6, 8080)) },
+			kinds:   []event.Kind{event.KindSNAT},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindSNAT]
+				checkTuple(t, "snat orig", e.Orig, client, hostPort(sAddr6, 8080))
+				checkEq(t, "snat to", e.To.MinAddr.String()+"-"+e.To.MaxAddr.String(), rAddrS6+"-"+rAddrS6)
 				checkNFHook(t, e, "POSTROUTING")
 			},
 		},
