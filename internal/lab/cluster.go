@@ -53,6 +53,8 @@ type node struct {
 	// ip6 and podCIDR6 are the IPv6 twins of a dual-stack cluster's node.
 	ip6, podCIDR6 string
 	kp            *kubeProxy
+	// kp6 is kube-proxy's IPv6 proxier on a dual-stack node (IPVS mode).
+	kp6 *kubeProxy
 	// kpNFT is kube-proxy in nftables mode, instead of kp.
 	kpNFT *kubeProxyNFT
 	// portmapNFT is the portmap release whose nftables backend writes the

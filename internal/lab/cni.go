@@ -166,12 +166,22 @@ func (c *cluster) portmapAdd(n *node, p *pod, prevResult []byte) error {
 	}
 	p.dnatChain = rules.PortmapChainName(netName, p.sandboxID)
 	if n.portmapFirst {
-		if err := portmapJumpsFirst(n); err != nil {
+		if err := portmapJumpsFirst(n, "iptables"); err != nil {
 			return err
 		}
+		if p.ip6 != "" {
+			if err := portmapJumpsFirst(n, "ip6tables"); err != nil {
+				return err
+			}
+		}
 	}
-	if n.kp != nil {
-		return n.kp.keepStandInLast()
+	for _, kp := range []*kubeProxy{n.kp, n.kp6} {
+		if kp == nil {
+			continue
+		}
+		if err := kp.keepStandInLast(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -250,14 +260,14 @@ func sandboxIPs(result []byte) (ip4, ip6 string, err error) {
 // portmapJumpsFirst moves portmap's PREROUTING and OUTPUT jumps to the top
 // of their chains, where portmap ≤ 0.7.4 put them (CVE-2019-9946): the
 // order of the seed's cluster, ahead of kube-proxy's KUBE-SERVICES.
-func portmapJumpsFirst(n *node) error {
+func portmapJumpsFirst(n *node, iptables string) error {
 	for _, chain := range []string{"PREROUTING", "OUTPUT"} {
 		rule := []string{chain, "-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT"}
-		if _, err := n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-D"}, rule...)...); err != nil {
+		if _, err := n.ns.Run(iptables, append([]string{"-w", "-t", "nat", "-D"}, rule...)...); err != nil {
 			return fmt.Errorf("move portmap jump in %s: %w", chain, err)
 		}
 		ins := append([]string{"-w", "-t", "nat", "-I", chain, "1"}, rule[1:]...)
-		if _, err := n.ns.Run("iptables", ins...); err != nil {
+		if _, err := n.ns.Run(iptables, ins...); err != nil {
 			return fmt.Errorf("move portmap jump in %s: %w", chain, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -52,6 +53,9 @@ func (s *service) portName(p servicePort) string {
 type kubeProxy struct {
 	n    *node
 	ipvs bool
+	// v6 is the IPv6 proxier of a dual-stack node (NewDualStackProxier):
+	// the IPv6 addresses, ip6tables, and ipsets named KUBE-6-.
+	v6 bool
 	// before124 reproduces kube-proxy < 1.24: an externalTrafficPolicy=Local
 	// virtual server on a node without a local endpoint has no real server.
 	before124 bool
@@ -209,51 +213,138 @@ COMMIT
 // installKubeProxy writes kube-proxy's IPVS-mode state into n: kube-ipvs0,
 // the ipsets, the rules and (with IPVS) its sysctls.
 func (c *cluster) installKubeProxy(n *node) error {
-	kp, err := startKubeProxy(n, c.env, clusterCIDR)
+	kp, err := startKubeProxy(n, c.env, clusterCIDR, false)
 	if err != nil {
 		return err
 	}
 	n.kp = kp
-	return nil
+	if !c.dualStack {
+		return nil
+	}
+	n.kp6, err = startKubeProxy(n, c.env, clusterCIDR6, true)
+	return err
 }
 
 // startKubeProxy is installKubeProxy for a cluster whose pods are in cidr
-// (the rule that masquerades ClusterIP traffic from outside it).
-func startKubeProxy(n *node, env *Env, cidr string) (*kubeProxy, error) {
-	kp := &kubeProxy{n: n, ipvs: env.IPVS, cidr: cidr, filled: map[string]bool{}, seps: map[string]bool{}}
-	kind := "bridge" // left down, it gives the same local routes as dummy
-	if env.Dummy {
-		kind = "dummy"
-	}
-	if _, err := n.ns.Run("ip", "link", "add", "kube-ipvs0", "type", kind); err != nil {
-		return nil, fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
+// (the rule that masquerades ClusterIP traffic from outside it): the IPv4
+// proxier, or with v6 the IPv6 one, which shares kube-ipvs0 and IPVS with
+// it.
+func startKubeProxy(n *node, env *Env, cidr string, v6 bool) (*kubeProxy, error) {
+	kp := &kubeProxy{n: n, ipvs: env.IPVS, v6: v6, cidr: cidr, filled: map[string]bool{}, seps: map[string]bool{}}
+	if !v6 {
+		kind := "bridge" // left down, it gives the same local routes as dummy
+		if env.Dummy {
+			kind = "dummy"
+		}
+		if _, err := n.ns.Run("ip", "link", "add", "kube-ipvs0", "type", kind); err != nil {
+			return nil, fmt.Errorf("kube-proxy on %s: create kube-ipvs0: %w", n.name, err)
+		}
 	}
 	var sets strings.Builder
 	for _, s := range kubeProxyIPSets {
 		name, typ, _ := strings.Cut(s, " ")
 		opts := "family inet hashsize 1024 maxelem 65536"
+		if v6 {
+			opts = "family inet6 hashsize 1024 maxelem 65536"
+		}
 		if strings.HasPrefix(typ, "bitmap") {
 			opts = "range 0-65535"
 		}
-		fmt.Fprintf(&sets, "create %s %s %s -exist\n", name, typ, opts)
+		fmt.Fprintf(&sets, "create %s %s %s -exist\n", kp.set(name), typ, opts)
 	}
 	if err := runStdin(n.ns, sets.String(), "ipset", "restore"); err != nil {
 		return nil, fmt.Errorf("kube-proxy on %s: create ipsets: %w", n.name, err)
 	}
-	if err := runStdin(n.ns, natRules(cidr, nil, nil)+kubeProxyFilterRules, "iptables-restore", "-w", "--noflush"); err != nil {
+	if err := kp.restore(natRules(cidr, nil, nil) + kubeProxyFilterRules); err != nil {
 		return nil, fmt.Errorf("kube-proxy on %s: restore rules: %w", n.name, err)
 	}
-	if err := runStdin(n.ns, jumpRules(), "iptables-restore", "-w", "--noflush"); err != nil {
+	if err := kp.restore(jumpRules()); err != nil {
 		return nil, fmt.Errorf("kube-proxy on %s: jumps to its chains: %w", n.name, err)
 	}
-	if kp.ipvs {
+	switch {
+	case kp.ipvs && !v6:
 		if err := kp.ipvsSysctls(); err != nil {
 			return nil, err
 		}
-	} else if err := kp.installStandIn(); err != nil {
-		return nil, err
+	case !kp.ipvs:
+		if err := kp.installStandIn(); err != nil {
+			return nil, err
+		}
 	}
 	return kp, nil
+}
+
+// set is kube-proxy's name of ipset name for this proxier: the IPv6 one
+// writes KUBE-6- for KUBE-, cut to ipset's 31 characters
+// (pkg/proxy/ipvs/ipset.go NewIPSet).
+func (kp *kubeProxy) set(name string) string {
+	if !kp.v6 {
+		return name
+	}
+	name = strings.Replace(name, "KUBE-", "KUBE-6-", 1)
+	return name[:min(len(name), 31)]
+}
+
+// ipv6Rules turns the IPv4 proxier's rules into the IPv6 one's: its
+// ipsets, its localhost (writeIptablesRules' loAddr), and REJECT's default
+// for ip6tables, which ip6tables-save spells out as iptables-save does
+// icmp-port-unreachable.
+var ipv6Rules = strings.NewReplacer(
+	"-s 127.0.0.0/8 -j RETURN", "-s ::1/128 -j RETURN",
+	"--reject-with icmp-port-unreachable", "--reject-with icmp6-port-unreachable")
+
+// restore writes rules (iptables-restore input) with this proxier's
+// iptables-restore, without flushing what is there.
+func (kp *kubeProxy) restore(rules string) error {
+	cmd := "iptables-restore"
+	if kp.v6 {
+		cmd = "ip6tables-restore"
+		rules = ipv6Rules.Replace(rules)
+		for _, s := range kubeProxyIPSets {
+			name, _, _ := strings.Cut(s, " ")
+			rules = strings.ReplaceAll(rules, "--match-set "+name+" ", "--match-set "+kp.set(name)+" ")
+		}
+	}
+	return runStdin(kp.n.ns, rules, cmd, "-w", "--noflush")
+}
+
+// iptables is this proxier's iptables command.
+func (kp *kubeProxy) iptables() string {
+	if kp.v6 {
+		return "ip6tables"
+	}
+	return "iptables"
+}
+
+// serviceIP and podIP are the addresses of this proxier's family; lbIP
+// too (the lab's load-balancer IPs are IPv4).
+func (kp *kubeProxy) serviceIP(s *service) string {
+	if kp.v6 {
+		return s.clusterIP6
+	}
+	return s.clusterIP
+}
+
+func (kp *kubeProxy) podIP(p *pod) string {
+	if kp.v6 {
+		return p.ip6
+	}
+	return p.ip
+}
+
+func (kp *kubeProxy) lbIP(s *service) string {
+	if kp.v6 {
+		return ""
+	}
+	return s.lbIP
+}
+
+// host is an address as a one-address prefix.
+func (kp *kubeProxy) host(ip string) string {
+	if kp.v6 {
+		return ip + "/128"
+	}
+	return ip + "/32"
 }
 
 func (kp *kubeProxy) ipvsSysctls() error {
@@ -266,7 +357,7 @@ func (kp *kubeProxy) ipvsSysctls() error {
 }
 
 func (kp *kubeProxy) installStandIn() error {
-	if _, err := kp.n.ns.Run("iptables", "-w", "-t", "nat", "-N", standInNodePorts); err != nil {
+	if _, err := kp.n.ns.Run(kp.iptables(), "-w", "-t", "nat", "-N", standInNodePorts); err != nil {
 		return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
 	}
 	return kp.keepStandInLast()
@@ -281,12 +372,12 @@ func (kp *kubeProxy) keepStandInLast() error {
 	}
 	for _, chain := range []string{"PREROUTING", "OUTPUT"} {
 		rule := []string{chain, "-m", "comment", "--comment", standInComment, "-m", "addrtype", "--dst-type", "LOCAL", "-j", standInNodePorts}
-		if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-C"}, rule...)...); err == nil {
-			if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-D"}, rule...)...); err != nil {
+		if _, err := kp.n.ns.Run(kp.iptables(), append([]string{"-w", "-t", "nat", "-C"}, rule...)...); err == nil {
+			if _, err := kp.n.ns.Run(kp.iptables(), append([]string{"-w", "-t", "nat", "-D"}, rule...)...); err != nil {
 				return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
 			}
 		}
-		if _, err := kp.n.ns.Run("iptables", append([]string{"-w", "-t", "nat", "-A"}, rule...)...); err != nil {
+		if _, err := kp.n.ns.Run(kp.iptables(), append([]string{"-w", "-t", "nat", "-A"}, rule...)...); err != nil {
 			return fmt.Errorf("kube-proxy stand-in on %s: %w", kp.n.name, err)
 		}
 	}
@@ -305,7 +396,7 @@ func (kp *kubeProxy) addService(s *service) error {
 	}
 	for _, line := range strings.Split(entries, "\n") {
 		if f := strings.Fields(line); len(f) > 1 {
-			kp.filled[f[1]] = true
+			kp.filled[strings.Replace(f[1], "KUBE-6-", "KUBE-", 1)] = true
 		}
 	}
 	for _, p := range s.ports {
@@ -328,23 +419,28 @@ func (kp *kubeProxy) addService(s *service) error {
 func (kp *kubeProxy) syncNAT() error {
 	if len(kp.newNAT) > 0 {
 		rules := "*nat\n" + strings.Join(kp.newNAT, "\n") + "\nCOMMIT\n"
-		if err := runStdin(kp.n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
+		if err := kp.restore(rules); err != nil {
 			return fmt.Errorf("kube-proxy on %s: restore service chains: %w", kp.n.name, err)
 		}
 		kp.newNAT = nil
 	}
-	if err := runStdin(kp.n.ns, natRules(kp.cidr, kp.filled, kp.portals), "iptables-restore", "-w", "--noflush"); err != nil {
+	if err := kp.restore(natRules(kp.cidr, kp.filled, kp.portals)); err != nil {
 		return fmt.Errorf("kube-proxy on %s: restore nat rules: %w", kp.n.name, err)
 	}
 	return nil
 }
 
 func (kp *kubeProxy) bindAddresses(s *service) error {
-	for _, ip := range []string{s.clusterIP, s.lbIP} {
+	for _, ip := range []string{kp.serviceIP(s), kp.lbIP(s)} {
 		if ip == "" {
 			continue
 		}
-		if _, err := kp.n.ns.Run("ip", "addr", "add", ip+"/32", "dev", "kube-ipvs0"); err != nil {
+		// nodad: kube-proxy's netlink address add is used at once.
+		args := []string{"addr", "add", kp.host(ip), "dev", "kube-ipvs0"}
+		if kp.v6 {
+			args = append(args, "nodad")
+		}
+		if _, err := kp.n.ns.Run("ip", args...); err != nil {
 			return fmt.Errorf("kube-proxy on %s: bind %s to kube-ipvs0: %w", kp.n.name, ip, err)
 		}
 	}
@@ -353,19 +449,20 @@ func (kp *kubeProxy) bindAddresses(s *service) error {
 
 func (kp *kubeProxy) ipsetEntries(s *service) string {
 	var b strings.Builder
-	add := func(set, entry string) { fmt.Fprintf(&b, "add %s %s -exist\n", set, entry) }
-	for _, ip := range []string{s.clusterIP, s.lbIP} {
+	add := func(set, entry string) { fmt.Fprintf(&b, "add %s %s -exist\n", kp.set(set), entry) }
+	lb := kp.lbIP(s)
+	for _, ip := range []string{kp.serviceIP(s), lb} {
 		if ip != "" {
 			add("KUBE-IPVS-IPS", ip)
 		}
 	}
 	for _, p := range s.ports {
 		ipPort := func(ip string) string { return ip + "," + p.Proto + ":" + strconv.Itoa(p.Port) }
-		add("KUBE-CLUSTER-IP", ipPort(s.clusterIP))
-		if s.lbIP != "" {
-			add("KUBE-LOAD-BALANCER", ipPort(s.lbIP))
+		add("KUBE-CLUSTER-IP", ipPort(kp.serviceIP(s)))
+		if lb != "" {
+			add("KUBE-LOAD-BALANCER", ipPort(lb))
 			if s.etpLocal {
-				add("KUBE-LOAD-BALANCER-LOCAL", ipPort(s.lbIP))
+				add("KUBE-LOAD-BALANCER-LOCAL", ipPort(lb))
 			}
 		}
 		if p.NodePort > 0 {
@@ -377,7 +474,8 @@ func (kp *kubeProxy) ipsetEntries(s *service) string {
 		}
 		for _, ep := range s.endpoints {
 			if ep.node == kp.n {
-				add("KUBE-LOOP-BACK", ep.ip+","+p.Proto+":"+strconv.Itoa(p.TargetPort)+","+ep.ip)
+				ip := kp.podIP(ep)
+				add("KUBE-LOOP-BACK", ip+","+p.Proto+":"+strconv.Itoa(p.TargetPort)+","+ip)
 			}
 		}
 	}
@@ -430,32 +528,40 @@ func (kp *kubeProxy) ipvsPlan(s *service, p servicePort, nodeAddrs []string) [][
 	vs := func(addr string, eps []*pod) {
 		cmds = append(cmds, []string{"-A", flag, addr, "-s", "rr"})
 		for _, ep := range eps {
-			cmds = append(cmds, []string{"-a", flag, addr, "-r", net4(ep.ip, p.TargetPort), "-m", "-w", "1"})
+			cmds = append(cmds, []string{"-a", flag, addr, "-r", hostPort(kp.podIP(ep), p.TargetPort), "-m", "-w", "1"})
 		}
 	}
-	vs(net4(s.clusterIP, p.Port), s.endpoints)
+	vs(hostPort(kp.serviceIP(s), p.Port), s.endpoints)
 	ext := kp.externalEndpoints(s)
-	if s.lbIP != "" {
-		vs(net4(s.lbIP, p.Port), ext)
+	if lb := kp.lbIP(s); lb != "" {
+		vs(hostPort(lb, p.Port), ext)
 	}
 	if p.NodePort > 0 {
 		for _, ip := range nodeAddrs {
-			vs(net4(ip, p.NodePort), ext)
+			vs(hostPort(ip, p.NodePort), ext)
 		}
 	}
 	return cmds
 }
 
-// nodeAddresses are the node's own addresses kube-proxy binds NodePorts to:
-// eth0's, and cni0's gateway when the bridge plugin has made it.
+// hostPort is "IP:PORT", "[IP]:PORT" for IPv6, as ipvsadm and iptables
+// take it.
+func hostPort(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
+
+// nodeAddresses are the node's own addresses of the proxier's family
+// kube-proxy binds NodePorts to: eth0's, and cni0's gateway when the
+// bridge plugin has made it.
 func (kp *kubeProxy) nodeAddresses() []string {
-	addrs := []string{kp.n.ip}
-	out, err := kp.n.ns.Run("ip", "-4", "-o", "addr", "show", "dev", "cni0")
+	addrs, family := []string{kp.n.ip}, "-4"
+	if kp.v6 {
+		addrs, family = []string{kp.n.ip6}, "-6"
+	}
+	out, err := kp.n.ns.Run("ip", family, "-o", "addr", "show", "dev", "cni0", "scope", "global")
 	if err != nil {
 		return addrs
 	}
 	for _, f := range strings.Fields(out) {
-		if ip, _, ok := strings.Cut(f, "/"); ok && strings.Count(ip, ".") == 3 {
+		if ip, _, ok := strings.Cut(f, "/"); ok && net.ParseIP(ip) != nil {
 			addrs = append(addrs, ip)
 		}
 	}
@@ -478,11 +584,11 @@ func (kp *kubeProxy) standInRules(s *service, p servicePort) error {
 	}
 	name := s.portName(p)
 	portal := func(ip, what, chain string) string {
-		return fmt.Sprintf("-d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j %s", ip, p.Proto, name+" "+what, p.Proto, p.Port, chain)
+		return fmt.Sprintf("-d %s -p %s -m comment --comment %q -m %s --dport %d -j %s", kp.host(ip), p.Proto, name+" "+what, p.Proto, p.Port, chain)
 	}
-	kp.portals = append(kp.portals, portal(s.clusterIP, "cluster IP", svcChain))
-	if s.lbIP != "" {
-		kp.portals = append(kp.portals, portal(s.lbIP, "loadbalancer IP", extChain))
+	kp.portals = append(kp.portals, portal(kp.serviceIP(s), "cluster IP", svcChain))
+	if lb := kp.lbIP(s); lb != "" {
+		kp.portals = append(kp.portals, portal(lb, "loadbalancer IP", extChain))
 	}
 	if p.NodePort > 0 {
 		kp.nat("-A", standInNodePorts, "-p", p.Proto, "-m", "comment", "--comment", name,
@@ -499,9 +605,9 @@ func (kp *kubeProxy) svcChain(prefix string, s *service, p servicePort, eps []*p
 	chain := prefix + portProtoHash(name, p.Proto)
 	kp.nat("-N", chain)
 	for i, ep := range eps {
-		dest := net4(ep.ip, p.TargetPort)
+		dest := hostPort(kp.podIP(ep), p.TargetPort)
 		sep := "KUBE-SEP-" + portProtoHash(name, p.Proto+dest)
-		kp.sepChain(sep, name, p, ep.ip, dest)
+		kp.sepChain(sep, name, p, kp.podIP(ep), dest)
 		jump := []string{"-A", chain, "-m", "comment", "--comment", name + " -> " + dest}
 		if left := len(eps) - i; left > 1 {
 			jump = append(jump, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%.11f", 1/float64(left)))
@@ -518,7 +624,7 @@ func (kp *kubeProxy) sepChain(sep, name string, p servicePort, ip, dest string) 
 		return
 	}
 	kp.nat("-N", sep)
-	kp.nat("-A", sep, "-s", ip+"/32", "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ")
+	kp.nat("-A", sep, "-s", kp.host(ip), "-m", "comment", "--comment", name, "-j", "KUBE-MARK-MASQ")
 	kp.nat("-A", sep, "-p", p.Proto, "-m", "comment", "--comment", name, "-m", p.Proto, "-j", "DNAT", "--to-destination", dest)
 	kp.seps[sep] = true
 }
@@ -549,7 +655,6 @@ func portProtoHash(name, proto string) string {
 	return base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
 
-func net4(ip string, port int) string { return ip + ":" + strconv.Itoa(port) }
 
 // runStdin runs a command inside ns with stdin.
 func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) error {
@@ -572,6 +677,9 @@ func (c *cluster) addService(s *service) error {
 		switch {
 		case n.kp != nil:
 			err = n.kp.addService(s)
+			if err == nil && n.kp6 != nil && s.clusterIP6 != "" {
+				err = n.kp6.addService(s)
+			}
 		case n.kpNFT != nil:
 			err = n.kpNFT.addService(s)
 		}

@@ -37,6 +37,15 @@ func iptablesScenarios() []Scenario {
 			Build:  buildHostportClusterIP,
 		},
 		{
+			Name:  "dualstack-hostport-hijack-clusterip",
+			Title: "dual-stack: connecting to mysql-a's IPv6 ClusterIP lands on mysql-b's hostPort",
+			Shows: "seed 000's IPv6 twin: mysql-a's IPv6 ClusterIP is on kube-ipvs0 too, so it is LOCAL, and portmap (Debian's, iptables backend) " +
+				"writes mysql-b's hostPort 3306 into ip6tables as well, whose CNI-DN chain DNATs it to mysql-b's IPv6 address ahead of kube-proxy's IPv6 KUBE-SERVICES. " +
+				"Baseline: another Service's IPv6 ClusterIP and mysql-a's IPv6 pod address work.",
+			NoIPVS: "runs: the hijack needs no IPVS; the baseline runs on ip6tables KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildDualStackHostportClusterIP,
+		},
+		{
 			Name:  "hostport-vs-nodeport",
 			Title: "a hostPort equal to a NodePort wins, whatever the creation order",
 			Shows: "seed 000's nginx experiment: NodePorts 30080 (Service created before the hostPort pod) and 30081 " +
@@ -70,6 +79,15 @@ func iptablesScenarios() []Scenario {
 				"ICMP echo and TCP to a non-service port. Baseline: TCP to the service port, ping to the pod IP.",
 			NoIPVS: "runs: KUBE-IPVS-FILTER is plain filter INPUT; the service port runs on KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
 			Build:  buildPingClusterIP,
+		},
+		{
+			Name:  "dualstack-ping-clusterip",
+			Title: "dual-stack: ping6 to an IPv6 ClusterIP, ICMPv6 port unreachable from the IPv6 KUBE-IPVS-FILTER",
+			Shows: "seed 003's IPv6 twin: kube-proxy's IPv6 proxier (IPVS mode) binds a RequireDualStack Service's IPv6 ClusterIP to kube-ipvs0, fills the KUBE-6- ipsets " +
+				"and rejects in ip6tables' filter INPUT what is no service ip,port: ICMPv6 echo and TCP to a non-service port get ICMPv6 port unreachable. " +
+				"Baseline: TCP to the service port over IPv6 (and IPv4), ping6 to the pod.",
+			NoIPVS: "runs: KUBE-IPVS-FILTER is plain ip6tables filter INPUT; the IPv6 service port runs on ip6tables KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildDualStackPingClusterIP,
 		},
 		{
 			Name:  "lb-port-outside-cluster",
@@ -207,6 +225,52 @@ func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
 	})
 }
 
+func buildDualStackHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-hostport-hijack-clusterip", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		n2.portmapFirst = true
+		mysqlA, err := c.addPod(n1, "db-a", "mysql-a", tcpPort("mysql", 3306, 0))
+		if err != nil {
+			return nil, err
+		}
+		web, err := c.addPod(n1, "shop", "web", tcpPort("http", 8080, 0))
+		if err != nil {
+			return nil, err
+		}
+		mysqlB, err := c.addPod(n2, "db-b", "mysql-b", tcpPort("mysql", 3306, 3306))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n2, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		mysql := []servicePort{{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}}
+		for _, s := range []*service{
+			{namespace: "db-a", name: "mysql-a", typ: "ClusterIP", clusterIP: "10.96.0.10", clusterIP6: "fd96::10", ports: mysql, endpoints: []*pod{mysqlA}},
+			{namespace: "db-b", name: "mysql-b", typ: "ClusterIP", clusterIP: "10.96.0.11", clusterIP6: "fd96::11", ports: mysql, endpoints: []*pod{mysqlB}},
+			{namespace: "shop", name: "web", typ: "ClusterIP", clusterIP: "10.96.0.20", clusterIP6: "fd96::20",
+				ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080}}, endpoints: []*pod{web}},
+		} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		return c.built(n2, []attempt{
+			tcp6(client, "[fd96::10]:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+				Outcome: Connected("mysql-b"),
+				Note:    "mysql-a's IPv6 ClusterIP is local on kube-ipvs0; portmap's ip6tables DNAT for hostPort 3306 runs first"}),
+			tcp6(client, "[fd96::20]:80", ServiceDNAT, Expectation{Outcome: Connected("web")}),
+			tcp6(client, net.JoinHostPort(mysqlA.ip6, "3306"), NoDecision, Expectation{Outcome: Connected("mysql-a"),
+				Note: "mysql-a itself is healthy over IPv6"}),
+		})
+	})
+}
+
 func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
 	return scenario(ctx, env, "hostport-vs-nodeport", func(c *cluster) (*Built, error) {
 		n1, n2, err := c.twoNodes(true)
@@ -336,6 +400,37 @@ func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 				Note: "22 is not a port of the Service"}),
 			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
 			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+		})
+	})
+}
+
+func buildDualStackPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-ping-clusterip", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		ldap, err := c.addPod(n2, "auth", "ldap", tcpPort("ldap", 389, 0))
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "auth", "debug")
+		if err != nil {
+			return nil, err
+		}
+		if err := c.addService(&service{namespace: "auth", name: "ldap", typ: "ClusterIP", clusterIP: "10.96.0.30", clusterIP6: "fd96::30",
+			ports: []servicePort{{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}}, endpoints: []*pod{ldap}}); err != nil {
+			return nil, err
+		}
+		return c.built(n1, []attempt{
+			icmp6(client, "fd96::30", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeUnreachable,
+				Note: "ICMPv6 is never a service ip,port"}),
+			tcp6(client, "[fd96::30]:22", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
+				Note: "22 is not a port of the Service"}),
+			tcp6(client, "[fd96::30]:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
+			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap"), Note: "the same Service over IPv4"}),
+			icmp6(client, ldap.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }

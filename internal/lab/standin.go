@@ -83,7 +83,7 @@ func WriteKubeProxyStandIn(ns netlab.Namespace, mode StandInMode, sn StandInNode
 }
 
 func writeIPVSStandIn(n *node, sn StandInNode, svcs []*service) error {
-	kp, err := startKubeProxy(n, &Env{IPVS: sn.IPVS, Dummy: sn.Dummy}, sn.ClusterCIDR)
+	kp, err := startKubeProxy(n, &Env{IPVS: sn.IPVS, Dummy: sn.Dummy}, sn.ClusterCIDR, false)
 	if err != nil {
 		return fmt.Errorf("write kube-proxy stand-in: %w", err)
 	}
