@@ -115,6 +115,15 @@ func iptablesScenarios() []Scenario {
 			Build:  buildReturnPath,
 		},
 		{
+			Name:  "dualstack-reject-reset-drop",
+			Title: "dual-stack: REJECT tcp-reset, a stack RST and DROP over IPv6 next to healthy IPv6 Service traffic",
+			Shows: "the reject-reset-drop incidents over IPv6 on dual-stack nodes: an ip6tables REJECT --reject-with tcp-reset (nf_send_reset6) and DROP " +
+				"in a FORWARD policy chain on node-1, a stack RST (tcp_v6_send_reset) from a node port nobody listens on. " +
+				"Baseline: a TCP and a UDP (DNS) Service over their IPv6 ClusterIPs.",
+			NoIPVS: "runs: the rejects and drops are plain ip6tables; the Services run on ip6tables KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildDualStackRejectResetDrop,
+		},
+		{
 			Name:  "reject-reset-drop",
 			Title: "plain REJECT, stack RST and DROP next to healthy Service traffic",
 			Shows: "a REJECT --reject-with tcp-reset and a DROP in a FORWARD policy chain on node-1, a stack RST from a node port nobody listens on; " +
@@ -571,15 +580,68 @@ func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
 	})
 }
 
+func buildDualStackRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-reject-reset-drop", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		api, err := c.addPod(n2, "backend", "api", tcpPort("https", 8443, 0), tcpPort("admin", 9000, 0), tcpPort("debug", 9001, 0))
+		if err != nil {
+			return nil, err
+		}
+		dns, err := c.addPod(n2, "kube-system", "coredns", containerPort{Name: "dns", Proto: "udp", Port: 53})
+		if err != nil {
+			return nil, err
+		}
+		client, err := c.addPod(n1, "shop", "client")
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range []*service{
+			{namespace: "backend", name: "api", typ: "ClusterIP", clusterIP: "10.96.0.40", clusterIP6: "fd96::40",
+				ports: []servicePort{{Name: "https", Proto: "tcp", Port: 443, TargetPort: 8443}}, endpoints: []*pod{api}},
+			{namespace: "kube-system", name: "kube-dns", typ: "ClusterIP", clusterIP: "10.96.0.53", clusterIP6: "fd96::53",
+				ports: []servicePort{{Name: "dns", Proto: "udp", Port: 53, TargetPort: 53}}, endpoints: []*pod{dns}},
+		} {
+			if err := c.addService(s); err != nil {
+				return nil, err
+			}
+		}
+		if err := policy6(n1, api.ip6); err != nil {
+			return nil, err
+		}
+		api6 := func(port int) string { return net.JoinHostPort(api.ip6, strconv.Itoa(port)) }
+		return c.built(n1, []attempt{
+			tcp6(client, api6(9000), PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
+			tcp6(client, net.JoinHostPort(n1.ip6, "2222"), StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
+				Note: "nothing listens on node-1's [IPv6]:2222: the TCP stack resets"}),
+			tcp6(client, api6(9001), PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
+			tcp6(client, "[fd96::40]:443", ServiceDNAT, Expectation{Outcome: Connected("api")}),
+			udp6(client, "[fd96::53]:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
+		})
+	})
+}
+
 // policy is a hand-written FORWARD policy on n: api's admin port is
 // rejected with a TCP reset, its debug port silently dropped.
 func policy(n *node, apiIP string) error {
+	return runPolicy(n, "iptables-restore", apiIP+"/32")
+}
+
+// policy6 is policy in ip6tables, for api's IPv6 address.
+func policy6(n *node, apiIP6 string) error {
+	return runPolicy(n, "ip6tables-restore", apiIP6+"/128")
+}
+
+func runPolicy(n *node, restore, api string) error {
 	rules := "*filter\n:LAB-POLICY - [0:0]\n" +
 		"-A FORWARD -m comment --comment \"lab network policy\" -j LAB-POLICY\n" +
-		"-A LAB-POLICY -d " + apiIP + "/32 -p tcp -m comment --comment \"deny backend/api admin\" -m tcp --dport 9000 -j REJECT --reject-with tcp-reset\n" +
-		"-A LAB-POLICY -d " + apiIP + "/32 -p tcp -m comment --comment \"drop backend/api debug\" -m tcp --dport 9001 -j DROP\n" +
+		"-A LAB-POLICY -d " + api + " -p tcp -m comment --comment \"deny backend/api admin\" -m tcp --dport 9000 -j REJECT --reject-with tcp-reset\n" +
+		"-A LAB-POLICY -d " + api + " -p tcp -m comment --comment \"drop backend/api debug\" -m tcp --dport 9001 -j DROP\n" +
 		"COMMIT\n"
-	if err := runStdin(n.ns, rules, "iptables-restore", "-w", "--noflush"); err != nil {
+	if err := runStdin(n.ns, rules, restore, "-w", "--noflush"); err != nil {
 		return fmt.Errorf("policy on %s: %w", n.name, err)
 	}
 	return nil

@@ -29,6 +29,13 @@ func icmp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
 	return newAttempt("icmp", from, dst, m, exp)
 }
 
+// udp6 is udp over IPv6, from the endpoint's IPv6 address.
+func udp6(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	a := newAttempt("udp", from, dst, m, exp)
+	a.srcIP = from.addr6()
+	return a
+}
+
 // icmp6 is a ping over ICMPv6 from the endpoint's IPv6 address.
 func icmp6(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
 	a := newAttempt("icmpv6", from, dst, m, exp)
