@@ -213,6 +213,14 @@ func inVM() bool { return os.Getenv("TRACER_VM") != "" || os.Getenv("TRACER_VM_K
 
 func TestScenarios(t *testing.T) {
 	requirePrivileged(t)
+	if inVM() {
+		// The guests build and run every scenario in cmd/tracer's
+		// TestLabScenarios, which fails an incident not reproduced on the
+		// guest's kernel; what this test adds (metadata, portmap's rules,
+		// cleanup) does not depend on the kernel, and running every
+		// scenario twice under emulation costs minutes per guest.
+		t.Skip("VM matrix: the scenarios run on this kernel in cmd/tracer TestLabScenarios; this test's own checks are kernel-independent and run on the host")
+	}
 	e := testEnv(t)
 	t.Logf("IPVS: %v %s; kube-ipvs0 as dummy: %v", e.IPVS, e.IPVSReason, e.Dummy)
 	for _, s := range Scenarios() {
