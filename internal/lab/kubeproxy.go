@@ -25,7 +25,8 @@ type service struct {
 	// are the pods' ip6.
 	clusterIP6      string
 	lbIP            string
-	etpLocal        bool // externalTrafficPolicy: Local
+	lbIP6           string // a dual-stack LoadBalancer's IPv6 ingress IP
+	etpLocal        bool   // externalTrafficPolicy: Local
 	healthCheckPort int
 	ports           []servicePort
 	endpoints       []*pod
@@ -316,8 +317,7 @@ func (kp *kubeProxy) iptables() string {
 	return "iptables"
 }
 
-// serviceIP and podIP are the addresses of this proxier's family; lbIP
-// too (the lab's load-balancer IPs are IPv4).
+// serviceIP, podIP and lbIP are the addresses of this proxier's family.
 func (kp *kubeProxy) serviceIP(s *service) string {
 	if kp.v6 {
 		return s.clusterIP6
@@ -334,7 +334,7 @@ func (kp *kubeProxy) podIP(p *pod) string {
 
 func (kp *kubeProxy) lbIP(s *service) string {
 	if kp.v6 {
-		return ""
+		return s.lbIP6
 	}
 	return s.lbIP
 }
@@ -654,7 +654,6 @@ func portProtoHash(name, proto string) string {
 	sum := sha256.Sum256([]byte(name + proto))
 	return base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
-
 
 // runStdin runs a command inside ns with stdin.
 func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) error {

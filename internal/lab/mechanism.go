@@ -247,7 +247,7 @@ func (c *cluster) podAt(ip string) string {
 func (c *cluster) serviceAt(proto, dst string) string {
 	ip, port := hostOf(dst), portOf(dst)
 	for _, s := range c.services {
-		if ip == s.clusterIP || ip != "" && (ip == s.clusterIP6 || ip == s.lbIP) {
+		if ip == s.clusterIP || ip != "" && (ip == s.clusterIP6 || ip == s.lbIP || ip == s.lbIP6) {
 			return s.namespace + "/" + s.name
 		}
 	}

@@ -124,7 +124,11 @@ func serviceObject(s *service) obj {
 		spec["healthCheckNodePort"] = s.healthCheckPort
 	}
 	if s.lbIP != "" {
-		status["loadBalancer"] = obj{"ingress": []obj{{"ip": s.lbIP, "ipMode": "VIP"}}}
+		ingress := []obj{{"ip": s.lbIP, "ipMode": "VIP"}}
+		if s.lbIP6 != "" {
+			ingress = append(ingress, obj{"ip": s.lbIP6, "ipMode": "VIP"})
+		}
+		status["loadBalancer"] = obj{"ingress": ingress}
 	}
 	return obj{
 		"apiVersion": "v1",

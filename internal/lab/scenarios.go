@@ -124,6 +124,15 @@ func iptablesScenarios() []Scenario {
 			Build:  buildDualStackRejectResetDrop,
 		},
 		{
+			Name:  "dualstack-return-path-etp-local",
+			Title: "dual-stack: DNAT without SNAT over IPv6, the reply bypasses the node and the client drops it",
+			Shows: "seed 004 part 2 over IPv6: the LoadBalancer has an IPv6 ingress IP, node-1 has no local endpoint and DNATs (IPVS masquerading, no SNAT with " +
+				"externalTrafficPolicy=Local) to the pod's IPv6 address on node-2; the pod answers the outside client directly, whose stack resets that unknown " +
+				"five-tuple, and node-1's IPv6 conntrack entry stays UNREPLIED. Baseline: an ETP=Cluster LB's IPv6 ingress IP (SNAT).",
+			NoIPVS: "runs with the IPVS masquerade forwarding stood in for by an ip6tables DNAT without SNAT (KUBE-SVC/KUBE-SEP chains), which takes the same return path",
+			Build:  buildDualStackReturnPath,
+		},
+		{
 			Name:  "reject-reset-drop",
 			Title: "plain REJECT, stack RST and DROP next to healthy Service traffic",
 			Shows: "a REJECT --reject-with tcp-reset and a DROP in a FORWARD policy chain on node-1, a stack RST from a node port nobody listens on; " +
@@ -474,6 +483,29 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 // node-1, pod shop on node-2 (so node-1 has no local endpoint), Service
 // shop as an ETP=Local LoadBalancer on lbIP, and shop-any, the same pod
 // behind an ETP=Cluster LoadBalancer on 192.168.1.202 for the baseline.
+func buildDualStackReturnPath(ctx context.Context, env *Env) (*Built, error) {
+	return scenario(ctx, env, "dualstack-return-path-etp-local", func(c *cluster) (*Built, error) {
+		c.dualStack = true
+		n1, n2, err := c.twoNodes(true)
+		if err != nil {
+			return nil, err
+		}
+		outside, shop, err := c.etpLocalShop(n2, "192.168.1.200")
+		if err != nil {
+			return nil, err
+		}
+		return c.built(n1, []attempt{
+			tcp6(outside, "[fd19::200]:80", ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
+				Note: "the pod's SYN-ACK goes straight to the client over IPv6, which resets it"}),
+			tcp6(outside, "[fd19::202]:80", ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
+		}, outside.ns)
+	})
+}
+
+// etpLocalShop is the shop pod on n2 behind two LoadBalancers on lbIP and
+// 192.168.1.202: one externalTrafficPolicy=Local, one Cluster; in a
+// dual-stack cluster they have the IPv6 ingress IPs fd19::200 and
+// fd19::202 too.
 func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
 	outside, err := c.addOutside("outside", outsideIP, node1IP)
 	if err != nil {
@@ -488,6 +520,10 @@ func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
 		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
 	cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
 		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
+	if c.dualStack {
+		local.clusterIP6, local.lbIP6 = "fd96::60", "fd19::200"
+		cluster.clusterIP6, cluster.lbIP6 = "fd96::61", "fd19::202"
+	}
 	for _, s := range []*service{local, cluster} {
 		if err := c.addService(s); err != nil {
 			return nil, nil, err
