@@ -49,7 +49,11 @@ const ServiceCIDR = "10.96.0.0/16"
 // Options change how Start runs kube-apiserver. The zero value is what
 // Start uses.
 type Options struct {
-	// ServiceCIDR is --service-cluster-ip-range (default ServiceCIDR).
+	// ServiceCIDR is --service-cluster-ip-range (default ServiceCIDR): one
+	// CIDR, or an IPv4 and an IPv6 one separated by a comma for a
+	// dual-stack cluster (the API server then makes its default
+	// ServiceCIDR object of both, and allocates a RequireDualStack
+	// Service a ClusterIP of each family).
 	ServiceCIDR string
 	// NoEndpointReconciler runs kube-apiserver with
 	// --endpoint-reconciler-type=none: it creates the "kubernetes" Service

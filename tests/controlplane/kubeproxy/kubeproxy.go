@@ -69,12 +69,15 @@
 package kubeproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -108,6 +111,10 @@ const (
 	DefaultNodeIP      = "198.51.100.10" // TEST-NET-2, on a veth inside the namespace
 	DefaultClusterCIDR = "10.180.0.0/16"
 	DefaultPodCIDR     = "10.180.0.0/24" // this node's part of the cluster CIDR
+	// A dual-stack node's IPv6 twins (Options.DualStack).
+	DefaultNodeIP6      = "2001:db8:100::10" // the documentation prefix, beside DefaultNodeIP on kp0
+	DefaultClusterCIDR6 = "fd00:10:180::/56"
+	DefaultPodCIDR6     = "fd00:10:180::/64"
 )
 
 // Options say how to run kube-proxy. The zero value runs nftables mode with
@@ -118,6 +125,15 @@ type Options struct {
 	NodeIP      string // IPv4, written as the Node's InternalIP and put on kp0 in the namespace
 	ClusterCIDR string
 	PodCIDR     string
+	// DualStack gives the node an IPv6 address and pod CIDR beside the
+	// IPv4 ones, and kube-proxy an IPv6 cluster CIDR: its IPv6 proxier then
+	// has node IPs (for NodePorts) and tells pod traffic from outside
+	// traffic, as on a dual-stack node. The control plane needs an IPv6
+	// Service range too (cphelper.Options.ServiceCIDR).
+	DualStack    bool
+	NodeIP6      string // default DefaultNodeIP6 when DualStack
+	ClusterCIDR6 string
+	PodCIDR6     string
 	// Verbosity is kube-proxy's -v (default 2: one line per sync).
 	Verbosity int
 	// Binary is the kube-proxy to run (default the one cphelper builds,
@@ -145,6 +161,36 @@ func (o *Options) defaults() {
 	if o.Verbosity == 0 {
 		o.Verbosity = 2
 	}
+	if o.DualStack {
+		o.NodeIP6 = cmp.Or(o.NodeIP6, DefaultNodeIP6)
+		o.ClusterCIDR6 = cmp.Or(o.ClusterCIDR6, DefaultClusterCIDR6)
+		o.PodCIDR6 = cmp.Or(o.PodCIDR6, DefaultPodCIDR6)
+	}
+}
+
+// nodeIPs are the Node's InternalIPs, IPv4 first (the primary family).
+func (o Options) nodeIPs() []string {
+	if o.DualStack {
+		return []string{o.NodeIP, o.NodeIP6}
+	}
+	return []string{o.NodeIP}
+}
+
+// podCIDRs are the Node's pod CIDRs, in the order of nodeIPs.
+func (o Options) podCIDRs() []string {
+	if o.DualStack {
+		return []string{o.PodCIDR, o.PodCIDR6}
+	}
+	return []string{o.PodCIDR}
+}
+
+// clusterCIDRs is kube-proxy's clusterCIDR: one per family, separated by a
+// comma.
+func (o Options) clusterCIDRs() string {
+	if o.DualStack {
+		return o.ClusterCIDR + "," + o.ClusterCIDR6
+	}
+	return o.ClusterCIDR
 }
 
 // KubeProxy is one kube-proxy process in its network namespace.
@@ -162,12 +208,12 @@ type KubeProxy struct {
 	waitErr error
 	started time.Time
 
-	// admin writes the Node; unallocatedDrop is the rule nftables mode
-	// writes for the Service range (see WaitSynced); fullSyncs counts the
-	// full syncs the harness asked for.
-	admin           kubernetes.Interface
-	unallocatedDrop string
-	fullSyncs       int
+	// admin writes the Node; unallocatedDrops are the rules nftables mode
+	// writes for the Service ranges, one per family (see WaitSynced);
+	// fullSyncs counts the full syncs the harness asked for.
+	admin            kubernetes.Interface
+	unallocatedDrops []string
+	fullSyncs        int
 }
 
 // SkipUnlessPrivileged skips tb, with the reason, unless the process can
@@ -236,7 +282,11 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 	if bin == "" {
 		tb.Fatal("kube-proxy binary: not built (cphelper.Binaries.KubeProxy is empty)")
 	}
-	kp := &KubeProxy{tb: tb, opts: opts, Netns: newNetnsName(), dir: tb.TempDir(), unallocatedDrop: "ip daddr " + cp.ServiceCIDR() + " drop"}
+	drops, err := unallocatedDrops(cp.ServiceCIDR())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	kp := &KubeProxy{tb: tb, opts: opts, Netns: newNetnsName(), dir: tb.TempDir(), unallocatedDrops: drops}
 	kp.log = filepath.Join(kp.dir, "kube-proxy.log")
 
 	admin, err := kubernetes.NewForConfig(cp.AdminConfig())
@@ -246,7 +296,7 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 	kp.admin = admin
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := EnsureNode(ctx, admin, opts.NodeName, opts.NodeIP, opts.PodCIDR); err != nil {
+	if err := EnsureNodeOf(ctx, admin, opts); err != nil {
 		tb.Fatal(err)
 	}
 
@@ -278,9 +328,21 @@ func Start(tb testing.TB, cp *cphelper.ControlPlane, opts Options) *KubeProxy {
 // EnsureNode creates Node name with InternalIP ip and pod CIDR podCIDR, or
 // leaves an existing one as it is. kube-proxy reads its node IPs from it.
 func EnsureNode(ctx context.Context, c kubernetes.Interface, name, ip, podCIDR string) error {
+	return ensureNode(ctx, c, name, []string{ip}, []string{podCIDR})
+}
+
+// EnsureNodeOf is EnsureNode for the node opts describe (the defaults
+// filled in): on a dual-stack node, an InternalIP and a pod CIDR of each
+// family.
+func EnsureNodeOf(ctx context.Context, c kubernetes.Interface, opts Options) error {
+	opts.defaults()
+	return ensureNode(ctx, c, opts.NodeName, opts.nodeIPs(), opts.podCIDRs())
+}
+
+func ensureNode(ctx context.Context, c kubernetes.Interface, name string, ips, podCIDRs []string) error {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
-		Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
+		Spec:       corev1.NodeSpec{PodCIDR: podCIDRs[0], PodCIDRs: podCIDRs},
 	}
 	created, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -289,10 +351,11 @@ func EnsureNode(ctx context.Context, c kubernetes.Interface, name, ip, podCIDR s
 	if err != nil {
 		return fmt.Errorf("create node %s: %w", name, err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: ip},
-		{Type: corev1.NodeHostName, Address: name},
+	created.Status.Addresses = nil
+	for _, ip := range ips {
+		created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
 	}
+	created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: name})
 	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("write node %s addresses: %w", name, err)
 	}
@@ -334,7 +397,7 @@ ipvs:
   tcpTimeout: 0s
   tcpFinTimeout: 0s
   udpTimeout: 0s
-`, kubeconfig, o.Mode, o.NodeName, o.ClusterCIDR)
+`, kubeconfig, o.Mode, o.NodeName, o.clusterCIDRs())
 }
 
 // writeModprobeShim writes dir/bin/modprobe, which refuses to load
@@ -356,15 +419,21 @@ func (kp *KubeProxy) setupNetns() error {
 		return fmt.Errorf("create network namespace: %w", err)
 	}
 	cidr := kp.opts.NodeIP + "/24"
-	for _, args := range [][]string{
+	steps := [][]string{
 		{"link", "set", "lo", "up"},
 		// Both ends stay in the namespace: the node IP needs an interface
 		// that is up, and the host gets nothing.
 		{"link", "add", "kp0", "type", "veth", "peer", "name", "kp1"},
 		{"addr", "add", cidr, "dev", "kp0"},
-		{"link", "set", "kp0", "up"},
-		{"link", "set", "kp1", "up"},
-	} {
+	}
+	if kp.opts.DualStack {
+		// nodad: usable at once (the address is unique in its namespace),
+		// so NodePorts on it work without waiting out duplicate address
+		// detection.
+		steps = append(steps, []string{"-6", "addr", "add", kp.opts.NodeIP6 + "/64", "dev", "kp0", "nodad"})
+	}
+	steps = append(steps, []string{"link", "set", "kp0", "up"}, []string{"link", "set", "kp1", "up"})
+	for _, args := range steps {
 		if _, err := run("ip", append([]string{"-n", kp.Netns}, args...)...); err != nil {
 			return fmt.Errorf("set up network namespace %s: %w", kp.Netns, err)
 		}
@@ -398,7 +467,7 @@ func (kp *KubeProxy) start(bin, cfgPath, shim string) error {
 		logf.Close()
 		close(kp.exited)
 	}()
-	kp.tb.Logf("kubeproxy: started kube-proxy (%s mode, node %s %s) in netns %s", kp.opts.Mode, kp.opts.NodeName, kp.opts.NodeIP, kp.Netns)
+	kp.tb.Logf("kubeproxy: started kube-proxy (%s mode, node %s %s) in netns %s", kp.opts.Mode, kp.opts.NodeName, strings.Join(kp.opts.nodeIPs(), " "), kp.Netns)
 	return nil
 }
 
@@ -454,16 +523,18 @@ func (kp *KubeProxy) WaitSynced(ctx context.Context, want ...string) (string, er
 				return out, nil
 			}
 			lastErr = fmt.Errorf("missing %q", missing)
-			if kp.opts.Mode == NFTables && len(missing) == 1 && missing[0] == kp.unallocatedDrop {
+			if kp.onlyDropsMissing(missing) {
 				if onlyDropSince.IsZero() {
 					onlyDropSince = time.Now()
 				}
 				if time.Since(onlyDropSince) > fullSyncWait {
-					if err := kp.forceFullSync(ctx); err != nil {
+					if err := kp.forceFullSync(ctx, missing); err != nil {
 						return out, err
 					}
 					onlyDropSince = time.Now()
 				}
+			} else {
+				onlyDropSince = time.Time{}
 			}
 		} else {
 			lastErr = err
@@ -480,8 +551,44 @@ func (kp *KubeProxy) WaitSynced(ctx context.Context, want ...string) (string, er
 }
 
 // fullSyncWait is how long WaitSynced waits for the unallocated-ClusterIP
-// drop rule, all else being written, before it asks for a full sync.
+// drop rules, all else being written, before it asks for a full sync.
 const fullSyncWait = 3 * time.Second
+
+// onlyDropsMissing reports whether what WaitSynced still misses are
+// unallocated-ClusterIP drop rules only, which nftables mode writes in a
+// full sync alone (see forceFullSync).
+func (kp *KubeProxy) onlyDropsMissing(missing []string) bool {
+	if kp.opts.Mode != NFTables || len(missing) == 0 {
+		return false
+	}
+	for _, m := range missing {
+		if !slices.Contains(kp.unallocatedDrops, m) {
+			return false
+		}
+	}
+	return true
+}
+
+// unallocatedDrops are the "Drop traffic to unallocated ClusterIPs" rules
+// of nftables mode for the API server's --service-cluster-ip-range (one
+// CIDR, or one per family separated by a comma), as nft lists them: each
+// family's proxier writes its own CIDR into its own table (ip or ip6),
+// from the ServiceCIDR objects the API server makes of the flag.
+func unallocatedDrops(serviceCIDRs string) ([]string, error) {
+	var drops []string
+	for _, s := range strings.Split(serviceCIDRs, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("service cidr %q: %w", s, err)
+		}
+		family := "ip"
+		if p.Addr().Is6() {
+			family = "ip6"
+		}
+		drops = append(drops, fmt.Sprintf("%s daddr %s drop", family, p.Masked()))
+	}
+	return drops, nil
+}
 
 // forceFullSync changes the node's topology.kubernetes.io/zone label, which
 // makes kube-proxy resync in full (OnTopologyChange). kube-proxy v1.37.2's
@@ -493,14 +600,14 @@ const fullSyncWait = 3 * time.Second
 // stayed missing for the 3 minutes the test waited. On a node the same
 // race leaves ClusterIPs nobody allocated answering as if routed, until
 // the next full sync or restart.
-func (kp *KubeProxy) forceFullSync(ctx context.Context) error {
+func (kp *KubeProxy) forceFullSync(ctx context.Context, missing []string) error {
 	kp.fullSyncs++
 	zone := fmt.Sprintf("tracer-full-sync-%d", kp.fullSyncs)
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, corev1.LabelTopologyZone, zone)
 	if _, err := kp.admin.CoreV1().Nodes().Patch(ctx, kp.opts.NodeName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("label node %s to make kube-proxy resync in full: %w", kp.opts.NodeName, err)
 	}
-	kp.tb.Logf("kubeproxy: nftables mode wrote everything but %q, whose ServiceCIDRs came after its last full sync: node labelled %s=%s for a full sync", kp.unallocatedDrop, corev1.LabelTopologyZone, zone)
+	kp.tb.Logf("kubeproxy: nftables mode wrote everything but %q, whose ServiceCIDRs came after its last full sync: node labelled %s=%s for a full sync", missing, corev1.LabelTopologyZone, zone)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,7 +229,7 @@ func TestNFTablesRuleset(t *testing.T) {
 	// The unallocated-ClusterIP drop, gone as when kube-proxy's ServiceCIDRs
 	// come after its first full sync, is back once WaitSynced asks for a
 	// full sync.
-	checkFullSyncRestoresDrop(t, kp)
+	checkFullSyncRestoresDrop(t, kp, "ip", FixtureSynced)
 
 	if err := kp.Stop(); err != nil {
 		t.Error(err)
@@ -327,32 +328,43 @@ func TestCanonical(t *testing.T) {
 	}
 }
 
-func checkFullSyncRestoresDrop(t *testing.T, kp *KubeProxy) {
+// checkFullSyncRestoresDrop deletes the unallocated-ClusterIP drop from
+// table family (ip or ip6) kube-proxy, as if its ServiceCIDRs had come
+// after its last full sync, and checks that WaitSynced for want (which
+// must hold the drop) asks for the full sync that brings it back.
+func checkFullSyncRestoresDrop(t *testing.T, kp *KubeProxy, family string, want []string) {
 	t.Helper()
-	out, err := kp.Exec("nft", "-a", "list", "chain", "ip", "kube-proxy", "cluster-ips-check")
+	i := slices.IndexFunc(kp.unallocatedDrops, func(d string) bool { return strings.HasPrefix(d, family+" daddr ") })
+	if i < 0 {
+		t.Fatalf("no unallocated-ClusterIP drop of family %s among %q: the control plane has no Service range of that family", family, kp.unallocatedDrops)
+	}
+	drop := kp.unallocatedDrops[i]
+	out, err := kp.Exec("nft", "-a", "list", "chain", family, "kube-proxy", "cluster-ips-check")
 	if err != nil {
 		t.Fatal(err)
 	}
 	handle := ""
 	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, kp.unallocatedDrop) {
+		if strings.Contains(line, drop) {
 			if _, h, ok := strings.Cut(line, "# handle "); ok {
 				handle = strings.TrimSpace(h)
 			}
 		}
 	}
 	if handle == "" {
-		t.Fatalf("no %q rule with a handle in cluster-ips-check:\n%s", kp.unallocatedDrop, out)
+		t.Fatalf("no %q rule with a handle in cluster-ips-check:\n%s", drop, out)
 	}
-	if _, err := kp.Exec("nft", "delete", "rule", "ip", "kube-proxy", "cluster-ips-check", "handle", handle); err != nil {
+	if _, err := kp.Exec("nft", "delete", "rule", family, "kube-proxy", "cluster-ips-check", "handle", handle); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
 	defer cancel()
 	before := kp.fullSyncs
-	if _, err := kp.WaitSynced(ctx, FixtureSynced...); err != nil {
+	t0 := time.Now()
+	if _, err := kp.WaitSynced(ctx, want...); err != nil {
 		t.Fatalf("after the drop rule was deleted: %v", err)
 	}
+	t.Logf("%q deleted from %s kube-proxy: back %s later", drop, family, time.Since(t0).Round(time.Millisecond))
 	if kp.fullSyncs == before {
 		t.Errorf("the drop rule came back without a full sync asked for: the deletion did not take")
 	}

@@ -65,7 +65,7 @@ func testIPTablesTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	tr := c.startTierTracing(t, tier)
 	// (1) and (2): a KUBE-SVC chain's statistic matches pick an endpoint
 	// per connection.
-	ok := c.serviceAttempts(t, c.iptServiceAttempt)
+	ok := c.serviceAttempts(t, ipv4, c.iptServiceAttempt)
 
 	// (3) ping and (4) a wrong port to the ClusterIP: nothing on the node
 	// takes them; they leave through the default route and the uplink

@@ -64,7 +64,7 @@ func TestPrivTraceKubeProxyIPVS(t *testing.T) {
 func testIPVSTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	c.ipvs.retried = nil
 	tr := c.startTierTracing(t, tier)
-	ok := c.serviceAttempts(t, c.ipvsServiceAttempt)
+	ok := c.serviceAttempts(t, ipv4, c.ipvsServiceAttempt)
 	pingID := uint16(40000 + len(tier.Name))
 	ping := c.ipvsFilterAttempt(t, "ping", func() attemptResult {
 		before := icmpDestUnreachs(t, c.client)

@@ -8,15 +8,18 @@ package kubeproxy
 // with internal/enrich's privileged tests.
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,13 +117,97 @@ func podLink(t *testing.T, pod, node netlab.Namespace, nodeIf, ip string) {
 	nsRun(t, node, "ip", "route", "add", ip+"/32", "dev", nodeIf)
 }
 
+// podLink6 gives pod, already joined to node by podLink on nodeIf, the
+// IPv6 address ip/128 and a default route through the node's link-local
+// podGateway6 on that veth, and routes ip to the pod in the node: the
+// IPv6 twin of podLink, as a routed CNI does it on a dual-stack node.
+// nodad: the addresses are unique by design and usable at once.
+func podLink6(t *testing.T, pod, node netlab.Namespace, nodeIf, ip string) {
+	t.Helper()
+	nsRun(t, pod, "ip", "-6", "addr", "add", ip+"/128", "dev", "eth0", "nodad")
+	nsRun(t, node, "ip", "-6", "addr", "add", podGateway6+"/64", "dev", nodeIf, "nodad")
+	nsRun(t, pod, "ip", "-6", "route", "add", "default", "via", podGateway6, "dev", "eth0")
+	nsRun(t, node, "ip", "-6", "route", "add", ip+"/128", "dev", nodeIf)
+}
+
+// podGateway6 is the node's link-local address on every pod veth, the
+// pods' IPv6 default gateway (Calico gives its veths one too).
+const podGateway6 = "fe80::1"
+
+// settleIPv6 waits until no IPv6 address in the namespaces is tentative:
+// the links' own link-local addresses go through duplicate address
+// detection (about a second) and cannot be used until it ends.
+func settleIPv6(t *testing.T, nss ...netlab.Namespace) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, ns := range nss {
+		for {
+			out := nsRun(t, ns, "ip", "-6", "addr", "show", "tentative")
+			if !strings.Contains(out, "inet6") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("IPv6 addresses of %s still tentative after 10 s:\n%s", ns.Name, out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// isIPv6 reports whether s, an address or an endpoint ("IP:PORT",
+// "[IP]:PORT"), is IPv6.
+func isIPv6(s string) bool {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Is6()
+	}
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is6()
+}
+
+// inet is network ("tcp", "udp") for the family of addr, an address or
+// an endpoint: a socket of the test binds or dials one family explicitly.
+func inet(network, addr string) string {
+	if isIPv6(addr) {
+		return network + "6"
+	}
+	return network + "4"
+}
+
+// dualStack clears IPV6_V6ONLY on a socket before it binds: one socket on
+// [::] then takes both families. Go sets the option itself for "tcp6" and
+// "udp6" and picks the family of "tcp" from a probe made once per process,
+// so a dual-stack socket is asked for explicitly.
+func dualStack(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 0)
+	}); err != nil {
+		return fmt.Errorf("clear IPV6_V6ONLY: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("clear IPV6_V6ONLY: %w", serr)
+	}
+	return nil
+}
+
+// listenConfig is how the servers bind addr: dual-stack on [::], one
+// family otherwise.
+func listenConfig(addr string) net.ListenConfig {
+	if host, _, err := net.SplitHostPort(addr); err == nil && host == "::" {
+		return net.ListenConfig{Control: dualStack}
+	}
+	return net.ListenConfig{}
+}
+
 // serveTCP answers every connection to addr in ns with what, then closes
-// it: the client's read names the server that answered.
+// it: the client's read names the server that answered. addr [::]:PORT
+// is one dual-stack socket.
 func serveTCP(t *testing.T, ns netlab.Namespace, addr, what string) {
 	t.Helper()
 	var l net.Listener
+	lc := listenConfig(addr)
 	if err := doIn(ns, func() (err error) {
-		l, err = net.Listen("tcp4", addr)
+		l, err = lc.Listen(context.Background(), inet("tcp", addr), addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen on tcp %s in %s: %v", addr, ns.Name, err)
@@ -139,12 +226,14 @@ func serveTCP(t *testing.T, ns netlab.Namespace, addr, what string) {
 	}()
 }
 
-// serveUDP answers every datagram to addr in ns with what.
+// serveUDP answers every datagram to addr in ns with what; [::]:PORT is
+// one dual-stack socket.
 func serveUDP(t *testing.T, ns netlab.Namespace, addr, what string) {
 	t.Helper()
 	var pc net.PacketConn
+	lc := listenConfig(addr)
 	if err := doIn(ns, func() (err error) {
-		pc, err = net.ListenPacket("udp4", addr)
+		pc, err = lc.ListenPacket(context.Background(), inet("udp", addr), addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen on udp %s in %s: %v", addr, ns.Name, err)
@@ -189,7 +278,7 @@ func fetchTCP(ns netlab.Namespace, from, addr string) (src, answer string, err e
 	var b []byte
 	err = doIn(ns, func() error {
 		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: local}
-		c, err := d.Dial("tcp4", addr)
+		c, err := d.Dial(inet("tcp", from), addr)
 		if err != nil {
 			return err
 		}
@@ -208,13 +297,13 @@ func fetchTCP(ns netlab.Namespace, from, addr string) (src, answer string, err e
 // the local endpoint and the answer.
 func askUDP(ns netlab.Namespace, from, addr string) (src, answer string, err error) {
 	local := &net.UDPAddr{IP: net.ParseIP(from), Port: localPort()}
-	raddr, err := net.ResolveUDPAddr("udp4", addr)
+	raddr, err := net.ResolveUDPAddr(inet("udp", from), addr)
 	if err != nil {
 		return local.String(), "", fmt.Errorf("udp address %s: %w", addr, err)
 	}
 	var c *net.UDPConn
 	if err := doIn(ns, func() (err error) {
-		c, err = net.DialUDP("udp4", local, raddr)
+		c, err = net.DialUDP(inet("udp", from), local, raddr)
 		return err
 	}); err != nil {
 		return local.String(), "", fmt.Errorf("udp socket %s → %s: %w", local, addr, err)
@@ -235,8 +324,12 @@ func askUDP(ns netlab.Namespace, from, addr string) (src, answer string, err err
 // pingOnce sends one ICMP echo request from ns's address from to dst (a
 // raw socket: the host has no ping command, and the echo id is ours) and
 // returns the ICMP type and code of the first answer about it: an echo
-// reply (0, 0) or an error whose quoted packet is this echo request.
+// reply (0, 0) or an error whose quoted packet is this echo request. An
+// IPv6 dst gets an ICMPv6 echo request (ping6Once).
 func pingOnce(ns netlab.Namespace, from, dst string, id uint16) (typ, code int, err error) {
+	if isIPv6(dst) {
+		return ping6Once(ns, from, dst, id)
+	}
 	var pc net.PacketConn
 	if err := doIn(ns, func() (err error) {
 		pc, err = net.ListenPacket("ip4:icmp", from)
@@ -281,6 +374,52 @@ func pingOnce(ns netlab.Namespace, from, dst string, id uint16) (typ, code int, 
 	}
 }
 
+// ping6Once is pingOnce for IPv6: an ICMPv6 echo request (128), whose
+// checksum the kernel fills in for every ICMPv6 raw socket (RFC 3542), and
+// the first echo reply (129, 0) or error (1 destination unreachable, 3 time
+// exceeded) quoting it. Reads of an IPv6 raw socket carry no IPv6 header.
+func ping6Once(ns netlab.Namespace, from, dst string, id uint16) (typ, code int, err error) {
+	var pc net.PacketConn
+	if err := doIn(ns, func() (err error) {
+		pc, err = net.ListenPacket("ip6:ipv6-icmp", from)
+		return err
+	}); err != nil {
+		return 0, 0, fmt.Errorf("icmpv6 socket in %s: %w", ns.Name, err)
+	}
+	defer pc.Close()
+	msg := []byte{128, 0, 0, 0, byte(id >> 8), byte(id), 0, 1, 't', 'r', 'k', 'p'}
+	if _, err := pc.WriteTo(msg, &net.IPAddr{IP: net.ParseIP(dst)}); err != nil {
+		return 0, 0, fmt.Errorf("send echo request to %s: %w", dst, err)
+	}
+	pc.SetDeadline(time.Now().Add(3 * time.Second))
+	b := make([]byte, 1500)
+	for {
+		n, _, err := pc.ReadFrom(b)
+		if err != nil {
+			return 0, 0, fmt.Errorf("answer to the echo request to %s: %w", dst, err)
+		}
+		if m := b[:n]; len(m) >= 8 && quotesEcho6(m, dst, id) {
+			return int(m[0]), int(m[1]), nil
+		}
+	}
+}
+
+// quotesEcho6 reports whether the ICMPv6 message m is about our echo
+// request to dst with id: its reply, or an error whose quoted packet (the
+// IPv6 header, then the request) is it. The socket also gets neighbour
+// discovery and everything else ICMPv6 the namespace receives.
+func quotesEcho6(m []byte, dst string, id uint16) bool {
+	switch m[0] {
+	case 129:
+		return binary.BigEndian.Uint16(m[4:]) == id
+	case 1, 3:
+		q := m[8:]
+		return len(q) >= 48 && q[6] == 58 && net.IP(q[24:40]).Equal(net.ParseIP(dst)) &&
+			q[40] == 128 && binary.BigEndian.Uint16(q[44:]) == id
+	}
+	return false
+}
+
 func icmpChecksum(b []byte) uint16 {
 	var s uint32
 	for i := 0; i+1 < len(b); i += 2 {
@@ -299,13 +438,30 @@ func icmpChecksum(b []byte) uint16 {
 // received (/proc/net/snmp, Icmp InDestUnreachs).
 func icmpDestUnreachs(t *testing.T, ns netlab.Namespace) int64 {
 	t.Helper()
+	return snmpCount(t, ns, "Icmp:InDestUnreachs")
+}
+
+// destUnreachs is ns's count of destination unreachable errors received
+// (dir "In") or sent ("Out"), of ICMP (Icmp InDestUnreachs of
+// /proc/net/snmp) or ICMPv6 when v6 (Icmp6 InDestUnreachs of
+// /proc/net/snmp6).
+func destUnreachs(t *testing.T, ns netlab.Namespace, dir string, v6 bool) int64 {
+	t.Helper()
+	if v6 {
+		return snmpCount(t, ns, "Icmp6:"+dir+"DestUnreachs")
+	}
+	return snmpCount(t, ns, "Icmp:"+dir+"DestUnreachs")
+}
+
+func snmpCount(t *testing.T, ns netlab.Namespace, key string) int64 {
+	t.Helper()
 	snmp, err := ns.SNMP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, ok := snmp["Icmp:InDestUnreachs"]
+	n, ok := snmp[key]
 	if !ok {
-		t.Fatalf("no Icmp InDestUnreachs in %s's /proc/net/snmp", ns.Name)
+		t.Fatalf("no %s in %s's /proc/net/snmp or snmp6", key, ns.Name)
 	}
 	return n
 }
@@ -336,9 +492,14 @@ func conntrackICMPReply(ns netlab.Namespace, src, dst string, id uint16) (string
 // conntrackReply reads the one entry of `conntrack -L -p proto filter...`
 // in ns (whose line contains has, when given) and returns its reply
 // tuple's source: address:port, or the address alone for a protocol
-// without ports.
+// without ports. conntrack lists IPv4 unless told the family, so filters
+// on IPv6 addresses add -f ipv6.
 func conntrackReply(ns netlab.Namespace, proto, what, has string, filter ...string) (string, error) {
-	out, err := ns.Run("conntrack", append([]string{"-L", "-p", proto}, filter...)...)
+	args := []string{"-L", "-p", proto}
+	if slices.ContainsFunc(filter, isIPv6) {
+		args = append(args, "-f", "ipv6")
+	}
+	out, err := ns.Run("conntrack", append(args, filter...)...)
 	if err != nil {
 		return "", fmt.Errorf("read the node's conntrack: %w", err)
 	}
@@ -371,9 +532,10 @@ func conntrackReply(ns netlab.Namespace, proto, what, has string, filter ...stri
 	return replies[0], nil
 }
 
-// nftRule is a rule as `nft -a list` shows it: its chain, handle and text
-// without the handle comment.
+// nftRule is a rule as `nft -a list` shows it: its table's family, its
+// chain, handle and text without the handle comment.
 type nftRule struct {
+	family string
 	chain  string
 	handle uint64
 	text   string
@@ -381,9 +543,9 @@ type nftRule struct {
 
 var nftHandleRE = regexp.MustCompile(`^(.*) # handle (\d+)$`)
 
-// listedRules are the rules of `nft -a list table ip kube-proxy` (the
+// listedRules are the rules of `nft -a list table FAMILY kube-proxy` (the
 // node's own listing), in order.
-func listedRules(listing string) ([]nftRule, error) {
+func listedRules(family, listing string) ([]nftRule, error) {
 	var rules []nftRule
 	chain := ""
 	for _, line := range strings.Split(listing, "\n") {
@@ -403,7 +565,7 @@ func listedRules(listing string) ([]nftRule, error) {
 		if err != nil {
 			return nil, fmt.Errorf("handle of %q: %w", l, err)
 		}
-		rules = append(rules, nftRule{chain: chain, handle: h, text: m[1]})
+		rules = append(rules, nftRule{family: family, chain: chain, handle: h, text: m[1]})
 	}
 	return rules, nil
 }
@@ -419,7 +581,7 @@ func findRule(t *testing.T, rules []nftRule, listing string, inChain func(string
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%d rules starting %q in the chosen chain of ip kube-proxy, want one: %+v\n%s", len(found), prefix, found, listing)
+		t.Fatalf("%d rules starting %q in the chosen chain of kube-proxy's table, want one: %+v\n%s", len(found), prefix, found, listing)
 	}
 	return found[0]
 }
