@@ -287,7 +287,7 @@ func ping(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (saw stri
 		if err := unix.Sendto(fd, echoRequest(id, 1), 0, to); err != nil {
 			return fmt.Errorf("send echo to %s: %w", dst, err)
 		}
-		saw = awaitICMP(ctx, fd, dstIP, id)
+		saw = awaitICMP(ctx, fd, func(pkt []byte, _ unix.Sockaddr) string { return matchICMP(pkt, dstIP, id) })
 		return nil
 	})
 	if err != nil {
@@ -320,10 +320,10 @@ func checksum(b []byte) uint16 {
 	return ^uint16(sum)
 }
 
-// awaitICMP reads the raw socket (which sees every ICMP packet arriving in
-// the namespace) until the answer to echo id arrives: an echo reply from
-// dst, or an ICMP error quoting our echo request.
-func awaitICMP(ctx context.Context, fd int, dst net.IP, id uint16) string {
+// awaitICMP reads the raw socket (which sees every ICMP or ICMPv6 message
+// arriving in the namespace) until match recognises the answer to our echo
+// request, or the deadline.
+func awaitICMP(ctx context.Context, fd int, match func(msg []byte, from unix.Sockaddr) string) string {
 	deadline := time.Now().Add(answerTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -336,14 +336,14 @@ func awaitICMP(ctx context.Context, fd int, dst net.IP, id uint16) string {
 		}
 		tv := unix.NsecToTimeval(left.Nanoseconds())
 		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		n, _, err := unix.Recvfrom(fd, buf, 0)
+		n, from, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 				continue
 			}
 			return "error: " + err.Error()
 		}
-		if saw := matchICMP(buf[:n], dst, id); saw != "" {
+		if saw := match(buf[:n], from); saw != "" {
 			return saw
 		}
 	}
@@ -416,7 +416,13 @@ func ping6(ctx context.Context, ns netlab.Namespace, srcIP, dst string) (saw str
 		if err := unix.Sendto(fd, echoRequest6(id, 1), 0, to); err != nil {
 			return fmt.Errorf("send echo to %s: %w", dst, err)
 		}
-		saw = awaitICMP6(ctx, fd, dstIP, id)
+		saw = awaitICMP(ctx, fd, func(msg []byte, from unix.Sockaddr) string {
+			var src net.IP
+			if sa, ok := from.(*unix.SockaddrInet6); ok {
+				src = net.IP(sa.Addr[:])
+			}
+			return matchICMP6(msg, src, dstIP, id)
+		})
 		return nil
 	})
 	if err != nil {
@@ -431,38 +437,6 @@ func echoRequest6(id, seq uint16) []byte {
 	binary.BigEndian.PutUint16(b[4:], id)
 	binary.BigEndian.PutUint16(b[6:], seq)
 	return append(b, "trlab echo probe"...)
-}
-
-// awaitICMP6 reads the raw socket (every ICMPv6 message arriving in the
-// namespace, without its IPv6 header) until the answer to echo id.
-func awaitICMP6(ctx context.Context, fd int, dst net.IP, id uint16) string {
-	deadline := time.Now().Add(answerTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	buf := make([]byte, 1500)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return OutcomeTimeout
-		}
-		tv := unix.NsecToTimeval(left.Nanoseconds())
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		n, from, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return "error: " + err.Error()
-		}
-		var src net.IP
-		if sa, ok := from.(*unix.SockaddrInet6); ok {
-			src = net.IP(sa.Addr[:])
-		}
-		if saw := matchICMP6(buf[:n], src, dst, id); saw != "" {
-			return saw
-		}
-	}
 }
 
 // matchICMP6 interprets one ICMPv6 message from src; "" when it is not

@@ -106,16 +106,25 @@ func newCluster(env *Env, scenario string) (*cluster, error) {
 
 // The IPv6 twins of the cluster's IPv4 addresses in a dual-stack
 // cluster: the LAN 172.18.0.0/24 is fd18::/64 (172.18.0.N is fd18::N),
-// the cluster CIDR fd44::/48, node-N's pod CIDR 10.244.N.0/24 is
-// fd44:0:0:N::/64, the service CIDR fd96::/108.
+// ClusterIPs 10.96.0.N are fd96::N, load-balancer IPs 192.168.1.N are
+// fd19::N, the cluster CIDR is fd44::/48, node-N's pod CIDR 10.244.N.0/24
+// is fd44:0:0:N::/64, the service CIDR fd96::/108.
 const (
 	lanCIDRBits6 = "/64"
 	clusterCIDR6 = "fd44::/48"
 	serviceCIDR6 = "fd96::/108"
 )
 
-func ip6Of(lanIP string) string {
-	return "fd18::" + lanIP[strings.LastIndexByte(lanIP, '.')+1:]
+var twinPrefixes = map[string]string{"172.18.0.": "fd18::", "10.96.0.": "fd96::", "192.168.1.": "fd19::"}
+
+// ip6Of is the IPv6 twin of a LAN, ClusterIP or load-balancer address
+// ("" for any other).
+func ip6Of(v4 string) string {
+	i := strings.LastIndexByte(v4, '.') + 1
+	if p, ok := twinPrefixes[v4[:i]]; ok {
+		return p + v4[i:]
+	}
+	return ""
 }
 
 func podCIDR6Of(podCIDR string) string {

@@ -671,6 +671,13 @@ func runStdin(ns netlab.Namespace, stdin string, name string, args ...string) er
 // addService registers s in the cluster and on every node with kube-proxy.
 func (c *cluster) addService(s *service) error {
 	s.uid = newUID()
+	if c.dualStack {
+		// RequireDualStack: an IPv6 twin of each address.
+		s.clusterIP6 = ip6Of(s.clusterIP)
+		if s.lbIP != "" {
+			s.lbIP6 = ip6Of(s.lbIP)
+		}
+	}
 	for _, n := range c.nodes {
 		var err error
 		switch {

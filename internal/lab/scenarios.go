@@ -3,8 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -199,7 +197,18 @@ func scenario(ctx context.Context, env *Env, name string, build func(c *cluster)
 }
 
 func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "hostport-hijack-clusterip", func(c *cluster) (*Built, error) {
+	return hostportClusterIP(ctx, env, "hostport-hijack-clusterip", ipv4Attempts)
+}
+
+func buildDualStackHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return hostportClusterIP(ctx, env, "dualstack-hostport-hijack-clusterip", ipv6Attempts)
+}
+
+// hostportClusterIP is seed 000; with f IPv6 on a dual-stack cluster, its
+// attempts over the IPv6 twins of the same Services.
+func hostportClusterIP(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -233,58 +242,12 @@ func buildHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			}
 		}
 		return c.built(n2, []attempt{
-			tcp(client, "10.96.0.10:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+			f.tcp(client, f.at("10.96.0.10", 3306), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected("mysql-b"),
 				Note:    "mysql-a's ClusterIP is local on kube-ipvs0; portmap's DNAT for hostPort 3306 runs first"}),
-			tcp(client, "10.96.0.20:80", ServiceDNAT, Expectation{Outcome: Connected("web")}),
-			tcp(client, mysqlA.ip+":3306", NoDecision, Expectation{Outcome: Connected("mysql-a"),
+			f.tcp(client, f.at("10.96.0.20", 80), ServiceDNAT, Expectation{Outcome: Connected("web")}),
+			f.tcp(client, f.podAt(mysqlA, 3306), NoDecision, Expectation{Outcome: Connected("mysql-a"),
 				Note: "mysql-a itself is healthy"}),
-		})
-	})
-}
-
-func buildDualStackHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-hostport-hijack-clusterip", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodes(true)
-		if err != nil {
-			return nil, err
-		}
-		n2.portmapFirst = true
-		mysqlA, err := c.addPod(n1, "db-a", "mysql-a", tcpPort("mysql", 3306, 0))
-		if err != nil {
-			return nil, err
-		}
-		web, err := c.addPod(n1, "shop", "web", tcpPort("http", 8080, 0))
-		if err != nil {
-			return nil, err
-		}
-		mysqlB, err := c.addPod(n2, "db-b", "mysql-b", tcpPort("mysql", 3306, 3306))
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n2, "shop", "client")
-		if err != nil {
-			return nil, err
-		}
-		mysql := []servicePort{{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}}
-		for _, s := range []*service{
-			{namespace: "db-a", name: "mysql-a", typ: "ClusterIP", clusterIP: "10.96.0.10", clusterIP6: "fd96::10", ports: mysql, endpoints: []*pod{mysqlA}},
-			{namespace: "db-b", name: "mysql-b", typ: "ClusterIP", clusterIP: "10.96.0.11", clusterIP6: "fd96::11", ports: mysql, endpoints: []*pod{mysqlB}},
-			{namespace: "shop", name: "web", typ: "ClusterIP", clusterIP: "10.96.0.20", clusterIP6: "fd96::20",
-				ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080}}, endpoints: []*pod{web}},
-		} {
-			if err := c.addService(s); err != nil {
-				return nil, err
-			}
-		}
-		return c.built(n2, []attempt{
-			tcp6(client, "[fd96::10]:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
-				Outcome: Connected("mysql-b"),
-				Note:    "mysql-a's IPv6 ClusterIP is local on kube-ipvs0; portmap's ip6tables DNAT for hostPort 3306 runs first"}),
-			tcp6(client, "[fd96::20]:80", ServiceDNAT, Expectation{Outcome: Connected("web")}),
-			tcp6(client, net.JoinHostPort(mysqlA.ip6, "3306"), NoDecision, Expectation{Outcome: Connected("mysql-a"),
-				Note: "mysql-a itself is healthy over IPv6"}),
 		})
 	})
 }
@@ -381,20 +344,30 @@ func hostNetworkVsHostPort(ctx context.Context, env *Env, name string, twoNodes 
 			tcp(outside, node1IP+":9100", NoDecision, Expectation{Outcome: Connected("ingress-agent")}),
 		}
 		if c.dualStack {
-			node6 := func(port int) string { return net.JoinHostPort(n1.ip6, strconv.Itoa(port)) }
+			f := ipv6Attempts
 			atts = append(atts,
-				tcp6(outside, node6(80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
+				f.tcp(outside, f.nodeAt(n1, 80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 					Note: "over IPv6: portmap's ip6tables DNAT bypasses the same listener"}),
-				tcp6(client, node6(80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
+				f.tcp(client, f.nodeAt(n1, 80), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(webHP.name),
 					Note: "over IPv6 from a pod too"}),
-				tcp6(outside, node6(9100), NoDecision, Expectation{Outcome: Connected("ingress-agent")}))
+				f.tcp(outside, f.nodeAt(n1, 9100), NoDecision, Expectation{Outcome: Connected("ingress-agent")}))
 		}
 		return c.built(n1, atts)
 	})
 }
 
 func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "ping-clusterip", func(c *cluster) (*Built, error) {
+	return pingClusterIP(ctx, env, "ping-clusterip", ipv4Attempts)
+}
+
+func buildDualStackPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return pingClusterIP(ctx, env, "dualstack-ping-clusterip", ipv6Attempts)
+}
+
+// pingClusterIP is seed 003 in IPVS mode, over f.
+func pingClusterIP(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -412,43 +385,12 @@ func buildPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			icmp(client, "10.96.0.30", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeUnreachable,
+			f.icmp(client, f.ip("10.96.0.30"), FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeUnreachable,
 				Note: "ICMP is never a service ip,port"}),
-			tcp(client, "10.96.0.30:22", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
+			f.tcp(client, f.at("10.96.0.30", 22), FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "22 is not a port of the Service"}),
-			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
-			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
-		})
-	})
-}
-
-func buildDualStackPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-ping-clusterip", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodes(true)
-		if err != nil {
-			return nil, err
-		}
-		ldap, err := c.addPod(n2, "auth", "ldap", tcpPort("ldap", 389, 0))
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n1, "auth", "debug")
-		if err != nil {
-			return nil, err
-		}
-		if err := c.addService(&service{namespace: "auth", name: "ldap", typ: "ClusterIP", clusterIP: "10.96.0.30", clusterIP6: "fd96::30",
-			ports: []servicePort{{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}}, endpoints: []*pod{ldap}}); err != nil {
-			return nil, err
-		}
-		return c.built(n1, []attempt{
-			icmp6(client, "fd96::30", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeUnreachable,
-				Note: "ICMPv6 is never a service ip,port"}),
-			tcp6(client, "[fd96::30]:22", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
-				Note: "22 is not a port of the Service"}),
-			tcp6(client, "[fd96::30]:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
-			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap"), Note: "the same Service over IPv4"}),
-			icmp6(client, ldap.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+			f.tcp(client, f.at("10.96.0.30", 389), ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
+			f.icmp(client, f.pod(ldap), NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }
@@ -483,29 +425,9 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 // node-1, pod shop on node-2 (so node-1 has no local endpoint), Service
 // shop as an ETP=Local LoadBalancer on lbIP, and shop-any, the same pod
 // behind an ETP=Cluster LoadBalancer on 192.168.1.202 for the baseline.
-func buildDualStackReturnPath(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-return-path-etp-local", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodes(true)
-		if err != nil {
-			return nil, err
-		}
-		outside, shop, err := c.etpLocalShop(n2, "192.168.1.200")
-		if err != nil {
-			return nil, err
-		}
-		return c.built(n1, []attempt{
-			tcp6(outside, "[fd19::200]:80", ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
-				Note: "the pod's SYN-ACK goes straight to the client over IPv6, which resets it"}),
-			tcp6(outside, "[fd19::202]:80", ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
-		}, outside.ns)
-	})
-}
-
 // etpLocalShop is the shop pod on n2 behind two LoadBalancers on lbIP and
-// 192.168.1.202: one externalTrafficPolicy=Local, one Cluster; in a
-// dual-stack cluster they have the IPv6 ingress IPs fd19::200 and
-// fd19::202 too.
+// 192.168.1.202: one externalTrafficPolicy=Local, one Cluster (in a
+// dual-stack cluster with their IPv6 twins too).
 func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
 	outside, err := c.addOutside("outside", outsideIP, node1IP)
 	if err != nil {
@@ -520,10 +442,6 @@ func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
 		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30091}}, endpoints: []*pod{shop}}
 	cluster := &service{namespace: "shop", name: "shop-any", typ: "LoadBalancer", clusterIP: "10.96.0.61", lbIP: "192.168.1.202",
 		ports: []servicePort{{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080, NodePort: 30092}}, endpoints: []*pod{shop}}
-	if c.dualStack {
-		local.clusterIP6, local.lbIP6 = "fd96::60", "fd19::200"
-		cluster.clusterIP6, cluster.lbIP6 = "fd96::61", "fd19::202"
-	}
 	for _, s := range []*service{local, cluster} {
 		if err := c.addService(s); err != nil {
 			return nil, nil, err
@@ -557,7 +475,17 @@ func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 }
 
 func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "return-path-etp-local", func(c *cluster) (*Built, error) {
+	return returnPath(ctx, env, "return-path-etp-local", ipv4Attempts)
+}
+
+func buildDualStackReturnPath(ctx context.Context, env *Env) (*Built, error) {
+	return returnPath(ctx, env, "dualstack-return-path-etp-local", ipv6Attempts)
+}
+
+// returnPath is seed 004 part 2, over f.
+func returnPath(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -567,15 +495,26 @@ func buildReturnPath(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(outside, "192.168.1.200:80", ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
+			f.tcp(outside, f.at("192.168.1.200", 80), ReturnPath, Expectation{Verdict: trace.VerdictReturnPathMismatch, Outcome: OutcomeTimeout,
 				Note: "the pod's SYN-ACK goes straight to the client, which resets it"}),
-			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
+			f.tcp(outside, f.at("192.168.1.202", 80), ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
 		}, outside.ns)
 	})
 }
 
 func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "reject-reset-drop", func(c *cluster) (*Built, error) {
+	return rejectResetDrop(ctx, env, "reject-reset-drop", ipv4Attempts)
+}
+
+func buildDualStackRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
+	return rejectResetDrop(ctx, env, "dualstack-reject-reset-drop", ipv6Attempts)
+}
+
+// rejectResetDrop: a REJECT, a stack RST and a DROP beside healthy
+// Services, over f.
+func rejectResetDrop(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -602,76 +541,28 @@ func buildRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
 				return nil, err
 			}
 		}
-		if err := policy(n1, api.ip); err != nil {
+		if err := policy(n1, f, f.pod(api)); err != nil {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(client, api.ip+":9000", PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
-			tcp(client, node1IP+":2222", StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
+			f.tcp(client, f.podAt(api, 9000), PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
+			f.tcp(client, f.nodeAt(n1, 2222), StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
 				Note: "nothing listens on node-1's :2222: the TCP stack resets"}),
-			tcp(client, api.ip+":9001", PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
-			tcp(client, "10.96.0.40:443", ServiceDNAT, Expectation{Outcome: Connected("api")}),
-			udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
+			f.tcp(client, f.podAt(api, 9001), PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
+			f.tcp(client, f.at("10.96.0.40", 443), ServiceDNAT, Expectation{Outcome: Connected("api")}),
+			f.udp(client, f.at("10.96.0.53", 53), ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
 		})
 	})
 }
 
-func buildDualStackRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-reject-reset-drop", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodes(true)
-		if err != nil {
-			return nil, err
-		}
-		api, err := c.addPod(n2, "backend", "api", tcpPort("https", 8443, 0), tcpPort("admin", 9000, 0), tcpPort("debug", 9001, 0))
-		if err != nil {
-			return nil, err
-		}
-		dns, err := c.addPod(n2, "kube-system", "coredns", containerPort{Name: "dns", Proto: "udp", Port: 53})
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n1, "shop", "client")
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range []*service{
-			{namespace: "backend", name: "api", typ: "ClusterIP", clusterIP: "10.96.0.40", clusterIP6: "fd96::40",
-				ports: []servicePort{{Name: "https", Proto: "tcp", Port: 443, TargetPort: 8443}}, endpoints: []*pod{api}},
-			{namespace: "kube-system", name: "kube-dns", typ: "ClusterIP", clusterIP: "10.96.0.53", clusterIP6: "fd96::53",
-				ports: []servicePort{{Name: "dns", Proto: "udp", Port: 53, TargetPort: 53}}, endpoints: []*pod{dns}},
-		} {
-			if err := c.addService(s); err != nil {
-				return nil, err
-			}
-		}
-		if err := policy6(n1, api.ip6); err != nil {
-			return nil, err
-		}
-		api6 := func(port int) string { return net.JoinHostPort(api.ip6, strconv.Itoa(port)) }
-		return c.built(n1, []attempt{
-			tcp6(client, api6(9000), PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
-			tcp6(client, net.JoinHostPort(n1.ip6, "2222"), StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
-				Note: "nothing listens on node-1's [IPv6]:2222: the TCP stack resets"}),
-			tcp6(client, api6(9001), PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
-			tcp6(client, "[fd96::40]:443", ServiceDNAT, Expectation{Outcome: Connected("api")}),
-			udp6(client, "[fd96::53]:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
-		})
-	})
-}
-
-// policy is a hand-written FORWARD policy on n: api's admin port is
-// rejected with a TCP reset, its debug port silently dropped.
-func policy(n *node, apiIP string) error {
-	return runPolicy(n, "iptables-restore", apiIP+"/32")
-}
-
-// policy6 is policy in ip6tables, for api's IPv6 address.
-func policy6(n *node, apiIP6 string) error {
-	return runPolicy(n, "ip6tables-restore", apiIP6+"/128")
-}
-
-func runPolicy(n *node, restore, api string) error {
+// policy is a hand-written FORWARD policy on n in f's iptables: api's
+// admin port is rejected with a TCP reset, its debug port silently
+// dropped.
+func policy(n *node, f family, apiIP string) error {
+	restore, api := "iptables-restore", apiIP+"/32"
+	if f.v6 {
+		restore, api = "ip6tables-restore", apiIP+"/128"
+	}
 	rules := "*filter\n:LAB-POLICY - [0:0]\n" +
 		"-A FORWARD -m comment --comment \"lab network policy\" -j LAB-POLICY\n" +
 		"-A LAB-POLICY -d " + api + " -p tcp -m comment --comment \"deny backend/api admin\" -m tcp --dport 9000 -j REJECT --reject-with tcp-reset\n" +

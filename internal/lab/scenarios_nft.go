@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"strings"
 
@@ -169,7 +168,18 @@ func clusterIPService(namespace, name, ip string, port servicePort, eps ...*pod)
 }
 
 func buildNFTHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-hostport-hijack-clusterip-v1.8", func(c *cluster) (*Built, error) {
+	return nftHostportClusterIP(ctx, env, "nft-hostport-hijack-clusterip-v1.8", ipv4Attempts)
+}
+
+func buildDualStackNFTHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return nftHostportClusterIP(ctx, env, "dualstack-nft-hostport-hijack-clusterip-v1.8", ipv6Attempts)
+}
+
+// nftHostportClusterIP is seed 000 on nftables nodes with portmap v1.8.0,
+// over f (portmap's and kube-proxy's ip6 tables on a dual-stack cluster).
+func nftHostportClusterIP(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, PortmapV180)
 		if err != nil {
 			return nil, err
@@ -197,13 +207,13 @@ func buildNFTHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n2, []attempt{
-			tcp(client, "10.96.0.10:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
+			f.tcp(client, f.at("10.96.0.10", 3306), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
 				Note: "portmap v1.8's prerouting has no locality check and runs before kube-proxy's nat-prerouting"}),
-			tcp(client, mysqlA.ip+":3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
+			f.tcp(client, f.podAt(mysqlA, 3306), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
 				Note: "mysql-a's own pod IP, only routed through node-2, is taken too"}),
-			tcp(client, "10.96.0.20:80", ServiceDNAT, Expectation{Outcome: Connected("web"),
+			f.tcp(client, f.at("10.96.0.20", 80), ServiceDNAT, Expectation{Outcome: Connected("web"),
 				Note: "no hostPort has port 80: kube-proxy's chain runs next and DNATs"}),
-			icmp(client, mysqlA.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+			f.icmp(client, f.pod(mysqlA), NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }
@@ -295,7 +305,18 @@ func buildNFTHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) 
 }
 
 func buildNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-ping-clusterip", func(c *cluster) (*Built, error) {
+	return nftPingClusterIP(ctx, env, "nft-ping-clusterip", ipv4Attempts)
+}
+
+func buildDualStackNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
+	return nftPingClusterIP(ctx, env, "dualstack-nft-ping-clusterip", ipv6Attempts)
+}
+
+// nftPingClusterIP is seed 003 on nftables nodes, over f (kube-proxy's
+// ip6 table on a dual-stack cluster).
+func nftPingClusterIP(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, "")
 		if err != nil {
 			return nil, err
@@ -312,91 +333,14 @@ func buildNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			icmp(client, "10.96.0.30", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeUnreachable,
+			f.icmp(client, f.ip("10.96.0.30"), ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeUnreachable,
 				Note: "ICMP is never a Service's protocol"}),
-			tcp(client, "10.96.0.30:22", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeRefused,
+			f.tcp(client, f.at("10.96.0.30", 22), ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeRefused,
 				Note: "22 is not a port of the Service"}),
-			tcp(client, "10.96.0.99:80", ClusterIPDrop, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeTimeout,
-				Note: "no Service has 10.96.0.99: cluster-ips-check drops the service CIDR's unallocated addresses"}),
-			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
-			icmp(client, ldap.ip, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
-		})
-	})
-}
-
-func buildDualStackNFTHostportClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-nft-hostport-hijack-clusterip-v1.8", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodesNFT(true, PortmapV180)
-		if err != nil {
-			return nil, err
-		}
-		mysqlA, err := c.addPod(n1, "db-a", "mysql-a", tcpPort("mysql", 3306, 0))
-		if err != nil {
-			return nil, err
-		}
-		web, err := c.addPod(n1, "shop", "web", tcpPort("http", 8080, 0))
-		if err != nil {
-			return nil, err
-		}
-		mysqlB, err := c.addPod(n2, "db-b", "mysql-b", tcpPort("mysql", 3306, 3306))
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n2, "shop", "client")
-		if err != nil {
-			return nil, err
-		}
-		mysql := servicePort{Name: "mysql", Proto: "tcp", Port: 3306, TargetPort: 3306}
-		svcA := clusterIPService("db-a", "mysql-a", "10.96.0.10", mysql, mysqlA)
-		svcB := clusterIPService("db-b", "mysql-b", "10.96.0.11", mysql, mysqlB)
-		svcWeb := clusterIPService("shop", "web", "10.96.0.20", servicePort{Name: "http", Proto: "tcp", Port: 80, TargetPort: 8080}, web)
-		svcA.clusterIP6, svcB.clusterIP6, svcWeb.clusterIP6 = "fd96::10", "fd96::11", "fd96::20"
-		if err := c.addServices(svcA, svcB, svcWeb); err != nil {
-			return nil, err
-		}
-		return c.built(n2, []attempt{
-			tcp6(client, "[fd96::10]:3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
-				Note: "portmap v1.8's ip6 prerouting has no locality check and runs before kube-proxy's ip6 nat-prerouting"}),
-			tcp6(client, net.JoinHostPort(mysqlA.ip6, "3306"), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected("mysql-b"),
-				Note: "mysql-a's own IPv6 address, only routed through node-2, is taken too"}),
-			tcp6(client, "[fd96::20]:80", ServiceDNAT, Expectation{Outcome: Connected("web"),
-				Note: "no hostPort has port 80: kube-proxy's ip6 chain runs next and DNATs"}),
-			icmp6(client, mysqlA.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
-		})
-	})
-}
-
-func buildDualStackNFTPingClusterIP(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "dualstack-nft-ping-clusterip", func(c *cluster) (*Built, error) {
-		c.dualStack = true
-		n1, n2, err := c.twoNodesNFT(true, "")
-		if err != nil {
-			return nil, err
-		}
-		ldap, err := c.addPod(n2, "auth", "ldap", tcpPort("ldap", 389, 0))
-		if err != nil {
-			return nil, err
-		}
-		client, err := c.addPod(n1, "auth", "debug")
-		if err != nil {
-			return nil, err
-		}
-		svc := clusterIPService("auth", "ldap", "10.96.0.30", servicePort{Name: "ldap", Proto: "tcp", Port: 389, TargetPort: 389}, ldap)
-		svc.clusterIP6 = "fd96::30"
-		if err := c.addService(svc); err != nil {
-			return nil, err
-		}
-		return c.built(n1, []attempt{
-			icmp6(client, "fd96::30", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeUnreachable,
-				Note: "ICMPv6 is never a Service's protocol"}),
-			tcp6(client, "[fd96::30]:22", ClusterIPReject, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeRefused,
-				Note: "22 is not a port of the Service"}),
-			tcp6(client, "[fd96::99]:80", ClusterIPDrop, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeTimeout,
-				Note: "no Service has fd96::99: the ip6 table's cluster-ips-check drops the IPv6 service CIDR's unallocated addresses"}),
-			tcp6(client, "[fd96::30]:389", ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
-			tcp(client, "10.96.0.30:389", ServiceDNAT, Expectation{Outcome: Connected("ldap"), Note: "the same Service over IPv4"}),
-			icmp6(client, ldap.ip6, NoDecision, Expectation{Outcome: OutcomeEchoReply}),
+			f.tcp(client, f.at("10.96.0.99", 80), ClusterIPDrop, Expectation{Verdict: trace.VerdictClusterIPReject, Outcome: OutcomeTimeout,
+				Note: "no Service has that address: cluster-ips-check drops the service CIDR's unallocated addresses"}),
+			f.tcp(client, f.at("10.96.0.30", 389), ServiceDNAT, Expectation{Outcome: Connected("ldap")}),
+			f.icmp(client, f.pod(ldap), NoDecision, Expectation{Outcome: OutcomeEchoReply}),
 		})
 	})
 }

@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -122,4 +124,69 @@ func (c *cluster) run(ctx context.Context, n *node, atts []attempt) ([]Expectati
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// family is the address family a scenario's attempts use: IPv4, or IPv6
+// in the dual-stack twin of a scenario, which builds the same cluster with
+// addresses of both families (ip6Of) and makes its attempts over IPv6.
+type family struct{ v6 bool }
+
+var (
+	ipv4Attempts = family{}
+	ipv6Attempts = family{v6: true}
+)
+
+func (f family) tcp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	if f.v6 {
+		return tcp6(from, dst, m, exp)
+	}
+	return tcp(from, dst, m, exp)
+}
+
+func (f family) udp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	if f.v6 {
+		return udp6(from, dst, m, exp)
+	}
+	return udp(from, dst, m, exp)
+}
+
+func (f family) icmp(from endpoint, dst string, m Mechanism, exp Expectation) attempt {
+	if f.v6 {
+		return icmp6(from, dst, m, exp)
+	}
+	return icmp(from, dst, m, exp)
+}
+
+// ip is the address of f's family of an IPv4 address of the scenario: the
+// address itself, or its IPv6 twin.
+func (f family) ip(v4 string) string {
+	if f.v6 {
+		return ip6Of(v4)
+	}
+	return v4
+}
+
+// at is "IP:PORT" ("[IP]:PORT") for the IPv4 address v4 or its twin.
+func (f family) at(v4 string, port int) string {
+	return net.JoinHostPort(f.ip(v4), strconv.Itoa(port))
+}
+
+// pod and node are a pod's and a node's address of f's family.
+func (f family) pod(p *pod) string {
+	if f.v6 {
+		return p.ip6
+	}
+	return p.ip
+}
+
+func (f family) podAt(p *pod, port int) string {
+	return net.JoinHostPort(f.pod(p), strconv.Itoa(port))
+}
+
+func (f family) nodeAt(n *node, port int) string {
+	ip := n.ip
+	if f.v6 {
+		ip = n.ip6
+	}
+	return net.JoinHostPort(ip, strconv.Itoa(port))
 }
