@@ -26,8 +26,13 @@ import (
 // still runs its IPv6 proxier too (NewDualStackProxier), which writes an
 // empty `table ip6 kube-proxy`: with no IPv6 node address its NodePorts
 // match every local address, and it detects no local traffic and knows no
-// service CIDR. TestKubeProxyNFTMatchesRealKubeProxy checks the lab writes
-// what the real kube-proxy v1.37.2 wrote (internal/nft/testdata).
+// service CIDR. On a dual-stack node (dualStackIPv6Proxier) it has the
+// node's IPv6 address, cluster CIDR and service CIDR and serves the IPv6
+// side of dual-stack Services. TestKubeProxyNFTMatchesRealKubeProxy checks
+// the lab writes what the real kube-proxy v1.37.2 wrote
+// (internal/nft/testdata), and tests/controlplane/kubeproxy's
+// TestStandInNFTablesMatchesKubeProxy(DualStack) holds both shapes against
+// the real one running.
 type kubeProxyNFT struct {
 	n        *node
 	services []*service
@@ -64,7 +69,7 @@ func ipv6Proxier() *kpFamily {
 // dualStackIPv6Proxier is the IPv6 proxier on a dual-stack node: it has
 // the node's IPv6 address, the IPv6 cluster CIDR and service CIDR, and
 // serves the IPv6 side of dual-stack Services.
-func dualStackIPv6Proxier(nodeIP6 string) *kpFamily {
+func dualStackIPv6Proxier(nodeIP6, clusterCIDR6, serviceCIDR6 string) *kpFamily {
 	f := ipv6Proxier()
 	f.nodeIPs, f.clusterCIDR, f.serviceCIDR = []string{nodeIP6}, clusterCIDR6, serviceCIDR6
 	return f
@@ -165,7 +170,7 @@ func (tx *nftTx) ruleComment(chain, rule, comment string) {
 func (c *cluster) installKubeProxyNFT(n *node) error {
 	n.kpNFT = &kubeProxyNFT{n: n, v4: ipv4Proxier(n.ip, clusterCIDR, serviceCIDR), v6: ipv6Proxier()}
 	if c.dualStack {
-		n.kpNFT.v6 = dualStackIPv6Proxier(n.ip6)
+		n.kpNFT.v6 = dualStackIPv6Proxier(n.ip6, clusterCIDR6, serviceCIDR6)
 	}
 	return n.kpNFT.start()
 }

@@ -24,6 +24,9 @@ type StandInNode struct {
 	IP          string // the node address (NodePorts, nodeport-ips)
 	ClusterCIDR string // the pods' range, as kube-proxy's clusterCIDR
 	ServiceCIDR string // nftables mode: the ClusterIP range it drops unallocated addresses of
+	// IP6, ClusterCIDR6 and ServiceCIDR6 make the node dual-stack
+	// (nftables mode): its IPv6 proxier serves the Services' IPv6 side.
+	IP6, ClusterCIDR6, ServiceCIDR6 string
 	// IPVS: write virtual servers (the kernel must have IPVS); otherwise
 	// IPVS mode gets the KUBE-SVC/KUBE-SEP substitute.
 	IPVS bool
@@ -36,6 +39,7 @@ type StandInService struct {
 	Namespace, Name string
 	Type            string // ClusterIP, NodePort or LoadBalancer
 	ClusterIP       string
+	ClusterIP6      string // a dual-stack Service's IPv6 ClusterIP
 	LoadBalancerIP  string
 	// ExternalLocal is externalTrafficPolicy: Local.
 	ExternalLocal       bool
@@ -56,6 +60,7 @@ type StandInPort struct {
 // StandInEndpoint is one ready endpoint; Local says it runs on the node.
 type StandInEndpoint struct {
 	IP    string
+	IP6   string // its IPv6 address, for a dual-stack Service
 	Local bool
 }
 
@@ -65,7 +70,7 @@ type StandInEndpoint struct {
 // scenario. ns must be fresh: it gets kube-ipvs0 (IPVS mode) and the
 // rules.
 func WriteKubeProxyStandIn(ns netlab.Namespace, mode StandInMode, sn StandInNode, services []StandInService) error {
-	n := &node{name: sn.Name, ns: ns, ip: sn.IP}
+	n := &node{name: sn.Name, ns: ns, ip: sn.IP, ip6: sn.IP6}
 	other := &node{name: sn.Name + "-other"}
 	svcs := make([]*service, len(services))
 	for i, s := range services {
@@ -77,6 +82,9 @@ func WriteKubeProxyStandIn(ns netlab.Namespace, mode StandInMode, sn StandInNode
 	case StandInNFTables:
 		kp := &kubeProxyNFT{n: n, services: svcs,
 			v4: ipv4Proxier(sn.IP, sn.ClusterCIDR, sn.ServiceCIDR), v6: ipv6Proxier()}
+		if sn.IP6 != "" {
+			kp.v6 = dualStackIPv6Proxier(sn.IP6, sn.ClusterCIDR6, sn.ServiceCIDR6)
+		}
 		return kp.start()
 	}
 	return fmt.Errorf("write kube-proxy stand-in: unknown mode %q", mode)
@@ -97,7 +105,7 @@ func writeIPVSStandIn(n *node, sn StandInNode, svcs []*service) error {
 
 // service is s with its endpoints on n (Local) or other.
 func (s StandInService) service(n, other *node) *service {
-	svc := &service{namespace: s.Namespace, name: s.Name, typ: s.Type, clusterIP: s.ClusterIP,
+	svc := &service{namespace: s.Namespace, name: s.Name, typ: s.Type, clusterIP: s.ClusterIP, clusterIP6: s.ClusterIP6,
 		lbIP: s.LoadBalancerIP, etpLocal: s.ExternalLocal, healthCheckPort: s.HealthCheckNodePort}
 	for _, p := range s.Ports {
 		svc.ports = append(svc.ports, servicePort(p))
@@ -107,7 +115,7 @@ func (s StandInService) service(n, other *node) *service {
 		if ep.Local {
 			on = n
 		}
-		svc.endpoints = append(svc.endpoints, &pod{ip: ep.IP, node: on})
+		svc.endpoints = append(svc.endpoints, &pod{ip: ep.IP, ip6: ep.IP6, node: on})
 	}
 	return svc
 }

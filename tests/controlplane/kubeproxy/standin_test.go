@@ -74,12 +74,18 @@ func standInService(svc *corev1.Service, eps []discoveryv1.EndpointSlice, node s
 	if in := svc.Status.LoadBalancer.Ingress; len(in) > 0 {
 		s.LoadBalancerIP = in[0].IP
 	}
+	if ips := svc.Spec.ClusterIPs; len(ips) > 1 {
+		s.ClusterIP6 = ips[1]
+	}
 	var ids []ServicePortID
 	for _, p := range svc.Spec.Ports {
 		proto := strings.ToLower(string(p.Protocol))
 		id := ServicePortID{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Proto: proto}
 		target := int(p.TargetPort.IntVal)
 		for _, sl := range eps {
+			if sl.AddressType == discoveryv1.AddressTypeIPv6 {
+				continue // the IPv4 endpoints' twins, below
+			}
 			for _, sp := range sl.Ports {
 				if sp.Name != nil && *sp.Name == p.Name && sp.Port != nil {
 					target = int(*sp.Port)
@@ -100,7 +106,33 @@ func standInService(svc *corev1.Service, eps []discoveryv1.EndpointSlice, node s
 		s.Ports = append(s.Ports, lab.StandInPort{Name: p.Name, Proto: proto, Port: int(p.Port), TargetPort: target, NodePort: int(p.NodePort)})
 		ids = append(ids, id)
 	}
+	addIPv6Endpoints(&s, eps)
 	return s, ids
+}
+
+// addIPv6Endpoints gives each endpoint of a dual-stack Service the address
+// its pod has in the IPv6 EndpointSlices, matched by the pod they name.
+func addIPv6Endpoints(s *lab.StandInService, eps []discoveryv1.EndpointSlice) {
+	v6 := map[string]string{}
+	for _, sl := range eps {
+		for _, ep := range sl.Endpoints {
+			if sl.AddressType == discoveryv1.AddressTypeIPv6 && ep.TargetRef != nil && len(ep.Addresses) > 0 {
+				v6[ep.TargetRef.Namespace+"/"+ep.TargetRef.Name] = ep.Addresses[0]
+			}
+		}
+	}
+	for _, sl := range eps {
+		for _, ep := range sl.Endpoints {
+			if sl.AddressType != discoveryv1.AddressTypeIPv4 || ep.TargetRef == nil || len(ep.Addresses) == 0 {
+				continue
+			}
+			for i := range s.Endpoints {
+				if s.Endpoints[i].IP == ep.Addresses[0] {
+					s.Endpoints[i].IP6 = v6[ep.TargetRef.Namespace+"/"+ep.TargetRef.Name]
+				}
+			}
+		}
+	}
 }
 
 // createLoadBalancer adds what the fixture lacks and the stand-ins model:
@@ -265,6 +297,52 @@ func TestStandInNFTablesMatchesKubeProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("stand-in wrote %d Services in %s", len(svcs), time.Since(t0).Round(time.Millisecond))
+	got, err := NFTablesModel([]byte(execIn(t, ns, "nft", "-j", "list", "ruleset")), []byte(execIn(t, ns, "nft", "-a", "list", "ruleset")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkModels(t, real, got, nil)
+}
+
+// TestStandInNFTablesMatchesKubeProxyDualStack is the same comparison on
+// the dual-stack cluster of TestPrivTraceKubeProxyNFTDualStack: kube-proxy
+// v1.37.2's IPv4 and IPv6 proxiers against the lab's, both tables whole,
+// with RequireDualStack Services whose EndpointSlices have both address
+// types. No difference is intended.
+func TestStandInNFTablesMatchesKubeProxyDualStack(t *testing.T) {
+	skipShort(t)
+	skipInVM(t)
+	SkipUnlessPrivileged(t)
+	checkHostUnchanged(t, NFTables)
+	families := []traceFamily{ipv4, ipv6}
+	cp, admin := startTraceControlPlane(t, families)
+	ctx, cancel := context.WithTimeout(context.Background(), SyncTimeout())
+	defer cancel()
+	opts := Options{Mode: NFTables, DualStack: true}
+	if err := EnsureNodeOf(ctx, admin, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := createTraceObjects(ctx, admin, families); err != nil {
+		t.Fatal(err)
+	}
+	kp := Start(t, cp, opts)
+	if _, err := kp.WaitSynced(ctx, traceSynced(NFTables, families)...); err != nil {
+		t.Fatal(err)
+	}
+	real, err := NFTablesModel([]byte(kpExec(t, kp, "nft", "-j", "list", "ruleset")), []byte(kpExec(t, kp, "nft", "-a", "list", "ruleset")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, svcs, err := standInServices(ctx, admin, DefaultNodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := lab.StandInNode{Name: DefaultNodeName, IP: DefaultNodeIP, ClusterCIDR: DefaultClusterCIDR, ServiceCIDR: ipv4.serviceCIDR,
+		IP6: DefaultNodeIP6, ClusterCIDR6: DefaultClusterCIDR6, ServiceCIDR6: ipv6.serviceCIDR}
+	ns := standInNetns(t)
+	if err := lab.WriteKubeProxyStandIn(ns, lab.StandInNFTables, sn, svcs); err != nil {
+		t.Fatal(err)
+	}
 	got, err := NFTablesModel([]byte(execIn(t, ns, "nft", "-j", "list", "ruleset")), []byte(execIn(t, ns, "nft", "-a", "list", "ruleset")))
 	if err != nil {
 		t.Fatal(err)
