@@ -68,15 +68,8 @@ func ipv6OnlyPair(t *testing.T) (c, n netlab.Namespace) {
 		}
 	}
 	// The addresses were added without nodad: wait until they can be used.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		out, _ := c.Run("ip", "-6", "addr", "show", "tentative")
-		out2, _ := n.Run("ip", "-6", "addr", "show", "tentative")
-		if !strings.Contains(out+out2, "inet6") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("IPv6 addresses still tentative:\n%s%s", out, out2)
-		}
+	if err := netlab.SettleIPv6(10*time.Second, c, n); err != nil {
+		t.Fatal(err)
 	}
 	var ln net.Listener
 	if err := n.Do(func() (err error) { ln, err = net.Listen("tcp", "["+v6Backend+"]:8080"); return err }); err != nil {

@@ -297,23 +297,7 @@ func (c *cluster) settleIPv6() error {
 			spaces = append(spaces, p.ns)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, ns := range spaces {
-		for {
-			out, err := ns.Run("ip", "-6", "addr", "show", "tentative")
-			if err != nil {
-				return fmt.Errorf("settle ipv6 addresses: %w", err)
-			}
-			if !strings.Contains(out, "inet6") {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("settle ipv6 addresses: still tentative in %s after 10s:\n%s", ns.Name, out)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	return nil
+	return netlab.SettleIPv6(10*time.Second, spaces...)
 }
 
 // mode says how kube-proxy's service handling ran, and with nftables

@@ -390,14 +390,12 @@ func (kp *kubeProxy) addService(s *service) error {
 	if err := kp.bindAddresses(s); err != nil {
 		return err
 	}
-	entries := kp.ipsetEntries(s)
+	entries, sets := kp.ipsetEntries(s)
 	if err := runStdin(kp.n.ns, entries, "ipset", "restore"); err != nil {
 		return fmt.Errorf("kube-proxy on %s: ipset entries of %s: %w", kp.n.name, s.name, err)
 	}
-	for _, line := range strings.Split(entries, "\n") {
-		if f := strings.Fields(line); len(f) > 1 {
-			kp.filled[strings.Replace(f[1], "KUBE-6-", "KUBE-", 1)] = true
-		}
+	for _, set := range sets {
+		kp.filled[set] = true
 	}
 	for _, p := range s.ports {
 		var err error
@@ -447,9 +445,15 @@ func (kp *kubeProxy) bindAddresses(s *service) error {
 	return nil
 }
 
-func (kp *kubeProxy) ipsetEntries(s *service) string {
+// ipsetEntries is the ipset restore input of s's entries, and the sets
+// (by their IPv4 proxier's names) it fills.
+func (kp *kubeProxy) ipsetEntries(s *service) (string, []string) {
 	var b strings.Builder
-	add := func(set, entry string) { fmt.Fprintf(&b, "add %s %s -exist\n", kp.set(set), entry) }
+	var sets []string
+	add := func(set, entry string) {
+		fmt.Fprintf(&b, "add %s %s -exist\n", kp.set(set), entry)
+		sets = append(sets, set)
+	}
 	lb := kp.lbIP(s)
 	for _, ip := range []string{kp.serviceIP(s), lb} {
 		if ip != "" {
@@ -482,7 +486,7 @@ func (kp *kubeProxy) ipsetEntries(s *service) string {
 	if s.healthCheckPort > 0 {
 		add("KUBE-HEALTH-CHECK-NODE-PORT", strconv.Itoa(s.healthCheckPort))
 	}
-	return b.String()
+	return b.String(), sets
 }
 
 // externalEndpoints are the real servers of the external (LB, NodePort)

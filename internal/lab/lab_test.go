@@ -112,7 +112,8 @@ func TestIPSetEntriesMatchKubeProxy(t *testing.T) {
 	kp := &kubeProxy{n: n1}
 	got := map[string]bool{}
 	for _, s := range svcs {
-		for _, line := range strings.Split(strings.TrimSpace(kp.ipsetEntries(s)), "\n") {
+		entries, _ := kp.ipsetEntries(s)
+		for _, line := range strings.Split(strings.TrimSpace(entries), "\n") {
 			got[line] = true
 		}
 	}

@@ -108,29 +108,8 @@ func newTopology(t *testing.T) *topology {
 	run(t, tp.c, "ip", "-6", "route", "add", "default", "via", rAddrC6)
 	run(t, tp.s, "ip", "-6", "route", "add", "default", "via", rAddrS6)
 	must(t, tp.r.Sysctl("net.ipv6.conf.all.forwarding", "1"))
-	settleIPv6(t, tp.c, tp.r, tp.s)
+	must(t, netlab.SettleIPv6(10*time.Second, tp.c, tp.r, tp.s))
 	return tp
-}
-
-// settleIPv6 waits until duplicate address detection is over for every
-// address (the links' own fe80:: ones too): until then the first packets
-// of a connection can wait seconds for neighbour discovery.
-func settleIPv6(t *testing.T, spaces ...netlab.Namespace) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, ns := range spaces {
-		for {
-			out, err := ns.Run("ip", "-6", "addr", "show", "tentative")
-			must(t, err)
-			if !strings.Contains(out, "inet6") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("IPv6 addresses of %s still tentative after 10s:\n%s", ns.Name, out)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
 }
 
 func must(t *testing.T, err error) {

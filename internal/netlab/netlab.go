@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -178,4 +179,29 @@ func run(name string, args ...string) (string, error) {
 		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return out.String(), nil
+}
+
+// SettleIPv6 waits until no IPv6 address in the namespaces is tentative:
+// every address, the links' own link-local ones too, goes through
+// duplicate address detection (about a second) unless added with nodad,
+// and until it ends a connection's first packets can wait seconds for
+// neighbour discovery.
+func SettleIPv6(timeout time.Duration, spaces ...Namespace) error {
+	deadline := time.Now().Add(timeout)
+	for _, ns := range spaces {
+		for {
+			out, err := ns.Run("ip", "-6", "addr", "show", "tentative")
+			if err != nil {
+				return fmt.Errorf("settle ipv6 addresses: %w", err)
+			}
+			if !strings.Contains(out, "inet6") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("settle ipv6 addresses: still tentative in %s after %s:\n%s", ns.Name, timeout, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
 }

@@ -182,24 +182,8 @@ func testPortmapFixture(t *testing.T, version string, update bool) {
 
 	checkFixtures(t, "portmap-"+version, js, text, update)
 
-	if err := pm.Del(s); err != nil {
-		t.Fatal(err)
-	}
-	js, err = nft(node, "-j", "list", "ruleset")
-	if err != nil {
-		t.Fatal(err)
-	}
-	left, tables, err := rulesWithComment(js, s.ContainerID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 {
-		t.Errorf("portmap del left %d rules of %s", left, s.ContainerID)
-	}
 	// DEL removes rules by comment only; the table stays for the next pod.
-	if tables != 1 {
-		t.Errorf("after del: %d tables, want ip cni_hostport only", tables)
-	}
+	checkDeleted(t, pm, node, s, 1)
 }
 
 // checkFixtures compares what nft listed with the fixtures NAME.json and
@@ -277,19 +261,26 @@ func testPortmapFixtureDual(t *testing.T, version string, update bool) {
 	}
 	checkFixtures(t, "portmap-"+version+"-dualstack", js, text, update)
 
+	checkDeleted(t, pm, node, s, 2) // ip and ip6 cni_hostport
+}
+
+// checkDeleted runs DEL for s and checks that none of its rules is left
+// and that tables tables remain.
+func checkDeleted(t *testing.T, pm Portmap, node netlab.Namespace, s Sandbox, tables int) {
+	t.Helper()
 	if err := pm.Del(s); err != nil {
 		t.Fatal(err)
 	}
-	js, err = nft(node, "-j", "list", "ruleset")
+	js, err := nft(node, "-j", "list", "ruleset")
 	if err != nil {
 		t.Fatal(err)
 	}
-	left, tables, err := rulesWithComment(js, s.ContainerID)
+	left, got, err := rulesWithComment(js, s.ContainerID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if left != 0 || tables != 2 {
-		t.Errorf("after del: %d rules of %s left, %d tables (want 0, and ip and ip6 cni_hostport)", left, s.ContainerID, tables)
+	if left != 0 || got != tables {
+		t.Errorf("after del: %d rules of %s left, %d tables (want 0 and %d)", left, s.ContainerID, got, tables)
 	}
 }
 

@@ -715,7 +715,9 @@ func (c *traceCluster) setupNetwork(t *testing.T) {
 	}
 	c.setupUplink(t, lab)
 	if c.dualStack() {
-		settleIPv6(t, append(nss, c.uplink)...)
+		if err := netlab.SettleIPv6(10*time.Second, append(nss, c.uplink)...); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -134,26 +134,6 @@ func podLink6(t *testing.T, pod, node netlab.Namespace, nodeIf, ip string) {
 // pods' IPv6 default gateway (Calico gives its veths one too).
 const podGateway6 = "fe80::1"
 
-// settleIPv6 waits until no IPv6 address in the namespaces is tentative:
-// the links' own link-local addresses go through duplicate address
-// detection (about a second) and cannot be used until it ends.
-func settleIPv6(t *testing.T, nss ...netlab.Namespace) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, ns := range nss {
-		for {
-			out := nsRun(t, ns, "ip", "-6", "addr", "show", "tentative")
-			if !strings.Contains(out, "inet6") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("IPv6 addresses of %s still tentative after 10 s:\n%s", ns.Name, out)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-}
-
 // isIPv6 reports whether s, an address or an endpoint ("IP:PORT",
 // "[IP]:PORT"), is IPv6.
 func isIPv6(s string) bool {
