@@ -48,7 +48,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rep := doctorReport{Kernel: live.KernelRelease()}
 	_, statErr := os.Stat("/sys/kernel/btf/vmlinux")
 	rep.BTF = statErr == nil
-	if err := preflight(); err != nil {
+	if err := preflight(loader.Needs{}); err != nil {
 		return err
 	}
 	t, err := loader.Open(loader.Config{Only: vias})
@@ -123,8 +123,8 @@ func parseVias(s string) ([]event.Via, error) {
 }
 
 // preflight maps missing BTF or privileges to exit code 2.
-func preflight() error {
-	if err := loader.Preflight(); err != nil {
+func preflight(n loader.Needs) error {
+	if err := loader.Preflight(n); err != nil {
 		if errors.Is(err, loader.ErrNoBTF) || errors.Is(err, loader.ErrNoPrivilege) {
 			return usageError{err}
 		}

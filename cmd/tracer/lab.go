@@ -89,7 +89,7 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	if err := preflight(); err != nil {
+	if err := preflight(labNeeds); err != nil {
 		return err
 	}
 	if err := probeRecord(o.record); err != nil {
@@ -107,6 +107,12 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return labJSON(ctx, env, scenarios, o, stdout, stderr)
 	}
 	return labUI(ctx, env, scenarios, o, stderr)
+}
+
+// labNeeds: the lab builds its nodes and pods as network namespaces.
+var labNeeds = loader.Needs{
+	SysAdmin:    "the lab creates network namespaces and mounts them",
+	SysAdminFix: "run tracer lab as root",
 }
 
 func parseLabArgs(fs interface {

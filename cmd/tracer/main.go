@@ -32,11 +32,14 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
-func main() {
+func main() { os.Exit(runMain(os.Args[1:])) }
+
+// runMain is the process: SIGINT and SIGTERM cancel the command, which
+// detaches and completes its files before the exit code is returned.
+func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	defer stop()
+	return dispatch(ctx, args, os.Stdout, os.Stderr)
 }
 
 // dispatch picks the subcommand (default: ui) and maps its error to an exit

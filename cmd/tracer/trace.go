@@ -16,6 +16,7 @@ import (
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/live"
+	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -84,11 +85,27 @@ func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writ
 		return nil, flt, err
 	}
 	cfg.Command = command
-	if err := preflight(); err != nil {
+	if err := preflight(o.needs()); err != nil {
 		return nil, flt, err
 	}
 	p, err := live.Start(ctx, cfg)
+	if errors.Is(err, loader.ErrNoPrivilege) {
+		return nil, flt, usageError{err}
+	}
 	return p, flt, err
+}
+
+// needs: --netns reads another namespace's rules and conntrack and
+// attaches netfilter programs there, all through setns.
+func (o *traceOptions) needs() loader.Needs {
+	if o.netns == "" {
+		return loader.Needs{}
+	}
+	return loader.Needs{
+		SysAdmin: "--netns enters the namespace (setns) to attach netfilter programs there and read its rules and conntrack",
+		SysAdminFix: "run as root, or run the tracer inside that namespace without --netns: nsenter --net=" + o.netns +
+			" setpriv --reuid=USER --init-groups --inh-caps=" + loader.LeastCaps + " --ambient-caps=" + loader.LeastCaps + " tracer trace ...",
+	}
 }
 
 // pipelineConfig validates the flags into the pipeline's configuration.

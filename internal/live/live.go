@@ -86,6 +86,10 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
+	if lost := tr.Plan.LostToPrivilege(); len(lost) > 0 {
+		tr.Close()
+		return nil, fmt.Errorf("attach: %w", loader.SysAdminError(lost))
+	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.

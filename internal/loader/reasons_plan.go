@@ -70,7 +70,56 @@ func (a Attempt) Explain() string {
 			return fmt.Sprintf("%s is in module %s, which has no BTF on this kernel (module BTF came in 5.11)", a.Target, mod)
 		}
 	}
+	if why := a.needsSysAdmin(); why != "" {
+		return why
+	}
 	return Explain(a.Via, a.Target, a.Err)
+}
+
+// needsSysAdmin says why the attempt failed when the kernel refused this
+// process, not the hook: root would have attached it. fentry on a module's
+// function attaches through the module's BTF, which the kernel hands out
+// (BPF_BTF_GET_FD_BY_ID) only to CAP_SYS_ADMIN; Debian's kernels default
+// kernel.perf_event_paranoid to 3, which keeps perf events, kprobes among
+// them, to CAP_SYS_ADMIN as well.
+func (a Attempt) needsSysAdmin() string {
+	if a.Err == nil || hasCap(capSysAdmin) || !kernelHasSymbol(a.Target) {
+		return ""
+	}
+	denied := errors.Is(a.Err, syscall.EPERM) || errors.Is(a.Err, syscall.EACCES)
+	switch {
+	case a.Via == event.ViaFentry && kernelSymbols()[a.Target] != "" && (denied || errors.Is(a.Err, ebpf.ErrNotSupported)):
+		return fmt.Sprintf("fentry on %s, in module %s, needs CAP_SYS_ADMIN: the kernel hands a module's BTF only to it", a.Target, kernelSymbols()[a.Target])
+	case a.Via == event.ViaKprobe && denied:
+		return "kprobes need CAP_SYS_ADMIN here: kernel.perf_event_paranoid is " + perfEventParanoid() + ", which keeps perf events to it"
+	}
+	return ""
+}
+
+func perfEventParanoid() string {
+	b, err := os.ReadFile("/proc/sys/kernel/perf_event_paranoid")
+	if err != nil {
+		return "unreadable"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// LostToPrivilege lists the hooks left without any method only because the
+// process lacks CAP_SYS_ADMIN (root would attach them), with why.
+func (p Plan) LostToPrivilege() []string {
+	var out []string
+	for _, h := range p {
+		if h.Via != event.ViaNone {
+			continue
+		}
+		for _, a := range h.Attempts {
+			if why := a.needsSysAdmin(); why != "" {
+				out = append(out, h.Hook.String()+" ("+why+")")
+				break
+			}
+		}
+	}
+	return out
 }
 
 // Explain says why one of the hook's attempts failed. A kernel that

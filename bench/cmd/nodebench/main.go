@@ -220,7 +220,7 @@ func run(ctx context.Context, cfg config) error {
 		rep.skippedKernel = "not asked for (-kernel=false)"
 	} else if os.Geteuid() != 0 {
 		rep.skippedKernel = "not root: the kernel-side figures (overhead, loss, attach) need root"
-	} else if err := loader.Preflight(); err != nil {
+	} else if err := loader.Preflight(loader.Needs{}); err != nil {
 		rep.skippedKernel = fmt.Sprintf("kernel side unavailable: %v", err)
 	}
 	if rep.skippedKernel == "" {
