@@ -25,7 +25,9 @@ func init() {
 
 // rediagnose runs on every flow a replay reads, before filtering, so a
 // trace recorded by an older tracer, or on another machine, is shown with
-// today's diagnosis against the node state its header recorded.
+// today's diagnosis against the node state in force when each flow was
+// decided: the header's snapshot, then each recorded change from its
+// time on.
 func rediagnose(tr *trace.File) error {
 	h := tr.Header
 	var pods []trace.Pod
@@ -33,12 +35,35 @@ func rediagnose(tr *trace.File) error {
 	if h.Snapshot != nil {
 		pods, services = h.Snapshot.Pods, h.Snapshot.Services
 	}
-	env, err := enrich.NewNodeEnv(h.Node, h.Snapshot, enrich.NewSnapshotMetadata(pods, services))
-	if err != nil {
-		return usagef("trace header: %v", err)
+	meta := enrich.NewSnapshotMetadata(pods, services)
+	timeline := trace.NewTimeline(h.Snapshot)
+	for _, c := range tr.States {
+		timeline.Add(c)
 	}
-	tr.Header.Warnings = appendNew(tr.Header.Warnings, env.Warnings()...)
+	envs := make([]*enrich.NodeEnv, timeline.Len())
+	envAt := func(t time.Time) (*enrich.NodeEnv, error) {
+		i, snap := timeline.At(t)
+		if envs[i] == nil {
+			env, err := enrich.NewNodeEnv(h.Node, snap, meta)
+			if err != nil {
+				if i == 0 {
+					return nil, usagef("trace header: %v", err)
+				}
+				return nil, usagef("node state from %s (state line %d): %v", tr.States[i-1].Time.Format(time.RFC3339Nano), i, err)
+			}
+			envs[i] = env
+			tr.Header.Warnings = appendNew(tr.Header.Warnings, env.Warnings()...)
+		}
+		return envs[i], nil
+	}
+	if _, err := envAt(time.Time{}); err != nil {
+		return err
+	}
 	for _, f := range tr.Flows {
+		env, err := envAt(f.Time)
+		if err != nil {
+			return err
+		}
 		enrich.Enrich(f, env)
 	}
 	return nil
@@ -136,13 +161,31 @@ func emitJSON(stdout io.Writer, tr *trace.File, flt filter.Filter) error {
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
+	// Each state change goes before the first flow decided after it; a
+	// reader finds a flow's state by time, wherever the line is.
+	states := tr.States
+	writeStates := func(until func(*trace.StateChange) bool) error {
+		for len(states) > 0 && until(states[0]) {
+			if err := w.WriteState(states[0]); err != nil {
+				return fmt.Errorf("replay: %w", err)
+			}
+			states = states[1:]
+		}
+		return nil
+	}
 	for _, f := range tr.Flows {
 		if !flt.Match(f) {
 			continue
 		}
+		if err := writeStates(func(c *trace.StateChange) bool { return !c.Time.After(f.Time) }); err != nil {
+			return err
+		}
 		if err := w.WriteFlow(f); err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}
+	}
+	if err := writeStates(func(*trace.StateChange) bool { return true }); err != nil {
+		return err
 	}
 	if s := tr.Summary; s != nil {
 		w.SetLoss(*s)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -212,7 +213,9 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 			}
 		}
 	}
+	p.RecordStates(out.state)
 	sum, err := p.Run(ctx, emit, onEvent)
+	p.RecordStates(nil)
 	return errors.Join(err, writeErr, out.close(sum))
 }
 
@@ -227,6 +230,10 @@ type output struct {
 	text   io.Writer
 	json   *trace.Writer
 	record *trace.Writer
+	// mu keeps a state change's text line, written from the node
+	// watcher, whole among the flows'; stateErr is its first write error.
+	mu       sync.Mutex
+	stateErr error
 }
 
 func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error) {
@@ -259,6 +266,8 @@ func (o *output) each(fn func(w *trace.Writer) error) error {
 }
 
 func (o *output) flow(f *trace.Flow) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if o.text != nil {
 		if _, err := fmt.Fprintln(o.text, flowLine(f)); err != nil {
 			return err
@@ -268,6 +277,8 @@ func (o *output) flow(f *trace.Flow) error {
 }
 
 func (o *output) event(e *trace.Event) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if o.text != nil {
 		if _, err := fmt.Fprintln(o.text, eventLine(*e)); err != nil {
 			return err
@@ -276,7 +287,32 @@ func (o *output) event(e *trace.Event) error {
 	return o.each(func(w *trace.Writer) error { return w.WriteEvent(e) })
 }
 
+// state writes a change of the node's state: a comment line in text, a
+// state line in the trace.
+func (o *output) state(c *trace.StateChange) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stateErr != nil {
+		return
+	}
+	if o.text != nil {
+		_, o.stateErr = fmt.Fprintf(o.text, "# %s node state changed: %s\n", c.Time.Local().Format("15:04:05.000"), strings.Join(c.Changed, " "))
+	}
+	if err := o.each(func(w *trace.Writer) error { return w.WriteState(c) }); err != nil && o.stateErr == nil {
+		o.stateErr = err
+	}
+}
+
 func (o *output) close(sum trace.Summary) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stateErr != nil {
+		return errors.Join(o.stateErr, o.closeWriters(sum))
+	}
+	return o.closeWriters(sum)
+}
+
+func (o *output) closeWriters(sum trace.Summary) error {
 	if o.text != nil {
 		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
 	}

@@ -84,7 +84,14 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 	store := trace.NewCappedStore(caps)
 	var wg sync.WaitGroup
 	var sum trace.Summary
-	var runErr, recErr error
+	var runErr, recErr, stateErr error
+	if rec != nil {
+		p.RecordStates(func(c *trace.StateChange) {
+			if stateErr == nil {
+				stateErr = rec.WriteState(c)
+			}
+		})
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -100,8 +107,9 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 	cancel()
 	wg.Wait()
 	if rec != nil {
+		p.RecordStates(nil)
 		rec.SetLoss(sum)
-		recErr = errors.Join(recErr, rec.Close())
+		recErr = errors.Join(recErr, stateErr, rec.Close())
 	}
 	if errors.Is(uiErr, tui.ErrNotTerminal) {
 		uiErr = usageError{uiErr}

@@ -119,7 +119,7 @@ func TestAttributionCacheOwnCopies(t *testing.T) {
 func enrichOne(t *testing.T, env *NodeEnv, src, dst, to string) *trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := &Joiner{Env: func() Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &Joiner{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
 	j.Add(dnatTo(src, dst, to), time.Unix(1700000000, 0))
 	j.Flush()
 	if len(out) != 1 {

@@ -39,9 +39,11 @@ const DefaultLinger = 1500 * time.Millisecond
 // It is not safe for concurrent use: one goroutine feeds it.
 type Joiner struct {
 	Linger time.Duration
-	CT     Conntrack  // nil: no conntrack (flows carry what events say)
-	Env    func() Env // the current node and cluster state
-	Emit   func(*trace.Flow)
+	CT     Conntrack // nil: no conntrack (flows carry what events say)
+	// Env is the node and cluster state in force at a flow's decision
+	// (its first event), which the rules may have changed since.
+	Env  func(at time.Time) Env
+	Emit func(*trace.Flow)
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
@@ -317,7 +319,7 @@ func (j *Joiner) finish(p *pending) {
 	f := j.flowOf(p)
 	j.addConntrack(f, p)
 	if j.Env != nil {
-		Enrich(f, j.Env())
+		Enrich(f, j.Env(f.Time))
 	}
 	if j.Emit != nil {
 		j.Emit(f)

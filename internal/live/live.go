@@ -70,9 +70,7 @@ type Pipeline struct {
 
 	events, flows, decodeErrors atomic.Uint64
 
-	envMu    sync.Mutex
-	envState *node.State
-	env      enrich.Env
+	states   *states
 	warnings []string
 
 	closeOnce sync.Once
@@ -91,6 +89,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("attach: %w", loader.SysAdminError(lost))
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
+	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, keep: 2*cfg.Linger + 10*time.Second}
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.
 	ctCtx := context.WithoutCancel(ctx)
@@ -102,9 +101,11 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		}
 		p.ct = append(p.ct, ct)
 	}
-	if p.watcher, err = node.Watch(ctx, cfg.NetnsPath); err != nil {
+	if p.watcher, err = node.WatchWith(ctx, cfg.NetnsPath, node.WatchOptions{OnPublish: p.states.publish}); err != nil {
 		p.warn("node state unavailable, no rule attribution: %v", err)
 		p.watcher = nil
+	} else {
+		p.states.seed(p.watcher.Current())
 	}
 	p.header = p.buildHeader()
 	return p, nil
@@ -138,7 +139,7 @@ func (p *Pipeline) buildHeader() trace.Header {
 	h.Warnings = append(h.Warnings, p.warnings...)
 	// The env the first flows are diagnosed with has already read the
 	// snapshot's rulesets; its warnings are the header's.
-	if env, ok := p.currentEnv().(interface{ Warnings() []string }); ok {
+	if env, ok := p.states.envAt(time.Now()).(interface{ Warnings() []string }); ok {
 		h.Warnings = append(h.Warnings, env.Warnings()...)
 	}
 	if p.cfg.MetadataWarnings != nil {
@@ -149,8 +150,9 @@ func (p *Pipeline) buildHeader() trace.Header {
 
 func (p *Pipeline) snapshot() *trace.Snapshot {
 	snap := &trace.Snapshot{}
-	if p.watcher != nil {
-		snap = p.watcher.Current().Snapshot()
+	if st := p.states.latest(); st != nil {
+		p.states.recordFrom(st)
+		snap = st.Snapshot()
 	}
 	if p.cfg.MetadataSnapshot != nil {
 		snap.Pods, snap.Services = p.cfg.MetadataSnapshot()
@@ -158,33 +160,9 @@ func (p *Pipeline) snapshot() *trace.Snapshot {
 	return snap
 }
 
-// currentEnv is the enrichment environment for the node's current state,
-// rebuilt only when the watcher has a new state.
-func (p *Pipeline) currentEnv() enrich.Env {
-	p.envMu.Lock()
-	defer p.envMu.Unlock()
-	var st *node.State
-	if p.watcher != nil {
-		st = p.watcher.Current()
-	}
-	if p.env != nil && st == p.envState {
-		return p.env
-	}
-	var snap *trace.Snapshot
-	if st != nil {
-		snap = st.Snapshot()
-	}
-	env, err := enrich.NewNodeEnv(p.cfg.NodeName, snap, p.cfg.Metadata)
-	if err != nil {
-		// The watcher's own state always parses; keep the last good env.
-		if p.env != nil {
-			return p.env
-		}
-		env, _ = enrich.NewNodeEnv(p.cfg.NodeName, nil, p.cfg.Metadata)
-	}
-	p.env, p.envState = env, st
-	return env
-}
+// RecordStates hands each change of the node's state, from the header's
+// snapshot on, to fn (the trace writers), on the watcher's goroutine.
+func (p *Pipeline) RecordStates(fn func(*trace.StateChange)) { p.states.recordTo(fn) }
 
 // Stats reads the running counters.
 func (p *Pipeline) Stats() Stats {
@@ -225,7 +203,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.currentEnv, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++

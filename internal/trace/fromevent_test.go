@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -59,30 +58,8 @@ func TestEventOfICMPAndIPv6(t *testing.T) {
 func FuzzEventOf(f *testing.F) {
 	f.Add(make([]byte, event.Size))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if e, err := event.Decode(b, mix.Clock); err == nil {
+		if e, err := event.Decode(b, event.Clock{BootWall: time.Unix(0, 0)}); err == nil {
 			_ = trace.EventOf(e, nil)
 		}
 	})
-}
-
-// BenchmarkRecord turns decoded events into their trace form, as the
-// live reader does for every event.
-func BenchmarkRecord(b *testing.B) {
-	var evs []event.Event
-	for _, r := range mix.Records(1000, time.Microsecond) {
-		e, err := event.Decode(r, mix.Clock)
-		if err != nil {
-			b.Fatal(err)
-		}
-		evs = append(evs, e)
-	}
-	i := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = trace.EventOf(evs[i], mix.Names{})
-		if i++; i == len(evs) {
-			i = 0
-		}
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }

@@ -32,6 +32,7 @@ func (e *ParseError) Unwrap() error { return e.Err }
 type Record struct {
 	Flow    *Flow
 	Event   *Event
+	State   *StateChange
 	Summary *Summary
 }
 
@@ -175,6 +176,15 @@ func (r *Reader) parseRecord(line []byte) (Record, error) {
 			return Record{}, r.errorf("bad event: %w", err)
 		}
 		return Record{Event: e}, nil
+	case TypeState:
+		c := new(StateChange)
+		if err := json.Unmarshal(line, c); err != nil {
+			return Record{}, r.errorf("bad state change: %v", jsonProblem(err))
+		}
+		if err := validateState(c); err != nil {
+			return Record{}, r.errorf("bad state change: %w", err)
+		}
+		return Record{State: c}, nil
 	case TypeSummary:
 		s := new(Summary)
 		if err := json.Unmarshal(line, s); err != nil {
@@ -185,7 +195,7 @@ func (r *Reader) parseRecord(line []byte) (Record, error) {
 	case TypeHeader:
 		return Record{}, r.errorf("a second header: a trace has one header, on its first line")
 	default:
-		return Record{}, r.errorf("%s: expected a flow, event or summary", describeType(typ))
+		return Record{}, r.errorf("%s: expected a flow, event, state or summary", describeType(typ))
 	}
 }
 
@@ -304,9 +314,11 @@ func validateTuple(name, proto string, t *Tuple) error {
 
 // File is a whole trace read into memory.
 type File struct {
-	Header   Header
-	Flows    []*Flow
-	Events   []*Event
+	Header Header
+	Flows  []*Flow
+	Events []*Event
+	// States are the node's state changes, in the order recorded.
+	States   []*StateChange
 	Summary  *Summary // nil when the trace was cut off
 	Warnings []string
 }
@@ -341,6 +353,8 @@ func ReadAll(r io.Reader, name string) (*File, error) {
 			out.Flows = append(out.Flows, rec.Flow)
 		case rec.Event != nil:
 			out.Events = append(out.Events, rec.Event)
+		case rec.State != nil:
+			out.States = append(out.States, rec.State)
 		}
 	}
 	out.Summary = tr.Summary()

@@ -243,6 +243,7 @@ func FuzzReader(f *testing.F) {
 	f.Add(bytes.Join(lines[:3], nil))
 	f.Add(append(append([]byte{}, lines[0]...), `{"type":"flow","events":[{"kind":"drop"}]}`...))
 	f.Add([]byte(`{"type":"header","schema":"tracer/v1","hooks":[{}]}`))
+	f.Add(append(append([]byte{}, lines[0]...), `{"type":"state","time":"2026-01-01T00:00:00Z","changed":["rules:nat"],"snapshot":{"rules":{"nat":"x"}}}`...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		r, err := NewReader(bytes.NewReader(in), "fuzz")
 		if err != nil {
@@ -259,7 +260,7 @@ func FuzzReader(f *testing.F) {
 				}
 				return
 			}
-			if rec.Flow == nil && rec.Event == nil && rec.Summary == nil {
+			if rec.Flow == nil && rec.Event == nil && rec.State == nil && rec.Summary == nil {
 				t.Fatal("empty record without error")
 			}
 		}

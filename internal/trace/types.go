@@ -343,6 +343,8 @@ type Summary struct {
 	// dropped before the tracker read them, and the table rebuilds after.
 	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
 	ConntrackRedumps  uint64 `json:"conntrack_redumps,omitempty"`
+	// StateChanges counts the state lines: node state changes recorded.
+	StateChanges int `json:"state_changes,omitempty"`
 }
 
 // Key is "namespace/name" (without the port), or "" for no Service.

@@ -105,6 +105,22 @@ func (w *Writer) WriteEvent(e *Event) error {
 	return nil
 }
 
+// WriteState writes a change of the node's state.
+func (w *Writer) WriteState(c *StateChange) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return fmt.Errorf("write state change: trace already closed")
+	}
+	rec := *c
+	rec.Type = TypeState
+	if err := w.writeLine(&rec); err != nil {
+		return fmt.Errorf("write state change: %w", err)
+	}
+	w.summary.StateChanges++
+	return nil
+}
+
 // SetLoss records, for the summary, what the capture stage could not
 // deliver: s's lost events in total and by hook, and its conntrack
 // overruns and redumps. The capture stage calls it before Close.

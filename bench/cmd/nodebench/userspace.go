@@ -190,7 +190,7 @@ func mixTemplates() (map[string]*trace.Flow, error) {
 		return nil, err
 	}
 	var tmpl []*trace.Flow
-	tj := &enrich.Joiner{Names: mix.Names{}, Env: func() enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
+	tj := &enrich.Joiner{Names: mix.Names{}, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
 	for i := range mix.Shapes {
 		for _, e := range mix.Generate(i) {
 			e.Time = mix.Clock.BootWall

@@ -11,6 +11,8 @@
 package node
 
 import (
+	"time"
+
 	"fmt"
 	"net/netip"
 	"slices"
@@ -88,7 +90,13 @@ type State struct {
 	// in the kernel), keyed by part so a refresh replaces its own note.
 	notes map[string]string
 	mem   *rules.MemNode
+	// read is when the reading of this state began: what it holds was in
+	// force from then on, until the next state's read.
+	read time.Time
 }
+
+// Read is when the reading of this state began.
+func (s *State) Read() time.Time { return s.read }
 
 // finish builds the derived indexes after the parts were set.
 func (s *State) finish() {

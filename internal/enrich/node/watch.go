@@ -33,6 +33,11 @@ type WatchOptions struct {
 	// namespace (or directly for the caller's own).
 	Runner Runner
 
+	// OnPublish, when set, is called with each State the Watcher
+	// publishes after the first, in order, before Current returns it. It
+	// runs on the Watcher's goroutine and must not block.
+	OnPublish func(*State)
+
 	// moduleReady replaces the kernel module check (tests).
 	moduleReady func(string) bool
 }
@@ -129,7 +134,7 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 		w.closeHandles()
 		return nil, fmt.Errorf("watch node state: %w", err)
 	}
-	st := &State{notes: map[string]string{}}
+	st := &State{notes: map[string]string{}, read: time.Now()}
 	if err := w.refreshLinks(st); err != nil {
 		w.closeHandles()
 		return nil, fmt.Errorf("watch node state: %w", err)
@@ -276,10 +281,14 @@ func (w *Watcher) update(fn func(st *State) bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.cur.Load().clone()
+	st.read = time.Now()
 	if !fn(st) {
 		return
 	}
 	st.finish()
+	if w.opts.OnPublish != nil {
+		w.opts.OnPublish(st)
+	}
 	w.cur.Store(st)
 	w.builds.Add(1)
 	select {

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// rulesChangedFixture is a trace TestRuleInForceAtDecision recorded, for
+// the unit tests of replay (TRACER_WRITE_FIXTURE=1 writes it again).
+const rulesChangedFixture = "testdata/rules-changed.ndjson"
+
+// TestRuleInForceAtDecision: the DNAT rule of a VIP is rewritten while the
+// tracer runs, between two connections. Each flow is attributed to the
+// rule that was in force when the kernel decided (the one whose target
+// the server that accepted it confirms), live, although the first one's
+// linger ends after the change, and on replay of the recording, which
+// holds the change as a state line. Without that line, replay attributes
+// the second connection to the rule of the header's snapshot.
+func TestRuleInForceAtDecision(t *testing.T) {
+	requirePriv(t)
+	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
+		t.Skipf("which rules were in force is the pipeline's bookkeeping, the same on every kernel: the host tier runs it, not the %s VM", k)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lab, err := netlab.New("trrif")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lab.Close() })
+	ns, err := lab.Namespace("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
+		{"ip", "addr", "add", "10.78.0.2/32", "dev", "lo"},
+		{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
+		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
+	} {
+		if _, err := ns.Run(args[0], args[1:]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	accepted := acceptBackends(t, ns, "10.78.0.1:8080", "10.78.0.2:8080")
+	rule := func(backend string) string {
+		return "-A OUTPUT -d 10.96.78.1/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination " + backend
+	}
+
+	dir := t.TempDir()
+	ready, rec := filepath.Join(dir, "ready"), filepath.Join(dir, "changed.ndjson")
+	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--record", rec, "--linger", "4s", "--filter", "port:80")
+	cmd.Env = append(os.Environ(), asTracerEnv+"=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	waitReady(t, ready, &stderr)
+
+	dialVIP(t, ns)
+	if _, err := ns.Run("iptables", "-t", "nat", "-R", "OUTPUT", "1", "-d", "10.96.78.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.2:8080"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if b, _ := os.ReadFile(rec); bytes.Contains(b, []byte(`"type":"state"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no state line in the recording 10 s after the rule changed")
+		}
+	}
+	dialVIP(t, ns)
+	time.Sleep(4500 * time.Millisecond) // past --linger
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("trace: %v; stderr %s", err, stderr.String())
+	}
+
+	check := func(how string, flows []trace.Flow) {
+		t.Helper()
+		n := 0
+		for _, f := range flows {
+			if f.Orig.Dst != "10.96.78.1:80" {
+				continue
+			}
+			n++
+			backend := accepted(f.Orig.Src)
+			if backend == "" {
+				t.Errorf("%s: flow from %s: no backend accepted that connection", how, f.Orig.Src)
+				continue
+			}
+			if f.Rule == nil || f.Rule.Text != rule(backend) {
+				t.Errorf("%s: flow from %s, accepted by %s: rule %+v, want %q", how, f.Orig.Src, backend, f.Rule, rule(backend))
+			}
+		}
+		if n != 2 {
+			t.Errorf("%s: %d flows to the VIP, want 2", how, n)
+		}
+	}
+	_, live, sum := readNDJSON(t, stdout.Bytes())
+	check("live", live)
+	if sum.StateChanges == 0 {
+		t.Errorf("summary %+v counts no state change", sum)
+	}
+	file, err := trace.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat := ""
+	for _, c := range file.States {
+		if text, ok := c.Snapshot.Rules["nat"]; ok {
+			nat = text
+		}
+	}
+	if !strings.Contains(nat, rule("10.78.0.2:8080")+"\n") || strings.Contains(nat, rule("10.78.0.1:8080")) {
+		t.Errorf("the recorded state changes end with nat rules:\n%s", nat)
+	}
+	code, out, errs := runTracer("replay", "-o", "json", rec)
+	if code != 0 {
+		t.Fatalf("replay: exit %d: %s", code, errs)
+	}
+	_, replayed, _ := readNDJSON(t, []byte(out))
+	check("replay", replayed)
+
+	if os.Getenv("TRACER_WRITE_FIXTURE") != "" {
+		b, err := os.ReadFile(rec)
+		if err == nil {
+			err = os.WriteFile(rulesChangedFixture, b, 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// acceptBackends listens on each address in ns and returns which one
+// accepted the connection from a client IP:PORT.
+func acceptBackends(t *testing.T, ns netlab.Namespace, addrs ...string) func(client string) string {
+	t.Helper()
+	var mu sync.Mutex
+	by := map[string]string{}
+	for _, a := range addrs {
+		var ln net.Listener
+		if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", a); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
+				mu.Lock()
+				by[c.RemoteAddr().String()] = a
+				mu.Unlock()
+				c.Close()
+			}
+		}()
+	}
+	return func(client string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return by[client]
+	}
+}

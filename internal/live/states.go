@@ -1,0 +1,135 @@
+package live
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/enrich/node"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// maxStates bounds the states kept for flows still lingering: each may
+// hold a parsed rule set.
+const maxStates = 16
+
+// states are the node's recent states, each in force from its read time
+// until the next one's: a flow is diagnosed against the rules in force
+// when the kernel decided, not those of when its linger ended. It also
+// hands each change on to the trace writers, once they exist.
+type states struct {
+	node string
+	meta enrich.Metadata
+	// keep is how long a superseded state may still be asked for: a
+	// flow's linger, and the reader running late.
+	keep time.Duration
+
+	mu   sync.Mutex
+	list []stateEnv // by read time
+	none enrich.Env // without a watcher: no node state at all
+	// sink writes a change to the trace; recorded is the state the trace
+	// last wrote (the header's snapshot, then each change).
+	sink     func(*trace.StateChange)
+	recorded *node.State
+}
+
+type stateEnv struct {
+	st  *node.State
+	env enrich.Env // built when a flow first asks
+}
+
+// seed adds the watcher's first state, which it does not publish.
+func (s *states) seed(st *node.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.list = append([]stateEnv{{st: st}}, s.list...)
+}
+
+// publish adds a state the watcher published (node.WatchOptions.OnPublish).
+func (s *states) publish(st *node.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.list = append(s.list, stateEnv{st: st})
+	for len(s.list) > 1 && (len(s.list) > maxStates || s.list[1].st.Read().Before(st.Read().Add(-s.keep))) {
+		s.list = s.list[1:]
+	}
+	s.record()
+}
+
+// latest is the newest state, nil without a watcher.
+func (s *states) latest() *node.State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.list) == 0 {
+		return nil
+	}
+	return s.list[len(s.list)-1].st
+}
+
+// recordFrom makes st the state the trace starts from (the header's).
+func (s *states) recordFrom(st *node.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recorded = st
+}
+
+// recordTo sets where changes are written, and writes the change since
+// the header's state if one came in between.
+func (s *states) recordTo(sink func(*trace.StateChange)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sink = sink
+	s.record()
+}
+
+// record writes the change from the recorded state to the newest. The
+// caller holds mu.
+func (s *states) record() {
+	if s.sink == nil || s.recorded == nil || len(s.list) == 0 {
+		return
+	}
+	cur := s.list[len(s.list)-1].st
+	if cur == s.recorded {
+		return
+	}
+	if c := node.Change(s.recorded, cur); c != nil {
+		s.sink(c)
+	}
+	s.recorded = cur
+}
+
+// envAt is the enrichment environment of the state in force at t: the
+// last one read at or before it (the oldest kept, for a flow older than
+// every state kept).
+func (s *states) envAt(t time.Time) enrich.Env {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.list) == 0 {
+		if s.none == nil {
+			s.none, _ = enrich.NewNodeEnv(s.node, nil, s.meta)
+		}
+		return s.none
+	}
+	i := len(s.list) - 1
+	for i > 0 && s.list[i].st.Read().After(t) {
+		i--
+	}
+	if s.list[i].env == nil {
+		s.list[i].env = s.build(i)
+	}
+	return s.list[i].env
+}
+
+// build parses state i; the watcher's states always parse, but should
+// one not, the state before it stands in.
+func (s *states) build(i int) enrich.Env {
+	env, err := enrich.NewNodeEnv(s.node, s.list[i].st.Snapshot(), s.meta)
+	if err == nil {
+		return env
+	}
+	if i > 0 && s.list[i-1].env != nil {
+		return s.list[i-1].env
+	}
+	env, _ = enrich.NewNodeEnv(s.node, nil, s.meta)
+	return env
+}
