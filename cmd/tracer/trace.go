@@ -197,10 +197,16 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
 		defer cancel()
 	}
+	// A failed write (a full disk, a closed pipe) ends the trace at once:
+	// tracing on would drop what the user believes is being kept.
+	ctx, out.stop = context.WithCancel(ctx)
+	defer out.stop()
 	var writeErr error
 	emit := func(f *trace.Flow) {
 		if writeErr == nil && (flt.Empty() || flt.Match(f)) {
-			writeErr = out.flow(f)
+			if writeErr = out.flow(f); writeErr != nil {
+				out.stop()
+			}
 		}
 	}
 	var onEvent func(event.Event)
@@ -209,7 +215,9 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 		onEvent = func(ev event.Event) {
 			e := trace.EventOf(ev, p.Names())
 			if writeErr == nil && (flt.Empty() || flt.Match(eventFlow(&e))) {
-				writeErr = out.event(&e)
+				if writeErr = out.event(&e); writeErr != nil {
+					out.stop()
+				}
 			}
 		}
 	}
@@ -230,10 +238,13 @@ type output struct {
 	text   io.Writer
 	json   *trace.Writer
 	record *trace.Writer
+	recordPath string
 	// mu keeps a state change's text line, written from the node
 	// watcher, whole among the flows'; stateErr is its first write error.
 	mu       sync.Mutex
 	stateErr error
+	// stop ends the trace after a failed write.
+	stop context.CancelFunc
 }
 
 func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error) {
@@ -251,15 +262,23 @@ func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error
 		if out.record, err = trace.Create(o.record, h); err != nil {
 			return nil, usagef("--record %s: %v", o.record, err)
 		}
+		out.recordPath = o.record
 	}
 	return out, nil
 }
 
+// each writes to the JSON stream and the recording, naming the one that
+// failed.
 func (o *output) each(fn func(w *trace.Writer) error) error {
 	var errs []error
-	for _, w := range []*trace.Writer{o.json, o.record} {
-		if w != nil {
-			errs = append(errs, fn(w))
+	if o.json != nil {
+		if err := fn(o.json); err != nil {
+			errs = append(errs, fmt.Errorf("stdout: %w", err))
+		}
+	}
+	if o.record != nil {
+		if err := fn(o.record); err != nil {
+			errs = append(errs, fmt.Errorf("--record %s (what was written before stays readable: tracer replay %s): %w", o.recordPath, o.recordPath, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -300,6 +319,9 @@ func (o *output) state(c *trace.StateChange) {
 	}
 	if err := o.each(func(w *trace.Writer) error { return w.WriteState(c) }); err != nil && o.stateErr == nil {
 		o.stateErr = err
+	}
+	if o.stateErr != nil && o.stop != nil {
+		o.stop()
 	}
 }
 
