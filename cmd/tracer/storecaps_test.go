@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -46,4 +47,24 @@ func TestStoreCapsBadValuesExitTwo(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", c.args, code, stderr, c.want)
 		}
 	}
+}
+
+// FuzzParseSize: a --max-memory value is a size or an error;
+// every size it takes is non-negative and reads back from its bytes.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"256MiB", "0", "16M", " 1 GiB", "9223372036854775807", "4611686018427387904K", "-1", "1.5G", "KiB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSize(s)
+		if err != nil {
+			return
+		}
+		if n < 0 {
+			t.Fatalf("parseSize(%q) = %d", s, n)
+		}
+		if back, err := parseSize(strconv.FormatInt(n, 10)); err != nil || back != n {
+			t.Fatalf("parseSize(%q) = %d, which reads back as %d, %v", s, n, back, err)
+		}
+	})
 }

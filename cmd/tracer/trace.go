@@ -235,9 +235,9 @@ func hostname() string {
 // output writes the stream to stdout (text or NDJSON) and, with --record,
 // the whole trace to a file.
 type output struct {
-	text   io.Writer
-	json   *trace.Writer
-	record *trace.Writer
+	text       io.Writer
+	json       *trace.Writer
+	record     *trace.Writer
 	recordPath string
 	// mu keeps a state change's text line, written from the node
 	// watcher, whole among the flows'; stateErr is its first write error.

@@ -138,3 +138,29 @@ func TestMemNodeLocal(t *testing.T) {
 		t.Errorf("uncertain %v reasons %v", res.Uncertain, res.Reasons)
 	}
 }
+
+// FuzzParseIPSetSave: whatever `ipset save` printed, parsing gives sets or
+// an error, never a panic, and every set it gives can be asked.
+func FuzzParseIPSetSave(f *testing.F) {
+	f.Add("create N hash:net family inet hashsize 1024 maxelem 65536\nadd N 10.0.0.0/8\nadd N 10.1.0.0/16 nomatch\n")
+	f.Add("create PN hash:ip,port,net family inet hashsize 1024 maxelem 65536\nadd PN 192.168.1.200,tcp:80,203.0.113.0/24\n")
+	f.Add("create P6 hash:ip,port family inet6 hashsize 1024 maxelem 65536\nadd P6 fd00::10,udp:53\n")
+	f.Add("create L list:set size 8\nadd L N\ncreate I hash:ip,port family inet\nadd I 10.0.0.1,icmp:echo-request\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		sets, err := ParseIPSetSave(strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		probe := []SetLookup{{Addr: netip.MustParseAddr("10.0.0.1"), Proto: 6, Port: 80, PortKnown: true},
+			{Addr: netip.MustParseAddr("fd00::10"), Proto: 17, Port: 53, PortKnown: true},
+			{Addr: netip.MustParseAddr("203.0.113.7"), Proto: 6, Port: 80, PortKnown: true}}
+		for name, s := range sets {
+			if s == nil {
+				t.Fatalf("set %q is nil", name)
+			}
+			for i := 1; i <= len(probe); i++ {
+				s.Test(probe[:i]) // an error is an answer; a panic is not
+			}
+		}
+	})
+}
