@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
 	"github.com/tracer-dev/tracer/internal/enrich/node"
@@ -215,12 +217,14 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var clock eventClock
+	var gone error
+	lastCheck := time.Now()
 	for {
 		select {
 		case d, ok := <-evc:
 			if !ok {
 				j.Flush()
-				return p.finish(sum), nil
+				return p.finish(sum), gone
 			}
 			if !d.idle.IsZero() {
 				clock.idle(d.idle)
@@ -231,10 +235,41 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 				onEvent(d.ev)
 			}
 			j.Add(d.ev, clock.event(d.ev.Time))
-		case <-tick.C:
+		case now := <-tick.C:
 			j.Expire(clock.now)
+			if gone == nil && now.Sub(lastCheck) >= time.Second {
+				lastCheck = now
+				// Stop reading: the loop drains what was read and ends
+				// when the reader has.
+				if gone = p.netnsGone(); gone != nil {
+					p.tracer.Close()
+				}
+			}
 		}
 	}
+}
+
+// ErrNetnsGone: the observed namespace's path was removed (`ip netns
+// del`, a pod torn down) or now names another namespace. Nothing will be
+// observed there again through it; a namespace whose processes live on
+// can still be traced through /proc/PID/ns/net.
+var ErrNetnsGone = errors.New("the observed network namespace is gone")
+
+// netnsGone reports whether --netns no longer names the namespace the
+// tracer attached to.
+func (p *Pipeline) netnsGone() error {
+	path := p.cfg.NetnsPath
+	if path == "" || len(p.cfg.Loader.Netns) != 1 {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrNetnsGone, path, err)
+	}
+	if uint32(st.Ino) != p.cfg.Loader.Netns[0] {
+		return fmt.Errorf("%w: %s now names another namespace (inode %d, not %d)", ErrNetnsGone, path, st.Ino, p.cfg.Loader.Netns[0])
+	}
+	return nil
 }
 
 // eventClock is the pipeline's time: how far the events read so far
