@@ -8,7 +8,7 @@ PKGS      := ./...
 # control planes cost about two minutes per kernel.
 PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/netns ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
 
-.PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench clean check-generated
+.PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench soak clean check-generated
 
 # Debian packages the build, the tests and the demo need (idempotent).
 DEB_PKGS := clang llvm libbpf-dev bpftool iptables ipset ipvsadm conntrack \
@@ -75,6 +75,13 @@ BENCH_VM ?= 5.10 6.1 6.12 6.12:kprobe+tracepoint+netfilter
 bench: deps
 	$(GO) run ./bench/cmd/nodebench -out BENCHMARKS.md \
 		$(if $(and $(strip $(BENCH_VM)),$(shell command -v qemu-system-x86_64)),-vm "$(BENCH_VM)")
+
+# The soak (issue 16): TestSoak for SOAK_TIME (an hour) under churn and
+# load, its samples and figures written to SOAK.md; make test runs it for
+# 30 s. Root.
+SOAK_TIME ?= 60m
+soak: deps
+	TRACER_SOAK=$(SOAK_TIME) TRACER_SOAK_REPORT=$(CURDIR)/SOAK.md $(GO) test -count=1 -run '^TestSoak$$' -timeout 3h -v ./cmd/tracer
 
 clean:
 	rm -rf bin

@@ -459,3 +459,12 @@ func verdictOfKey(k string) (string, bool) {
 	}
 	return ps[k[0]-'1'], true
 }
+
+// Frame drives the model without a terminal, as the soak test does: it
+// sizes the screen, takes in what the store holds since the last frame and
+// renders it.
+func (m *Model) Frame(width, height int) string {
+	m.Update(tea.WindowSizeMsg{Width: width, Height: height})
+	m.refresh()
+	return m.Render()
+}
