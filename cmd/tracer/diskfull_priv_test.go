@@ -21,27 +21,14 @@ import (
 func TestRecordDiskFull(t *testing.T) {
 	requirePriv(t)
 	skipInVM(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	disk := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tracer-diskfull", disk).CombinedOutput(); err != nil {
 		t.Fatalf("mount a small tmpfs: %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", disk).Run() })
 	ns := dnatNamespace(t, "trfull")
-	rec, ready := filepath.Join(disk, "incident.ndjson"), filepath.Join(t.TempDir(), "ready")
-	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready,
-		"--record", rec, "--linger", "200ms", "--filter", "port:80")
-	cmd.Env = append(os.Environ(), asTracerEnv+"=1")
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = nil, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill() })
-	waitReady(t, ready, &stderr)
+	rec := filepath.Join(disk, "incident.ndjson")
+	cmd, _, stderr := startTrace(t, selfTracer(t), ns, "-o", "json", "--record", rec, "--linger", "200ms", "--filter", "port:80")
 
 	dialVIP(t, ns)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {

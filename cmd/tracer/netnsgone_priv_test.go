@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,22 +16,9 @@ import (
 func TestNetnsDeletedWhileAttached(t *testing.T) {
 	requirePriv(t)
 	skipInVM(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := dnatNamespace(t, "trgone")
-	dir := t.TempDir()
-	ready, rec := filepath.Join(dir, "ready"), filepath.Join(dir, "gone.ndjson")
-	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--record", rec, "--linger", "200ms", "--filter", "port:80")
-	cmd.Env = append(os.Environ(), asTracerEnv+"=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill() })
-	waitReady(t, ready, &stderr)
+	rec := filepath.Join(t.TempDir(), "gone.ndjson")
+	cmd, stdout, stderr := startTrace(t, selfTracer(t), ns, "-o", "json", "--record", rec, "--linger", "200ms", "--filter", "port:80")
 	dialVIP(t, ns)
 	time.Sleep(500 * time.Millisecond) // past --linger: the flow is written
 	if out, err := exec.Command("ip", "netns", "del", ns.Name).CombinedOutput(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,10 +31,6 @@ func TestRuleInForceAtDecision(t *testing.T) {
 	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
 		t.Skipf("which rules were in force is the pipeline's bookkeeping, the same on every kernel: the host tier runs it, not the %s VM", k)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	lab, err := netlab.New("trrif")
 	if err != nil {
 		t.Fatal(err)
@@ -60,17 +55,8 @@ func TestRuleInForceAtDecision(t *testing.T) {
 		return "-A OUTPUT -d 10.96.78.1/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination " + backend
 	}
 
-	dir := t.TempDir()
-	ready, rec := filepath.Join(dir, "ready"), filepath.Join(dir, "changed.ndjson")
-	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--record", rec, "--linger", "4s", "--filter", "port:80")
-	cmd.Env = append(os.Environ(), asTracerEnv+"=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill() })
-	waitReady(t, ready, &stderr)
+	rec := filepath.Join(t.TempDir(), "changed.ndjson")
+	cmd, stdout, stderr := startTrace(t, selfTracer(t), ns, "-o", "json", "--record", rec, "--linger", "4s", "--filter", "port:80")
 
 	dialVIP(t, ns)
 	if _, err := ns.Run("iptables", "-t", "nat", "-R", "OUTPUT", "1", "-d", "10.96.78.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.2:8080"); err != nil {

@@ -38,6 +38,17 @@ func buildTracer(t *testing.T) string {
 	return bin
 }
 
+// selfTracer is this test binary, which runs as the tracer with
+// asTracerEnv set: no build needed.
+func selfTracer(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
 // dnatNamespace is a throwaway namespace (named prefix-a) where
 // 10.96.78.1:80 is DNAT'd in OUTPUT to a listener on 10.78.0.1:8080.
 func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
@@ -79,6 +90,7 @@ func startTrace(t *testing.T, bin string, ns netlab.Namespace, args ...string) (
 	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready")
 	cmd := exec.Command(bin, append([]string{"trace", "--netns", ns.Path(), "--ready-file", ready}, args...)...)
+	cmd.Env = append(os.Environ(), asTracerEnv+"=1") // for selfTracer's binary
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
