@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"sort"
 	"strings"
 	"time"
 )
@@ -109,9 +110,15 @@ func NewTimeline(header *Snapshot) *Timeline {
 	return &Timeline{at: []time.Time{{}}, snaps: []*Snapshot{header}}
 }
 
-// Add applies a change; changes come in the order they were recorded.
+// Add applies a change; changes come in the order they were recorded,
+// and one stamped earlier than the change before it counts from that
+// one's time.
 func (t *Timeline) Add(c *StateChange) {
-	t.at = append(t.at, c.Time)
+	at := c.Time
+	if last := t.at[len(t.at)-1]; at.Before(last) {
+		at = last
+	}
+	t.at = append(t.at, at)
 	t.snaps = append(t.snaps, c.Apply(t.snaps[len(t.snaps)-1]))
 }
 
@@ -121,9 +128,7 @@ func (t *Timeline) Len() int { return len(t.snaps) }
 // At is the index and snapshot of the state in force at ts: the last one
 // read at or before it.
 func (t *Timeline) At(ts time.Time) (int, *Snapshot) {
-	i := len(t.at) - 1
-	for i > 0 && t.at[i].After(ts) {
-		i--
-	}
+	i := sort.Search(len(t.at), func(i int) bool { return t.at[i].After(ts) }) - 1
+	i = max(i, 0) // the header's state stands for anything before it
 	return i, t.snaps[i]
 }

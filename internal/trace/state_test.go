@@ -38,10 +38,12 @@ func TestTimelineAt(t *testing.T) {
 	tl := NewTimeline(&Snapshot{Ipsets: "0"})
 	tl.Add(&StateChange{Time: t0.Add(time.Second), Changed: []string{PartIpsets}, Snapshot: Snapshot{Ipsets: "1"}})
 	tl.Add(&StateChange{Time: t0.Add(3 * time.Second), Changed: []string{PartIpsets}, Snapshot: Snapshot{Ipsets: "2"}})
+	// Stamped before the change it follows: it counts from that one's time.
+	tl.Add(&StateChange{Time: t0.Add(2 * time.Second), Changed: []string{PartIpsets}, Snapshot: Snapshot{Ipsets: "3"}})
 	for _, tc := range []struct {
 		at   time.Duration
 		want string
-	}{{-time.Hour, "0"}, {0, "0"}, {time.Second, "1"}, {2 * time.Second, "1"}, {3 * time.Second, "2"}, {time.Hour, "2"}} {
+	}{{-time.Hour, "0"}, {0, "0"}, {time.Second, "1"}, {2 * time.Second, "1"}, {3 * time.Second, "3"}, {time.Hour, "3"}} {
 		if _, s := tl.At(t0.Add(tc.at)); s.Ipsets != tc.want {
 			t.Errorf("at +%s: state %q, want %q", tc.at, s.Ipsets, tc.want)
 		}
