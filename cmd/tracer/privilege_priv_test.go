@@ -70,8 +70,12 @@ func newLowUser(t *testing.T) lowUser {
 	return u
 }
 
+// command runs the tracer as nobody with caps and a memlock limit of
+// 64 KiB, Debian 11's default: the test process's own limit may have
+// been lifted by the tracer run in-process by earlier tests, and a child
+// would inherit that.
 func (u lowUser) command(caps []uintptr, args ...string) *exec.Cmd {
-	cmd := exec.Command(u.bin, args...)
+	cmd := exec.Command("prlimit", append([]string{"--memlock=65536:65536", "--", u.bin}, args...)...)
 	cmd.Env = append(os.Environ(), asTracerEnv+"=1", "HOME="+u.work)
 	cmd.Dir = u.work
 	cmd.SysProcAttr = &syscall.SysProcAttr{

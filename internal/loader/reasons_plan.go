@@ -88,7 +88,7 @@ func (a Attempt) needsSysAdmin() string {
 	}
 	denied := errors.Is(a.Err, syscall.EPERM) || errors.Is(a.Err, syscall.EACCES)
 	switch {
-	case a.Via == event.ViaFentry && kernelSymbols()[a.Target] != "" && (denied || errors.Is(a.Err, ebpf.ErrNotSupported)):
+	case a.Via == event.ViaFentry && kernelSymbols()[a.Target] != "" && moduleWithoutBTF(a.Target) == "" && (denied || errors.Is(a.Err, ebpf.ErrNotSupported)):
 		return fmt.Sprintf("fentry on %s, in module %s, needs CAP_SYS_ADMIN: the kernel hands a module's BTF only to it", a.Target, kernelSymbols()[a.Target])
 	case a.Via == event.ViaKprobe && denied:
 		return "kprobes need CAP_SYS_ADMIN here: kernel.perf_event_paranoid is " + perfEventParanoid() + ", which keeps perf events to it"

@@ -36,7 +36,7 @@ func Change(old, cur *State) *trace.StateChange {
 	}
 	sort.Strings(tables)
 	for _, t := range tables {
-		add(trace.PartRules+t)
+		add(trace.PartRules + t)
 		if text, ok := n.Rules[t]; ok {
 			if c.Snapshot.Rules == nil {
 				c.Snapshot.Rules = map[string]string{}
