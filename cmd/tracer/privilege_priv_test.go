@@ -310,7 +310,7 @@ type extraCap struct {
 // without BPF netfilter hooks (before 6.4) reach nf_nat and nf_reject by
 // fentry on a module's function, whose BTF only CAP_SYS_ADMIN gets, or by
 // kprobe, which perf_event_paranoid 3 (Debian's default) keeps to
-// CAP_SYS_ADMIN.
+// CAP_SYS_ADMIN; and so does every kernel for IPVS, once ip_vs is loaded.
 func kernelExtraCaps(t *testing.T) []extraCap {
 	t.Helper()
 	var uts unix.Utsname
@@ -334,7 +334,10 @@ func kernelExtraCaps(t *testing.T) []extraCap {
 	if version < 5011 {
 		extra = append(extra, extraCap{capSysResource, "CAP_SYS_RESOURCE", "BPF maps charged to RLIMIT_MEMLOCK"})
 	}
-	if version < 6004 && paranoid >= 3 {
+	// IPVS's hooks are module functions with no netfilter program to
+	// fall back on: wherever ip_vs is loaded, they need the same.
+	_, ipvsErr := os.Stat("/sys/module/ip_vs")
+	if (version < 6004 || ipvsErr == nil) && paranoid >= 3 {
 		extra = append(extra, extraCap{capSysAdmin, "CAP_SYS_ADMIN", "module BTF for fentry, perf events for kprobes"})
 	}
 	return extra
