@@ -127,35 +127,36 @@ func (n *soakNode) pick(r *rand.Rand) (int, bool) {
 
 func hasKey(m map[int]int, k int) bool { _, ok := m[k]; return ok }
 
-// soakLog is what happened, by client address: a client's source port
+// connLog is what happened, by client address (the soak and the
+// rule-in-force test use it): a client's source port
 // comes round again within an hour, so each entry has its time, and a
-// connection is matched within soakMatch of it.
-type soakLog[T any] struct {
+// connection is matched within connMatch of it.
+type connLog[T any] struct {
 	mu sync.Mutex
-	by map[string][]soakEntry[T]
+	by map[string][]connEntry[T]
 }
 
-type soakEntry[T any] struct {
+type connEntry[T any] struct {
 	at time.Time
 	v  T
 }
 
-const soakMatch = 2 * time.Second
+const connMatch = 2 * time.Second
 
-func (l *soakLog[T]) add(client string, at time.Time, v T) {
+func (l *connLog[T]) add(client string, at time.Time, v T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.by == nil {
-		l.by = map[string][]soakEntry[T]{}
+		l.by = map[string][]connEntry[T]{}
 	}
-	l.by[client] = append(l.by[client], soakEntry[T]{at, v})
+	l.by[client] = append(l.by[client], connEntry[T]{at, v})
 }
 
-func (l *soakLog[T]) near(client string, at time.Time) (T, bool) {
+func (l *connLog[T]) near(client string, at time.Time) (T, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range l.by[client] {
-		if d := e.at.Sub(at); d > -soakMatch && d < soakMatch {
+		if d := e.at.Sub(at); d > -connMatch && d < connMatch {
 			return e.v, true
 		}
 	}
@@ -163,7 +164,7 @@ func (l *soakLog[T]) near(client string, at time.Time) (T, bool) {
 	return zero, false
 }
 
-func (l *soakLog[T]) each(fn func(client string, at time.Time, v T)) {
+func (l *connLog[T]) each(fn func(client string, at time.Time, v T)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c, es := range l.by {
@@ -173,9 +174,9 @@ func (l *soakLog[T]) each(fn func(client string, at time.Time, v T)) {
 	}
 }
 
-// soakAccept listens on each backend address in ns and logs which one
+// acceptLog listens on each backend address in ns and logs which one
 // accepted each client, when.
-func soakAccept(t *testing.T, ns netlab.Namespace, log *soakLog[string], addrs ...string) {
+func acceptLog(t *testing.T, ns netlab.Namespace, log *connLog[string], addrs ...string) {
 	t.Helper()
 	for _, a := range addrs {
 		var ln net.Listener
@@ -265,8 +266,8 @@ func TestSoak(t *testing.T) {
 		}
 		backends = append(backends, soakBackendAddr(b))
 	}
-	var accepted soakLog[string]
-	soakAccept(t, ns, &accepted, backends...)
+	var accepted connLog[string]
+	acceptLog(t, ns, &accepted, backends...)
 	node := &soakNode{ns: ns, backend: map[int]int{}}
 	for i := 0; i < soakServices; i++ {
 		node.backend[i] = i % soakBackends
@@ -294,7 +295,7 @@ func TestSoak(t *testing.T) {
 	// sample.
 	caps := trace.Caps{Flows: 20000, Memory: 64 << 20}
 	store := trace.NewCappedStore(caps)
-	var flows soakLog[soakFlow]
+	var flows connLog[soakFlow]
 	var nflows atomic.Int64
 	var sum trace.Summary
 	read := make(chan error, 1)
@@ -304,7 +305,7 @@ func TestSoak(t *testing.T) {
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var dialed soakLog[int]
+	var dialed connLog[int]
 	var refused atomic.Int64
 	wg.Add(2)
 	go func() { // churn
@@ -462,7 +463,7 @@ type soakFlow struct {
 
 // readSoakStream reads the NDJSON stream of the tracer: each flow to the
 // VIPs into flows and the store, the summary into sum.
-func readSoakStream(r interface{ Read([]byte) (int, error) }, store *trace.Store, flows *soakLog[soakFlow], n *atomic.Int64, sum *trace.Summary) error {
+func readSoakStream(r interface{ Read([]byte) (int, error) }, store *trace.Store, flows *connLog[soakFlow], n *atomic.Int64, sum *trace.Summary) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
 	for sc.Scan() {

@@ -2,11 +2,9 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,7 +48,8 @@ func TestRuleInForceAtDecision(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	accepted := acceptBackends(t, ns, "10.78.0.1:8080", "10.78.0.2:8080")
+	var accepted connLog[string]
+	acceptLog(t, ns, &accepted, "10.78.0.1:8080", "10.78.0.2:8080")
 	rule := func(backend string) string {
 		return "-A OUTPUT -d 10.96.78.1/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination " + backend
 	}
@@ -85,8 +84,8 @@ func TestRuleInForceAtDecision(t *testing.T) {
 				continue
 			}
 			n++
-			backend := accepted(f.Orig.Src)
-			if backend == "" {
+			backend, ok := accepted.near(f.Orig.Src, f.Time)
+			if !ok {
 				t.Errorf("%s: flow from %s: no backend accepted that connection", how, f.Orig.Src)
 				continue
 			}
@@ -131,33 +130,5 @@ func TestRuleInForceAtDecision(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// acceptBackends listens on each address in ns and returns which one
-// accepted the connection from a client IP:PORT.
-func acceptBackends(t *testing.T, ns netlab.Namespace, addrs ...string) func(client string) string {
-	t.Helper()
-	var mu sync.Mutex
-	by := map[string]string{}
-	for _, a := range addrs {
-		var ln net.Listener
-		if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", a); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
-				mu.Lock()
-				by[c.RemoteAddr().String()] = a
-				mu.Unlock()
-				c.Close()
-			}
-		}()
-	}
-	return func(client string) string {
-		mu.Lock()
-		defer mu.Unlock()
-		return by[client]
 	}
 }

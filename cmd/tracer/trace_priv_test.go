@@ -97,14 +97,8 @@ func startTrace(t *testing.T, bin string, ns netlab.Namespace, args ...string) (
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			return cmd, &stdout, &stderr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no ready file after 10s; stderr: %s", stderr.String())
-		}
-	}
+	waitReady(t, ready, &stderr)
+	return cmd, &stdout, &stderr
 }
 
 func dialVIP(t *testing.T, ns netlab.Namespace) {
