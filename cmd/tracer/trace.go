@@ -328,10 +328,7 @@ func (o *output) state(c *trace.StateChange) {
 func (o *output) close(sum trace.Summary) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.stateErr != nil {
-		return errors.Join(o.stateErr, o.closeWriters(sum))
-	}
-	return o.closeWriters(sum)
+	return errors.Join(o.stateErr, o.closeWriters(sum))
 }
 
 func (o *output) closeWriters(sum trace.Summary) error {
