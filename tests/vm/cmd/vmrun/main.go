@@ -18,23 +18,25 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 )
 
 type options struct {
-	kernels []string
-	cache   string
-	timeout time.Duration
-	memory  string
-	cpus    int
-	env     []string
-	busybox string
-	test    bool
-	run     string // -test.run for every package, with -test
-	fetch   bool
-	args    []string
+	kernels  []string
+	cache    string
+	timeout  time.Duration
+	memory   string
+	cpus     int
+	env      []string
+	busybox  string
+	test     bool
+	parallel int    // guests at once, with -test
+	run      string // -test.run for every package, with -test
+	fetch    bool
+	args     []string
 }
 
 type envFlag []string
@@ -57,6 +59,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "kill a guest that has not finished after this long")
 	flag.StringVar(&o.memory, "mem", "2048", "guest memory (qemu -m)")
 	flag.IntVar(&o.cpus, "smp", 2, "guest CPUs (qemu -smp)")
+	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "with -test: guests run at once (each keeps about one host core busy under TCG)")
 	flag.Var(&env, "env", "KEY=VALUE for the guest command's environment (repeatable); TRACER_* variables of the host are passed too")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the initramfs (package busybox-static)")
 	flag.BoolVar(&o.test, "test", false, "arguments are Go packages: build their test binaries and run them in each guest")
@@ -171,6 +174,7 @@ type kernelRun struct {
 	initramfs time.Duration
 	result    bootResult
 	err       error
+	dir       string // the guest's results share
 }
 
 func fetchAll(o options) int {
