@@ -15,10 +15,10 @@ VM_KERNELS ?= 5.10 6.1 6.12
 VM_TIMEOUT ?= 30m
 # The harness's own smoke tests always run, next to the privileged packages.
 # internal/lab's TestScenarios is left to the host: under TCG it takes 8 to
-# 9 minutes per kernel, and cmd/tracer's TestLabScenarios builds and proves
-# every same scenario in the guest anyway, with the tracer checked on top
-# (its dual-stack scenarios in the 6.1 guest only: about 40 s each per
-# kernel; TestCapture's IPv6 twins run on every kernel).
+# 9 minutes per kernel. cmd/tracer's TestLabScenarios builds and proves the
+# same scenarios with the tracer checked on top, each in one guest of the
+# three (shared round-robin, labGuest; the host runs them all), and
+# TestCapture checks every kernel's decisions of both families.
 VM_PKGS    := $(filter-out ./internal/lab,$(PRIV_PKGS)) ./tests/vm/smoke
 VMRUN      := $(GO) run ./tests/vm/cmd/vmrun
 

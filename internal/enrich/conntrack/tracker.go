@@ -594,14 +594,16 @@ func (t *Tracker) drain() {
 	}
 	var batch []change
 	err := t.drainer.Drain(func(c change) { batch = append(batch, c) })
-	if len(batch) > 0 {
-		t.applyDestroys(batch)
-	}
+	// The overrun is counted before the DESTROYs read after it apply, so
+	// whoever sees those sees the loss too.
 	switch {
 	case errors.Is(err, errOverrun):
 		t.overruns.Add(1)
 	case err != nil && !errors.Is(err, errClosed):
 		t.setErr(err)
+	}
+	if len(batch) > 0 {
+		t.applyDestroys(batch)
 	}
 }
 

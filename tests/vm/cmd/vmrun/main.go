@@ -59,7 +59,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "kill a guest that has not finished after this long")
 	flag.StringVar(&o.memory, "mem", "2048", "guest memory (qemu -m)")
 	flag.IntVar(&o.cpus, "smp", 2, "guest CPUs (qemu -smp)")
-	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "with -test: guests run at once (each keeps about one host core busy under TCG)")
+	flag.IntVar(&o.parallel, "parallel", max(1, runtime.NumCPU()/2), "with -test: guests run at once (a busy guest keeps its -smp 2 host cores busy under TCG)")
 	flag.Var(&env, "env", "KEY=VALUE for the guest command's environment (repeatable); TRACER_* variables of the host are passed too")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "static busybox for the initramfs (package busybox-static)")
 	flag.BoolVar(&o.test, "test", false, "arguments are Go packages: build their test binaries and run them in each guest")

@@ -157,11 +157,12 @@ func testMode(ctx context.Context, o options) (int, error) {
 }
 
 // bootAll runs body in a guest per kernel, o.parallel guests at a time.
-// A TCG guest keeps about one host core busy whatever its -smp (measured:
-// 1.07 CPU-seconds per second with -smp 2), so on a machine with two cores
-// two guests finish in about the time of one. Kernels are fetched and
-// their initramfs built one at a time, in order, as the apt cache is
-// shared; the runs come back in the order of o.kernels.
+// Under the privileged tests a TCG guest keeps its -smp 2 host cores
+// busy: two guests at once on two cores took more than 30 minutes each
+// where one alone took 27, so the default is one guest per two cores.
+// Kernels are fetched and their initramfs built one at a time, in order,
+// as the apt cache is shared; the runs come back in the order of
+// o.kernels.
 func bootAll(ctx context.Context, o options, body string) []*kernelRun {
 	runs := make([]*kernelRun, 0, len(o.kernels))
 	slots := make(chan struct{}, max(1, o.parallel))
