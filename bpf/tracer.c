@@ -767,6 +767,10 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 	e->netns = ns;
 	e->reason = reason;
 	e->has_reason = has_reason;
+	/* Conntrack attaches its entry at PREROUTING or OUTPUT (priority
+	 * -200): a packet netfilter dropped without one was dropped by a raw
+	 * table rule or by conntrack itself (its table full). */
+	e->no_ct = BPF_CORE_READ(skb, _nfct) == 0;
 	if (!wanted(e)) {
 		bpf_ringbuf_discard(e, 0);
 		return 0;

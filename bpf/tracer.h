@@ -78,7 +78,8 @@ struct event {
 	__u8 nf_hook; /* NF_INET_* where known, else 0xff */
 	__u8 ctinfo;
 	__u8 has_reason;
-	__u8 _pad[2];
+	__u8 no_ct; /* drops: the packet carried no conntrack entry */
+	__u8 _pad;
 	struct tuple pkt;   /* the packet the decision was about */
 	struct tuple orig;  /* conntrack original tuple, or IPVS client -> virtual */
 	struct tuple reply; /* conntrack reply tuple */

@@ -353,7 +353,7 @@ func requirePriv(t *testing.T) {
 	}
 }
 
-func waitReady(t *testing.T, ready string, stderr *bytes.Buffer) {
+func waitReady(t *testing.T, ready string, stderr fmt.Stringer) {
 	t.Helper()
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(ready); err == nil {

@@ -86,6 +86,12 @@ func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writ
 		return nil, flt, err
 	}
 	cfg.Command = command
+	if command == "trace" {
+		// The UI owns the terminal; it finds the changes in its summary.
+		cfg.OnHookChange = func(c trace.HookChange) {
+			fmt.Fprintf(stderr, "tracer: %s hook %s: %s\n", c.Time.Local().Format(time.TimeOnly), c.Hook, c.Why)
+		}
+	}
 	if err := preflight(o.needs()); err != nil {
 		return nil, flt, err
 	}
@@ -334,6 +340,9 @@ func (o *output) close(sum trace.Summary) error {
 func (o *output) closeWriters(sum trace.Summary) error {
 	if o.text != nil {
 		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
+		if sum.ConntrackDrops > 0 {
+			fmt.Fprintf(o.text, "# conntrack itself dropped %d packets (its table full or insert clashes lost: conntrack -S)\n", sum.ConntrackDrops)
+		}
 	}
 	return o.each(func(w *trace.Writer) error {
 		w.SetLoss(sum)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -88,17 +89,28 @@ func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
 // waits until its hooks are attached.
 func startTrace(t *testing.T, bin string, ns netlab.Namespace, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
+	var stderr bytes.Buffer
+	cmd, stdout := startTraceTo(t, bin, ns, &stderr, args...)
+	return cmd, stdout, &stderr
+}
+
+// startTraceTo is startTrace with stderr going to the caller's writer.
+func startTraceTo(t *testing.T, bin string, ns netlab.Namespace, stderr interface {
+	io.Writer
+	String() string
+}, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready")
 	cmd := exec.Command(bin, append([]string{"trace", "--netns", ns.Path(), "--ready-file", ready}, args...)...)
 	cmd.Env = append(os.Environ(), asTracerEnv+"=1") // for selfTracer's binary
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
-	waitReady(t, ready, &stderr)
-	return cmd, &stdout, &stderr
+	waitReady(t, ready, stderr)
+	return cmd, &stdout
 }
 
 func dialVIP(t *testing.T, ns netlab.Namespace) {

@@ -130,6 +130,6 @@ func rateOf(p *live.Pipeline) func() tui.Stats {
 			rate = float64(s.Events-last) / dt
 			last, lastAt = s.Events, time.Now()
 		}
-		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns}
+		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackDrops: s.ConntrackDrops}
 	}
 }

@@ -59,6 +59,7 @@ func Diagnose(f *trace.Flow, env Env) Result {
 		d.wentAP = trace.ParseEndpoint(f.Reply.Src)
 	}
 	for _, rule := range []func() (Result, bool){
+		d.conntrackDrop,
 		d.ipvsNoEndpoint,
 		d.serviceNoEndpoint,
 		d.clusterIPReject,

@@ -69,18 +69,46 @@ func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	if ev.ICMPType != nil && ev.ICMPCode != nil {
 		act.ICMPType, act.ICMPCode = *ev.ICMPType, *ev.ICMPCode
 	}
+	beforeCT := droppedByConntrack(ev)
 	eval := func(pkt rules.Packet) (*trace.Rule, bool) {
 		ipt, iptKnown := iptablesCandidate(env.Ruleset(family), pkt, env, act)
 		nf, nfKnown := nftCandidate(env, pkt, act)
 		if !iptKnown && !nfKnown {
 			return nil, false
 		}
+		if beforeCT {
+			ipt, nf = ipt.before(conntrackPrio), nf.before(conntrackPrio)
+		}
 		return choose(ipt, nf), true
+	}
+	if beforeCT {
+		// The cache's key does not hold the counters.
+		return eval(pkt)
 	}
 	if c, ok := env.(interface{ attributions() *attributionCache }); ok {
 		return c.attributions().attributeCached(pkt, act, eval)
 	}
 	return eval(pkt)
+}
+
+// conntrackPrio is conntrack's priority at PREROUTING and OUTPUT
+// (NF_IP_PRI_CONNTRACK): it attaches a packet's entry there.
+const conntrackPrio = -200
+
+// droppedByConntrack: a netfilter drop of a packet without a conntrack
+// entry while conntrack's table was full and its drop counter rose. No
+// rule after conntrack saw that packet, so none of them can be its rule;
+// a raw table rule, which runs before conntrack, still can.
+func droppedByConntrack(ev *trace.Event) bool {
+	return ev.Kind == trace.KindDrop && ev.NoConntrack && ev.ConntrackTable.Full() && ev.ConntrackTable.Drops > 0
+}
+
+// before keeps the candidate only if its table or chain runs before prio.
+func (c candidate) before(prio int) candidate {
+	if c.rule != nil && c.rule.Table != "" && c.prio >= prio {
+		return candidate{}
+	}
+	return c
 }
 
 // candidate is one rule source's answer.
@@ -244,13 +272,15 @@ func hookOf(ev *trace.Event, kind rules.ActionKind, pkt rules.Packet, env Env) s
 	}
 	srcLocal, _ := env.IsLocal(pkt.Src.Addr())
 	dstLocal, _ := env.IsLocal(pkt.Dst.Addr())
-	switch kind {
-	case rules.ActionDNAT:
+	switch {
+	case kind == rules.ActionDNAT, droppedByConntrack(ev):
+		// Conntrack, like DNAT, runs at PREROUTING for packets that
+		// arrive and at OUTPUT for the node's own.
 		if srcLocal {
 			return "OUTPUT"
 		}
 		return "PREROUTING"
-	case rules.ActionSNAT:
+	case kind == rules.ActionSNAT:
 		return "POSTROUTING"
 	}
 	switch {

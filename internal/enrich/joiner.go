@@ -47,6 +47,9 @@ type Joiner struct {
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
+	// Counters are conntrack's own counters around a time; nil: no
+	// evidence is added to the drops of packets without a conntrack entry.
+	Counters ConntrackCounters
 
 	// byTuple leads every tuple an open flow has seen to the flow: its
 	// key, its reply tuple and that reversed. A flow's own key always
@@ -318,11 +321,35 @@ func (j *Joiner) finish(p *pending) {
 	}
 	f := j.flowOf(p)
 	j.addConntrack(f, p)
+	j.addCounters(f)
 	if j.Env != nil {
 		Enrich(f, j.Env(f.Time))
 	}
 	if j.Emit != nil {
 		j.Emit(f)
+	}
+}
+
+// ConntrackCounters tells what conntrack's counters did around a time.
+type ConntrackCounters interface {
+	Around(t time.Time) (trace.ConntrackTable, bool)
+}
+
+// addCounters sets conntrack's counters beside each netfilter drop of a
+// packet that carried no conntrack entry: whether conntrack itself
+// dropped packets then, and how full its table was.
+func (j *Joiner) addCounters(f *trace.Flow) {
+	if j.Counters == nil {
+		return
+	}
+	for i := range f.Events {
+		e := &f.Events[i]
+		if e.Kind != trace.KindDrop || !e.NoConntrack || e.Reason != "NETFILTER_DROP" {
+			continue
+		}
+		if c, ok := j.Counters.Around(e.Time); ok {
+			e.ConntrackTable = &c
+		}
 	}
 }
 

@@ -28,6 +28,7 @@ const (
 	OffNFHook     = 35
 	OffCTInfo     = 36
 	OffHasReason  = 37
+	OffNoCT       = 38
 	OffPkt        = 40
 	OffOrig       = 80
 	OffReply      = 120
@@ -93,6 +94,7 @@ func Decode(b []byte, clock Clock) (Event, error) {
 	e.NFHook = b[OffNFHook]
 	e.CTInfo = b[OffCTInfo]
 	e.HasReason = b[OffHasReason] != 0
+	e.NoCT = b[OffNoCT] != 0
 	var err error
 	if e.Packet, err = decodeTuple(b[OffPkt:]); err != nil {
 		return e, fmt.Errorf("decode event packet: %w", err)

@@ -152,6 +152,9 @@ type Event struct {
 	ICMPCode  uint8
 	Reason    uint32 // drop reason, RST reason, IPVS connection flags
 	HasReason bool
+	// NoCT: a dropped packet that carried no conntrack entry, so raw
+	// table rules or conntrack itself (table full) dropped it.
+	NoCT bool
 }
 
 // NFHookNone marks events not seen at a known netfilter hook.

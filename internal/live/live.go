@@ -43,6 +43,9 @@ type Config struct {
 	MetadataWarnings func() []string
 	// Linger is how long a flow waits for more of its events.
 	Linger time.Duration
+	// OnHookChange, when set, is told each time a hook is lost or attached
+	// while tracing (a module unloaded or loaded), on Run's goroutine.
+	OnHookChange func(trace.HookChange)
 	// Command and Filter are recorded in the trace header: the command
 	// line that started the trace and its filter expression.
 	Command string
@@ -60,20 +63,27 @@ type Stats struct {
 	// the table rebuilds that recovered: entries made and destroyed
 	// meanwhile are missing from the joins.
 	ConntrackOverruns, ConntrackRedumps uint64
+	// ConntrackDrops counts packets conntrack itself dropped in the
+	// observed namespace since the start (its "drop" counter).
+	ConntrackDrops uint64
 }
 
 // Pipeline is the attached, running tracer.
 type Pipeline struct {
-	cfg     Config
-	tracer  *loader.Tracer
-	ct      multiConntrack
-	watcher *node.Watcher
-	header  trace.Header
+	cfg    Config
+	tracer *loader.Tracer
+	ct     multiConntrack
+	// counters are the observed namespace's conntrack counters; nil when
+	// they cannot be read.
+	counters *conntrack.Counters
+	watcher  *node.Watcher
+	header   trace.Header
 
 	events, flows, decodeErrors atomic.Uint64
 
 	states   *states
 	warnings []string
+	modules  []moduleState
 
 	closeOnce sync.Once
 }
@@ -91,6 +101,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("attach: %w", loader.SysAdminError(lost))
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
+	p.watchModulesFromNow()
 	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, keep: 2*cfg.Linger + 10*time.Second}
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.
@@ -103,6 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		}
 		p.ct = append(p.ct, ct)
 	}
+	p.openCounters()
 	if p.watcher, err = node.WatchWith(ctx, cfg.NetnsPath, node.WatchOptions{OnPublish: p.states.publish}); err != nil {
 		p.warn("node state unavailable, no rule attribution: %v", err)
 		p.watcher = nil
@@ -111,6 +123,21 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	p.header = p.buildHeader()
 	return p, nil
+}
+
+// openCounters opens the observed namespace's conntrack counters and warns
+// when the table is nearly full already: new connections are then about
+// to be dropped.
+func (p *Pipeline) openCounters() {
+	c, err := conntrack.OpenCounters(p.cfg.NetnsPath, p.states.keep)
+	if err != nil {
+		p.warn("conntrack counters of %s unavailable, drops by conntrack itself are not named: %v", orCaller(p.cfg.NetnsPath), err)
+		return
+	}
+	p.counters = c
+	if s := c.First(); s.Max > 0 && uint64(s.Entries)*10 >= uint64(s.Max)*9 {
+		p.warn("conntrack table of %s is %d%% full (%d of %d entries, net.netfilter.nf_conntrack_max): when it fills, conntrack drops new connections", orCaller(p.cfg.NetnsPath), uint64(s.Entries)*100/uint64(s.Max), s.Entries, s.Max)
+	}
 }
 
 // ConntrackOptions are the options of the pipeline's conntrack trackers:
@@ -175,6 +202,9 @@ func (p *Pipeline) Stats() Stats {
 		}
 	}
 	s.ConntrackOverruns, s.ConntrackRedumps = p.conntrackLoss()
+	if p.counters != nil {
+		s.ConntrackDrops = p.counters.Drops()
+	}
 	return s
 }
 
@@ -214,6 +244,9 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	if len(p.ct) > 0 {
 		j.CT = p.ct
 	}
+	if p.counters != nil {
+		j.Counters = p.counters
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var clock eventClock
@@ -239,6 +272,8 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 			j.Expire(clock.now)
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
+				p.sampleCounters()
+				p.watchModules(now, &sum)
 				// Stop reading: the loop drains what was read and ends
 				// when the reader has.
 				if gone = p.netnsGone(); gone != nil {
@@ -315,8 +350,22 @@ func (p *Pipeline) read(out chan<- decoded) {
 	}
 }
 
+// sampleCounters reads conntrack's counters, once a second: the readings
+// a drop is set between.
+func (p *Pipeline) sampleCounters() {
+	if p.counters == nil {
+		return
+	}
+	// A failed reading only widens the window the next drop is set in.
+	_, _ = p.counters.Sample()
+}
+
 func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.Ended = time.Now().UTC()
+	if p.counters != nil {
+		p.counters.Sample()
+		sum.ConntrackDrops = p.counters.Drops()
+	}
 	sum.DecodeErrors = int(p.decodeErrors.Load())
 	sum.ConntrackOverruns, sum.ConntrackRedumps = p.conntrackLoss()
 	if lost, err := p.tracer.Lost(); err == nil {
@@ -336,6 +385,9 @@ func (p *Pipeline) Close() error {
 		errs = append(errs, p.tracer.Close())
 		for _, ct := range p.ct {
 			errs = append(errs, ct.Close())
+		}
+		if p.counters != nil {
+			errs = append(errs, p.counters.Close())
 		}
 		if p.watcher != nil {
 			errs = append(errs, p.watcher.Close())

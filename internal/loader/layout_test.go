@@ -22,7 +22,7 @@ func TestEventLayoutMatchesBTF(t *testing.T) {
 			"ct_status": event.OffCTStatus, "ct_mark": event.OffCTMark, "range_flags": event.OffRangeFlags,
 			"ct_zone": event.OffCTZone, "kind": event.OffKind, "hook": event.OffHook, "via": event.OffVia,
 			"icmp_type": event.OffICMPType, "icmp_code": event.OffICMPCode, "nf_hook": event.OffNFHook,
-			"ctinfo": event.OffCTInfo, "has_reason": event.OffHasReason, "pkt": event.OffPkt,
+			"ctinfo": event.OffCTInfo, "has_reason": event.OffHasReason, "no_ct": event.OffNoCT, "pkt": event.OffPkt,
 			"orig": event.OffOrig, "reply": event.OffReply, "to": event.OffTo,
 		},
 		"tuple": {

@@ -135,7 +135,11 @@ type Tracer struct {
 	clock   event.Clock
 	names   *ReasonNames
 	// progs are the programs that attached, for their run statistics.
-	progs []attachedProgram
+	// attachMu guards progs, links and Plan once Open has returned:
+	// Reattach changes them while the pipeline runs.
+	progs    []attachedProgram
+	attachMu sync.Mutex
+	only     []event.Via
 
 	closeOnce sync.Once
 	closeErr  error
@@ -159,7 +163,7 @@ func Open(cfg Config) (*Tracer, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache()}
+	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache(), only: cfg.Only}
 	if err := t.createMaps(); err != nil {
 		t.Close()
 		return nil, err
@@ -330,10 +334,7 @@ func (t *Tracer) attachAll(cfg Config) {
 				hp.Target = r.target
 				break
 			}
-			err := t.tryRung(h, r)
-			hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err, Needs: r.needs})
-			if err == nil {
-				hp.Via, hp.Target, hp.Program = r.via, r.target, r.prog
+			if t.climb(&hp, r) {
 				break
 			}
 		}
@@ -358,6 +359,60 @@ func (t *Tracer) attachAll(cfg Config) {
 	}
 }
 
+// climb tries one rung for hp, recording the attempt; true when it attached.
+func (t *Tracer) climb(hp *HookPlan, r rung) bool {
+	err := t.tryRung(hp.Hook, r)
+	hp.Attempts = append(hp.Attempts, Attempt{Via: r.via, Target: r.target, Err: err, Needs: r.needs})
+	if err != nil {
+		return false
+	}
+	hp.Via, hp.Target, hp.Program = r.via, r.target, r.prog
+	return true
+}
+
+// Reattach detaches hook and walks its ladder again, for a hook whose
+// function lives in a module that was loaded anew: a kprobe on the
+// module's old copy never fires again, and fentry cannot attach to a
+// module that is not loaded. Hooks served by the netfilter tier are left
+// as they are. The returned plan says how the hook is attached now.
+func (t *Tracer) Reattach(hook event.Hook) (HookPlan, error) {
+	if t.closing.Load() {
+		return HookPlan{}, os.ErrClosed
+	}
+	t.attachMu.Lock()
+	defer t.attachMu.Unlock()
+	i := slices.IndexFunc(t.Plan, func(hp HookPlan) bool { return hp.Hook == hook })
+	if i < 0 {
+		return HookPlan{}, fmt.Errorf("reattach %s: no such hook", hook)
+	}
+	if t.Plan[i].Via == event.ViaNetfilter {
+		return t.Plan[i], nil
+	}
+	var errs []error
+	t.progs = slices.DeleteFunc(t.progs, func(a attachedProgram) bool {
+		if a.hook != hook || a.via == event.ViaNetfilter {
+			return false
+		}
+		errs = append(errs, a.link.Close())
+		t.links = slices.DeleteFunc(t.links, func(l link.Link) bool { return l == a.link })
+		return true
+	})
+	hp := HookPlan{Hook: hook, fentryElsewhere: t.Plan[i].fentryElsewhere}
+	for _, r := range ladders[hook] {
+		if r.attach == nil || len(t.only) > 0 && !slices.Contains(t.only, r.via) {
+			continue
+		}
+		if t.climb(&hp, r) {
+			break
+		}
+	}
+	t.Plan[i] = hp
+	if err := errors.Join(errs...); err != nil {
+		return hp, fmt.Errorf("reattach %s: detach the old link: %w", hook, err)
+	}
+	return hp, nil
+}
+
 func (t *Tracer) tryRung(h event.Hook, r rung) error {
 	var attachTo string
 	if r.via == event.ViaFentry {
@@ -376,7 +431,7 @@ func (t *Tracer) tryRung(h event.Hook, r rung) error {
 		return fmt.Errorf("attach %s %s: %w", r.via, r.target, err)
 	}
 	t.links = append(t.links, l)
-	t.progs = append(t.progs, attachedProgram{name: r.prog, via: r.via, hook: h, prog: p})
+	t.progs = append(t.progs, attachedProgram{name: r.prog, via: r.via, hook: h, prog: p, link: l})
 	return nil
 }
 
@@ -505,10 +560,12 @@ func (t *Tracer) Reasons() *ReasonNames { return t.names }
 func (t *Tracer) Close() error {
 	t.closeOnce.Do(func() {
 		var errs []error
+		t.closing.Store(true)
+		t.attachMu.Lock()
+		defer t.attachMu.Unlock()
 		for _, l := range t.links {
 			errs = append(errs, l.Close())
 		}
-		t.closing.Store(true)
 		if t.waiter != nil {
 			errs = append(errs, t.waiter.Close())
 		}

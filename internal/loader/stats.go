@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -45,11 +46,14 @@ type attachedProgram struct {
 	via  event.Via
 	hook event.Hook // the hook whose ladder attached it (not for netfilter)
 	prog *ebpf.Program
+	link link.Link // nil for the netfilter tier, whose links serve several hooks
 }
 
 // ProgramStats returns the kernel's run count and run time of every
 // attached program, in attach order.
 func (t *Tracer) ProgramStats() ([]ProgramStat, error) {
+	t.attachMu.Lock()
+	defer t.attachMu.Unlock()
 	out := make([]ProgramStat, 0, len(t.progs))
 	for _, a := range t.progs {
 		s, err := a.prog.Stats()

@@ -30,7 +30,8 @@ type tracerEvent struct {
 	NfHook     uint8
 	Ctinfo     uint8
 	HasReason  uint8
-	Pad        [2]uint8
+	NoCt       uint8
+	Pad        uint8
 	Pkt        struct {
 		_      structs.HostLayout
 		Src    [16]uint8

@@ -157,6 +157,22 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 		b = strconv.AppendUint(b, uint64(e.CTZone), 10)
 	}
 	b = appendOptString(b, "by", e.By)
+	if e.NoConntrack {
+		b = append(b, `,"no_conntrack":true`...)
+	}
+	if c := e.ConntrackTable; c != nil {
+		b = append(b, `,"conntrack_table":{"entries":`...)
+		b = strconv.AppendUint(b, uint64(c.Entries), 10)
+		b = append(b, `,"max":`...)
+		b = strconv.AppendUint(b, uint64(c.Max), 10)
+		b = append(b, `,"drops":`...)
+		b = strconv.AppendUint(b, c.Drops, 10)
+		if c.InsertFailed != 0 {
+			b = append(b, `,"insert_failed":`...)
+			b = strconv.AppendUint(b, c.InsertFailed, 10)
+		}
+		b = append(b, '}')
+	}
 	return append(b, '}'), nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -68,6 +69,54 @@ func TestAppendFlowMatchesMarshal(t *testing.T) {
 	checkAppendFlow(t, &Flow{Events: []Event{}, Rule: &Rule{Element: &RuleElement{Map: "m"}, Owner: &Owner{ContainerID: "c"}}, Conntrack: &Conntrack{}})
 	checkAppendFlow(t, &Flow{Time: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
 	checkAppendFlow(t, &Flow{Time: time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 25*3600))})
+}
+
+// TestAppendFlowWritesEveryField: a flow with every field set, down to the
+// events' and the rule's, is written as json.Marshal writes it, so a field
+// added to the format but not to the encoder fails here.
+func TestAppendFlowWritesEveryField(t *testing.T) {
+	var f Flow
+	fillAll(reflect.ValueOf(&f).Elem())
+	f.Time = time.Date(2026, 12, 2, 10, 0, 0, 5, time.UTC)
+	for i := range f.Events {
+		f.Events[i].Time = f.Time
+	}
+	checkAppendFlow(t, &f)
+	got, _ := AppendFlow(nil, &f)
+	for _, key := range []string{`"no_conntrack":true`, `"conntrack_table":{`, `"insert_failed":`} {
+		if !bytes.Contains(got, []byte(key)) {
+			t.Errorf("the filled flow lacks %s: %s", key, got)
+		}
+	}
+}
+
+// fillAll sets every field of v to a value other than its zero.
+func fillAll(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(1)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(1)
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fillAll(v.Elem())
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fillAll(v.Index(0))
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			return
+		}
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fillAll(v.Field(i))
+			}
+		}
+	}
 }
 
 // FuzzAppendFlow: any flow a trace line can hold is written by AppendFlow

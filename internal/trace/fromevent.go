@@ -61,6 +61,7 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 		if e.HasReason && names != nil {
 			r.Reason = names.DropReason(e.Reason)
 		}
+		r.NoConntrack = e.NoCT
 	}
 	return r
 }

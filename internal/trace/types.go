@@ -235,7 +235,29 @@ type Event struct {
 	CTMark   uint32   `json:"ct_mark,omitempty"`
 	CTZone   uint16   `json:"ct_zone,omitempty"`
 	By       string   `json:"by,omitempty"` // reset: "netfilter" (REJECT) or "stack"
+	// NoConntrack: a netfilter drop of a packet that carried no conntrack
+	// entry (dropped in the raw table or by conntrack itself).
+	NoConntrack bool `json:"no_conntrack,omitempty"`
+	// ConntrackTable is the observed namespace's conntrack table around
+	// such a drop, as its counters read.
+	ConntrackTable *ConntrackTable `json:"conntrack_table,omitempty"`
 }
+
+// ConntrackTable is what conntrack's own counters said around a drop
+// (ctnetlink's statistics, as `conntrack -S` and `conntrack -C` print).
+type ConntrackTable struct {
+	// Entries is the most entries read just before and just after the
+	// drop; Max is net.netfilter.nf_conntrack_max.
+	Entries uint32 `json:"entries"`
+	Max     uint32 `json:"max"`
+	// Drops and InsertFailed are how much conntrack's "drop" and
+	// "insert_failed" counters rose between those two readings.
+	Drops        uint64 `json:"drops"`
+	InsertFailed uint64 `json:"insert_failed,omitempty"`
+}
+
+// Full reports whether the table held its maximum.
+func (c *ConntrackTable) Full() bool { return c != nil && c.Max > 0 && c.Entries >= c.Max }
 
 // Flow is one connection with everything the tracer knows about it.
 type Flow struct {
@@ -345,6 +367,23 @@ type Summary struct {
 	ConntrackRedumps  uint64 `json:"conntrack_redumps,omitempty"`
 	// StateChanges counts the state lines: node state changes recorded.
 	StateChanges int `json:"state_changes,omitempty"`
+	// ConntrackDrops is how much conntrack's "drop" counter rose in the
+	// observed namespace while tracing: packets conntrack itself dropped,
+	// its table full or an insert clash lost, whichever hooks saw them.
+	ConntrackDrops uint64 `json:"conntrack_drops,omitempty"`
+	// HookChanges are the hooks lost or attached while tracing.
+	HookChanges []HookChange `json:"hook_changes,omitempty"`
+}
+
+// HookChange is a hook lost or attached while tracing: the module its
+// function lives in was unloaded, or loaded (again).
+type HookChange struct {
+	Time   time.Time `json:"time"`
+	Hook   string    `json:"hook"`
+	Module string    `json:"module,omitempty"`
+	// Via is how the hook is attached from then on; "" when it is not.
+	Via string `json:"via,omitempty"`
+	Why string `json:"why"`
 }
 
 // Key is "namespace/name" (without the port), or "" for no Service.

@@ -10,6 +10,7 @@ const (
 	VerdictIPVSNoEndpoint     = "ipvs-no-endpoint"
 	VerdictServiceNoEndpoint  = "service-no-endpoint"
 	VerdictReturnPathMismatch = "return-path-mismatch"
+	VerdictConntrackTableFull = "conntrack-table-full"
 	VerdictRejected           = "rejected"
 	VerdictReset              = "reset"
 	VerdictDropped            = "dropped"
@@ -27,6 +28,7 @@ var Verdicts = []string{
 	VerdictRejected,
 	VerdictReset,
 	VerdictDropped,
+	VerdictConntrackTableFull,
 	VerdictOK,
 }
 

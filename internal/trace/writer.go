@@ -122,8 +122,9 @@ func (w *Writer) WriteState(c *StateChange) error {
 }
 
 // SetLoss records, for the summary, what the capture stage could not
-// deliver: s's lost events in total and by hook, and its conntrack
-// overruns and redumps. The capture stage calls it before Close.
+// deliver or saw go wrong under it: s's lost events in total and by hook,
+// its conntrack overruns and redumps, conntrack's own drops and the hooks
+// lost or attached while tracing. The capture stage calls it before Close.
 func (w *Writer) SetLoss(s Summary) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -131,6 +132,8 @@ func (w *Writer) SetLoss(s Summary) {
 	w.summary.LostByHook = s.LostByHook
 	w.summary.ConntrackOverruns = s.ConntrackOverruns
 	w.summary.ConntrackRedumps = s.ConntrackRedumps
+	w.summary.ConntrackDrops = s.ConntrackDrops
+	w.summary.HookChanges = s.HookChanges
 }
 
 // Close writes the summary and, for a file from Create, syncs and closes

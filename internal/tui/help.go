@@ -46,7 +46,7 @@ func (m *Model) helpLines() []string {
 	lines = append(lines, "", styleSection.Render("Verdict keys"))
 	for i, v := range problemVerdicts() {
 		l := lookOf(v)
-		lines = append(lines, fmt.Sprintf("  %s  %s %s", styleKey.Render(pad(fmt.Sprint(i+1), 16)), l.symbol, v))
+		lines = append(lines, fmt.Sprintf("  %s  %s %s", styleKey.Render(pad(keyOfVerdict(i, v), 16)), l.symbol, v))
 	}
 	lines = append(lines, fmt.Sprintf("  %s  %s %s", styleKey.Render(pad("v", 16)), lookOf(trace.VerdictOK).symbol, trace.VerdictOK))
 	lines = append(lines, "", styleSection.Render("Filter terms"))

@@ -452,9 +452,26 @@ func problemVerdicts() []string {
 	return out
 }
 
+// letterVerdicts are the problem verdicts past the ninth, which no digit
+// selects.
+var letterVerdicts = map[string]string{"t": trace.VerdictConntrackTableFull}
+
+// keyOfVerdict is the key that selects a problem verdict.
+func keyOfVerdict(i int, v string) string {
+	for k, lv := range letterVerdicts {
+		if lv == v {
+			return k
+		}
+	}
+	return fmt.Sprint(i + 1)
+}
+
 func verdictOfKey(k string) (string, bool) {
+	if v, ok := letterVerdicts[k]; ok {
+		return v, true
+	}
 	ps := problemVerdicts()
-	if len(k) != 1 || k[0] < '1' || int(k[0]-'1') >= len(ps) {
+	if len(k) != 1 || k[0] < '1' || k[0] > '9' || int(k[0]-'1') >= len(ps) {
 		return "", false
 	}
 	return ps[k[0]-'1'], true

@@ -48,6 +48,9 @@ type Stats struct {
 	// ConntrackOverruns counts conntrack events the kernel dropped before
 	// the tracker read them: some flows lack their conntrack entry.
 	ConntrackOverruns uint64
+	// ConntrackDrops counts packets conntrack itself dropped (table full,
+	// insert clashes) in the observed namespace since the start.
+	ConntrackDrops uint64
 }
 
 // Options adjust the UI.

@@ -23,6 +23,7 @@ var verdictLooks = map[string]verdictLook{
 	trace.VerdictServiceNoEndpoint:  {"∄", "svc-no-endpt", lipgloss.Red}, // "there exists no" endpoint; short enough for the narrow column
 	trace.VerdictClusterIPReject:    {"⊗", "clusterip-rej", lipgloss.Red},
 	trace.VerdictReturnPathMismatch: {"↩", "return-path", lipgloss.Yellow},
+	trace.VerdictConntrackTableFull: {"▣", "ct-full", lipgloss.Red},
 	trace.VerdictRejected:           {"✗", trace.VerdictRejected, lipgloss.Red},
 	trace.VerdictReset:              {"⟂", trace.VerdictReset, lipgloss.Yellow},
 	trace.VerdictDropped:            {"↓", trace.VerdictDropped, lipgloss.Red},
