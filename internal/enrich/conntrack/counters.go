@@ -8,7 +8,6 @@ import (
 
 	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
-	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -50,16 +49,11 @@ type Counters struct {
 // caller's) and takes the first reading. keep is how long readings are
 // kept: longer than a flow may wait before it is diagnosed.
 func OpenCounters(netnsPath string, keep time.Duration) (*Counters, error) {
-	nsFD := 0
-	if netnsPath != "" {
-		fd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open conntrack counters: open namespace %s: %w", netnsPath, err)
-		}
-		defer unix.Close(fd)
-		nsFD = fd
-	}
-	c, err := ct.Dial(&netlink.Config{NetNS: nsFD})
+	var c *ct.Conn
+	err := withNetns(netnsPath, func(nsFD int) (err error) {
+		c, err = ct.Dial(&netlink.Config{NetNS: nsFD})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack counters: %w", err)
 	}

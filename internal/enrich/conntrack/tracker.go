@@ -176,21 +176,14 @@ func Open(ctx context.Context, netnsPath string) (*Tracker, error) {
 
 // OpenWith is Open with options.
 func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, error) {
-	nsFD := 0
-	if netnsPath != "" {
-		fd, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open conntrack tracker: open namespace %s: %w", netnsPath, err)
-		}
-		// The sockets keep the namespace alive; the fd is only needed
-		// to create them.
-		defer unix.Close(fd)
-		nsFD = fd
-	}
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 4 << 20
 	}
-	src, err := dialNetlink(nsFD, opts.ReadBuffer, opts.Targeted)
+	var src *netlinkSource
+	err := withNetns(netnsPath, func(nsFD int) (err error) {
+		src, err = dialNetlink(nsFD, opts.ReadBuffer, opts.Targeted)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
 	}
@@ -200,6 +193,21 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
 	}
 	return t, nil
+}
+
+// withNetns calls fn with an fd of the namespace at path, or 0 for the
+// caller's own (path ""). The sockets fn opens there keep the namespace
+// alive; the fd is only needed to create them.
+func withNetns(path string, fn func(nsFD int) error) error {
+	if path == "" {
+		return fn(0)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open namespace %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	return fn(fd)
 }
 
 // start builds a tracker on any source: the initial dump, then the reader
