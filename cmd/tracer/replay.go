@@ -41,8 +41,7 @@ func rediagnose(tr *trace.File) error {
 		timeline.Add(c)
 	}
 	envs := make([]*enrich.NodeEnv, timeline.Len())
-	envAt := func(t time.Time) (*enrich.NodeEnv, error) {
-		i, snap := timeline.At(t)
+	envOf := func(i int, snap *trace.Snapshot) (*enrich.NodeEnv, error) {
 		if envs[i] == nil {
 			env, err := enrich.NewNodeEnv(h.Node, snap, meta)
 			if err != nil {
@@ -56,15 +55,25 @@ func rediagnose(tr *trace.File) error {
 		}
 		return envs[i], nil
 	}
-	if _, err := envAt(time.Time{}); err != nil {
+	if _, err := envOf(timeline.At(time.Time{})); err != nil {
 		return err
 	}
 	for _, f := range tr.Flows {
-		env, err := envAt(f.Time)
+		env, err := envOf(timeline.At(f.Time))
 		if err != nil {
 			return err
 		}
-		enrich.Enrich(f, env)
+		// The state read next settles a flow decided while the rules were
+		// being rewritten, as it did live (enrich.EnrichBetween).
+		var next enrich.Env
+		if i := timeline.After(f.Time); i > 0 {
+			n, err := envOf(i, timeline.Snapshot(i))
+			if err != nil {
+				return err
+			}
+			next = n
+		}
+		enrich.EnrichBetween(f, env, next)
 	}
 	return nil
 }

@@ -62,4 +62,28 @@ func TestReplayRuleInForce(t *testing.T) {
 	if len(tr.Flows) != 2 || !agree(tr.Flows[0]) || agree(tr.Flows[1]) {
 		t.Errorf("without the state line the first flow keeps its rule and the second falls to the header's: %+v, %+v", tr.Flows[0].Rule, tr.Flows[1].Rule)
 	}
+
+	// The rewrite read only after the second decision (the poll's lag):
+	// the rules in force say backend A, the kernel chose B, and the state
+	// read next says B, so B's rule decided.
+	late := strings.Replace(string(data), `"type":"state","time":"2026-12-02T11:31:38.459803558Z"`, `"type":"state","time":"2026-12-02T11:31:39.900000000Z"`, 1)
+	if late == string(data) {
+		t.Fatal("the fixture's state line moved")
+	}
+	lagged := filepath.Join(t.TempDir(), "lagged.ndjson")
+	if err := os.WriteFile(lagged, []byte(late), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr = runTracer("replay", "-o", "json", lagged)
+	if code != 0 {
+		t.Fatalf("state read late: exit %d: %s", code, stderr)
+	}
+	if tr, err = trace.ReadAll(strings.NewReader(out), "stdout"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range tr.Flows {
+		if !agree(f) {
+			t.Errorf("state read after the decision: flow at %s, dnat to %s: rule %+v", f.Time, f.Events[0].To, f.Rule)
+		}
+	}
 }

@@ -27,6 +27,25 @@ func Enrich(f *trace.Flow, env Env) {
 	f.Verdict, f.Explanation = r.Verdict, r.Explanation
 }
 
+// EnrichBetween is Enrich for a flow decided between two readings of the
+// node's rules: env, in force when the kernel decided, and next, the
+// first read after (nil when none is yet). The rules are polled, so a
+// rewrite between the two readings is in env's time but not in its
+// rules: when env's rule disagrees with what the kernel did and next's
+// agrees, the rules had changed before the decision and next's rule is
+// the one that decided.
+func EnrichBetween(f *trace.Flow, env, next Env) {
+	Enrich(f, env)
+	if next == nil || f.Rule == nil || f.Rule.Uncertain == "" {
+		return
+	}
+	before := *f
+	Enrich(f, next)
+	if f.Rule == nil || f.Rule.Uncertain != "" {
+		*f = before
+	}
+}
+
 // names adds the pods and the Service. src_pod owns orig.src; dst_pod owns
 // where the connection really went (reply.src), or the addressed pod; the
 // Service is the one the client addressed.

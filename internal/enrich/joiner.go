@@ -42,7 +42,11 @@ type Joiner struct {
 	CT     Conntrack // nil: no conntrack (flows carry what events say)
 	// Env is the node and cluster state in force at a flow's decision
 	// (its first event), which the rules may have changed since.
-	Env  func(at time.Time) Env
+	Env func(at time.Time) Env
+	// EnvAfter, when set, is the first node state read after at, nil when
+	// none is yet: it settles a flow whose rules changed between two
+	// readings (EnrichBetween).
+	EnvAfter func(at time.Time) Env
 	Emit func(*trace.Flow)
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
@@ -323,7 +327,11 @@ func (j *Joiner) finish(p *pending) {
 	j.addConntrack(f, p)
 	j.addCounters(f)
 	if j.Env != nil {
-		Enrich(f, j.Env(f.Time))
+		var next Env
+		if j.EnvAfter != nil {
+			next = j.EnvAfter(f.Time)
+		}
+		EnrichBetween(f, j.Env(f.Time), next)
 	}
 	if j.Emit != nil {
 		j.Emit(f)

@@ -235,7 +235,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++

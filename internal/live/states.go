@@ -120,6 +120,22 @@ func (s *states) envAt(t time.Time) enrich.Env {
 	return s.list[i].env
 }
 
+// envAfter is the environment of the first state read after t, nil when
+// none is yet.
+func (s *states) envAfter(t time.Time) enrich.Env {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, se := range s.list {
+		if se.st.Read().After(t) {
+			if se.env == nil {
+				s.list[i].env = s.build(i)
+			}
+			return s.list[i].env
+		}
+	}
+	return nil
+}
+
 // build parses state i; the watcher's states always parse, but should
 // one not, the state before it stands in.
 func (s *states) build(i int) enrich.Env {

@@ -122,8 +122,20 @@ func (t *Timeline) Add(c *StateChange) {
 	t.snaps = append(t.snaps, c.Apply(t.snaps[len(t.snaps)-1]))
 }
 
+// Snapshot is state i: 0 the header's, i the one after the i-th change.
+func (t *Timeline) Snapshot(i int) *Snapshot { return t.snaps[i] }
+
 // Len is the number of states: the header's and one per change.
 func (t *Timeline) Len() int { return len(t.snaps) }
+
+// After is the index of the first state read after ts, or -1 when there
+// is none.
+func (t *Timeline) After(ts time.Time) int {
+	if i := sort.Search(len(t.at), func(i int) bool { return t.at[i].After(ts) }); i > 0 && i < len(t.at) {
+		return i
+	}
+	return -1
+}
 
 // At is the index and snapshot of the state in force at ts: the last one
 // read at or before it.
