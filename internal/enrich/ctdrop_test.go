@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -38,6 +37,13 @@ COMMIT
 
 func joinCTDrop(t *testing.T, ct *fixedCounters, noCT bool, dst string) *trace.Flow {
 	t.Helper()
+	return joinCTDropIn(t, ct, noCT, dst, 7)
+}
+
+// joinCTDropIn joins the drop seen in the namespace whose inode is netns;
+// the counters are namespace 7's.
+func joinCTDropIn(t *testing.T, ct *fixedCounters, noCT bool, dst string, netns uint32) *trace.Flow {
+	t.Helper()
 	snap := &trace.Snapshot{
 		Addresses: []trace.Address{{Interface: "eth0", Address: "10.0.0.2/24", Up: true}},
 		Rules:     map[string]string{"filter": ctDropFilter, "raw": ctDropRaw},
@@ -47,11 +53,11 @@ func joinCTDrop(t *testing.T, ct *fixedCounters, noCT bool, dst string) *trace.F
 		t.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := &Joiner{Names: netfilterDrop{}, Env: func(time.Time) Env { return env }, Counters: ct,
+	j := &Joiner{Names: netfilterDrop{}, Env: func(time.Time) Env { return env }, Counters: ct, CountersNetns: 7,
 		Emit: func(f *trace.Flow) { out = append(out, f) }}
 	now := time.Unix(1700000000, 0)
 	ev := dropEvent("10.0.0.1:40000", dst)
-	ev.Time, ev.NoCT = now, noCT
+	ev.Time, ev.NoCT, ev.Netns = now, noCT, netns
 	j.Add(ev, now)
 	j.Flush()
 	if len(out) != 1 {
@@ -94,4 +100,12 @@ func TestJoinDropWithConntrackEntry(t *testing.T) {
 	}
 }
 
-var _ = event.KindDrop
+// A drop in another namespace (--all-netns) is not set beside the
+// observed namespace's table.
+func TestJoinConntrackDropOtherNamespace(t *testing.T) {
+	full := &fixedCounters{table: trace.ConntrackTable{Entries: 16, Max: 16, Drops: 2}}
+	f := joinCTDropIn(t, full, true, "10.0.0.2:8080", 8)
+	if len(full.asked) != 0 || f.Events[0].ConntrackTable != nil || f.Verdict == trace.VerdictConntrackTableFull {
+		t.Errorf("another namespace's drop got this table: %+v, verdict %s", f.Events[0].ConntrackTable, f.Verdict)
+	}
+}

@@ -47,13 +47,15 @@ type Joiner struct {
 	// none is yet: it settles a flow whose rules changed between two
 	// readings (EnrichBetween).
 	EnvAfter func(at time.Time) Env
-	Emit func(*trace.Flow)
+	Emit     func(*trace.Flow)
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
-	// Counters are conntrack's own counters around a time; nil: no
-	// evidence is added to the drops of packets without a conntrack entry.
-	Counters ConntrackCounters
+	// Counters are conntrack's own counters around a time, of the
+	// namespace whose inode is CountersNetns; nil: no evidence is added to
+	// the drops of packets without a conntrack entry.
+	Counters      ConntrackCounters
+	CountersNetns uint32
 
 	// byTuple leads every tuple an open flow has seen to the flow: its
 	// key, its reply tuple and that reversed. A flow's own key always
@@ -354,6 +356,9 @@ func (j *Joiner) addCounters(f *trace.Flow) {
 		e := &f.Events[i]
 		if e.Kind != trace.KindDrop || !e.NoConntrack || e.Reason != "NETFILTER_DROP" {
 			continue
+		}
+		if e.Netns != j.CountersNetns {
+			continue // another namespace's table
 		}
 		if c, ok := j.Counters.Around(e.Time); ok {
 			e.ConntrackTable = &c

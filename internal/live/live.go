@@ -75,9 +75,10 @@ type Pipeline struct {
 	ct     multiConntrack
 	// counters are the observed namespace's conntrack counters; nil when
 	// they cannot be read.
-	counters *conntrack.Counters
-	watcher  *node.Watcher
-	header   trace.Header
+	counters      *conntrack.Counters
+	countersNetns uint32 // the inode of the counters' namespace
+	watcher       *node.Watcher
+	header        trace.Header
 
 	events, flows, decodeErrors atomic.Uint64
 
@@ -129,12 +130,21 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 // when the table is nearly full already: new connections are then about
 // to be dropped.
 func (p *Pipeline) openCounters() {
+	path := p.cfg.NetnsPath
+	if path == "" {
+		path = "/proc/self/ns/net"
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		p.warn("conntrack counters of %s unavailable, drops by conntrack itself are not named: %v", orCaller(p.cfg.NetnsPath), err)
+		return
+	}
 	c, err := conntrack.OpenCounters(p.cfg.NetnsPath, p.states.keep)
 	if err != nil {
 		p.warn("conntrack counters of %s unavailable, drops by conntrack itself are not named: %v", orCaller(p.cfg.NetnsPath), err)
 		return
 	}
-	p.counters = c
+	p.counters, p.countersNetns = c, uint32(st.Ino)
 	if s := c.First(); s.Max > 0 && uint64(s.Entries)*10 >= uint64(s.Max)*9 {
 		p.warn("conntrack table of %s is %d%% full (%d of %d entries, net.netfilter.nf_conntrack_max): when it fills, conntrack drops new connections", orCaller(p.cfg.NetnsPath), uint64(s.Entries)*100/uint64(s.Max), s.Entries, s.Max)
 	}
@@ -245,7 +255,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		j.CT = p.ct
 	}
 	if p.counters != nil {
-		j.Counters = p.counters
+		j.Counters, j.CountersNetns = p.counters, p.countersNetns
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
