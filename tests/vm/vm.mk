@@ -7,7 +7,7 @@
 #
 # Kernels and apt lists are cached in $(TRACER_VM_CACHE) (default tests/vm/cache).
 # When tests/controlplane/kubeproxy is among the packages, cp-bin runs first:
-# every guest runs its ipvs-mode test (6.12 also its nftables- and
+# every guest runs one of the two ipvs-mode tests (6.12 also its nftables- and
 # iptables-mode tests) with the control-plane binaries the host built (the
 # guest has no network, and linking kube-apiserver under TCG would take
 # longer than the tests).

@@ -138,6 +138,7 @@ func TestPrivIncidentsNFTPortmapV18(t *testing.T) {
 // client's NodePort connection to edge/local is forwarded to node 2
 // without SNAT. Only where the kernel has IPVS: the tests/vm guests.
 func TestPrivIncidentsIPVS(t *testing.T) {
+	skipOtherIPVSGuests(t)
 	runIncidents(t, IPVS, portmapDebian)
 }
 

@@ -35,6 +35,7 @@ import (
 // unchanged.
 func TestPrivTraceKubeProxyIPVS(t *testing.T) {
 	skipShort(t)
+	skipOtherIPVSGuests(t)
 	SkipUnlessPrivileged(t)
 	SkipUnlessIPVS(t)
 	requireTools(t, "conntrack", "sysctl", "ipvsadm", "ipset", "curl")
