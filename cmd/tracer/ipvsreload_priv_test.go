@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -186,9 +187,9 @@ func ipvsConnections(t *testing.T, ns netlab.Namespace, vip string) int {
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 3 && f[0] == "TCP" {
-			n := 0
-			for _, c := range f[2] {
-				n = n*10 + int(c-'0')
+			n, err := strconv.Atoi(f[2])
+			if err != nil {
+				t.Fatalf("ipvsadm --stats: %q: %v", line, err)
 			}
 			return n
 		}

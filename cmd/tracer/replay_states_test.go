@@ -48,17 +48,7 @@ func TestReplayRuleInForce(t *testing.T) {
 			kept = append(kept, l)
 		}
 	}
-	old := filepath.Join(t.TempDir(), "old.ndjson")
-	if err := os.WriteFile(old, []byte(strings.Join(kept, "")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	code, out, stderr = runTracer("replay", "-o", "json", old)
-	if code != 0 {
-		t.Fatalf("without the state line: exit %d: %s", code, stderr)
-	}
-	if tr, err = trace.ReadAll(strings.NewReader(out), "stdout"); err != nil {
-		t.Fatal(err)
-	}
+	tr = replayText(t, "without the state line", strings.Join(kept, ""))
 	if len(tr.Flows) != 2 || !agree(tr.Flows[0]) || agree(tr.Flows[1]) {
 		t.Errorf("without the state line the first flow keeps its rule and the second falls to the header's: %+v, %+v", tr.Flows[0].Rule, tr.Flows[1].Rule)
 	}
@@ -70,20 +60,28 @@ func TestReplayRuleInForce(t *testing.T) {
 	if late == string(data) {
 		t.Fatal("the fixture's state line moved")
 	}
-	lagged := filepath.Join(t.TempDir(), "lagged.ndjson")
-	if err := os.WriteFile(lagged, []byte(late), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	code, out, stderr = runTracer("replay", "-o", "json", lagged)
-	if code != 0 {
-		t.Fatalf("state read late: exit %d: %s", code, stderr)
-	}
-	if tr, err = trace.ReadAll(strings.NewReader(out), "stdout"); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range tr.Flows {
+	for _, f := range replayText(t, "state read late", late).Flows {
 		if !agree(f) {
 			t.Errorf("state read after the decision: flow at %s, dnat to %s: rule %+v", f.Time, f.Events[0].To, f.Rule)
 		}
 	}
+}
+
+// replayText replays a trace given as text with -o json and reads what it
+// wrote.
+func replayText(t *testing.T, what, text string) *trace.File {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "trace.ndjson")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runTracer("replay", "-o", "json", path)
+	if code != 0 {
+		t.Fatalf("%s: exit %d: %s", what, code, stderr)
+	}
+	tr, err := trace.ReadAll(strings.NewReader(out), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }

@@ -135,11 +135,11 @@ func (p *Pipeline) openCounters() {
 		path = "/proc/self/ns/net"
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		p.warn("conntrack counters of %s unavailable, drops by conntrack itself are not named: %v", orCaller(p.cfg.NetnsPath), err)
-		return
+	err := unix.Stat(path, &st)
+	var c *conntrack.Counters
+	if err == nil {
+		c, err = conntrack.OpenCounters(p.cfg.NetnsPath, p.states.keep)
 	}
-	c, err := conntrack.OpenCounters(p.cfg.NetnsPath, p.states.keep)
 	if err != nil {
 		p.warn("conntrack counters of %s unavailable, drops by conntrack itself are not named: %v", orCaller(p.cfg.NetnsPath), err)
 		return

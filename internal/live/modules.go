@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -31,8 +32,8 @@ func readModule(name string) moduleState {
 	if err != nil || strings.TrimSpace(string(b)) != "live" {
 		return m
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat("/sys/module/"+name, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat("/sys/module/"+name, &st); err != nil {
 		return m
 	}
 	m.loaded, m.ino = true, st.Ino

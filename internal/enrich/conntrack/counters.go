@@ -18,11 +18,11 @@ type CounterSample struct {
 	At      time.Time
 	Entries uint32
 	Max     uint32 // net.netfilter.nf_conntrack_max
-	// Drop, InsertFailed and EarlyDrop are summed over the CPUs. Drop
-	// counts packets conntrack itself dropped: a new connection's when the
-	// table is full and holds nothing early drop may evict, or a packet
-	// whose insert clash could not be resolved (InsertFailed rises too).
-	Drop, InsertFailed, EarlyDrop uint64
+	// Drop and InsertFailed are summed over the CPUs. Drop counts packets
+	// conntrack itself dropped: a new connection's when the table is full
+	// and holds nothing early drop may evict, or a packet whose insert
+	// clash could not be resolved (InsertFailed rises too).
+	Drop, InsertFailed uint64
 }
 
 // statsReader is the ctnetlink statistics a Counters reads; a fake in the
@@ -91,7 +91,6 @@ func (c *Counters) sampleLocked() (CounterSample, error) {
 	for _, st := range cpus {
 		s.Drop += uint64(st.Drop)
 		s.InsertFailed += uint64(st.InsertFailed)
-		s.EarlyDrop += uint64(st.EarlyDrop)
 	}
 	c.samples = append(c.samples, s)
 	cut := sort.Search(len(c.samples), func(i int) bool { return s.At.Sub(c.samples[i].At) <= c.keep })
