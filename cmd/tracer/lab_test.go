@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -74,4 +75,34 @@ func TestLabRecordProbeIsBadUsage(t *testing.T) {
 	if !errors.As(err, &u) {
 		t.Fatalf("error %v is not a usage error (exit 2)", err)
 	}
+}
+
+// TestVMLabGuests: the VM matrix's share of the lab runs every scenario
+// that needs IPVS (only the guests have it), names only real scenarios,
+// and gives each guest some.
+func TestVMLabGuests(t *testing.T) {
+	scs := lab.Scenarios()
+	guests := vmLabGuests(scs)
+	names := map[string]bool{}
+	for _, sc := range scs {
+		names[sc.Name] = true
+		if sc.NeedsIPVS && guests[sc.Name] == "" {
+			t.Errorf("%s needs IPVS, which only the guests have, but no guest runs it", sc.Name)
+		}
+	}
+	for name := range vmNFTLabScenarios {
+		if !names[name] {
+			t.Errorf("vmNFTLabScenarios names %q, which is no scenario", name)
+		}
+	}
+	per := map[string]int{}
+	for _, g := range guests {
+		per[g]++
+	}
+	for _, k := range vmLabKernels {
+		if per[k] == 0 {
+			t.Errorf("the %s guest runs no scenario", k)
+		}
+	}
+	t.Logf("scenarios per guest: %v of %d", per, len(scs))
 }

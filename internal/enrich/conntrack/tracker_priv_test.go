@@ -268,11 +268,16 @@ func TestPrivOverrunRedump(t *testing.T) {
 	t.Logf("%d entries: overruns %d, redumps %d, last dump %v for %d entries", total, s.Overruns, s.Redumps, s.LastDump, s.DumpedEntries)
 }
 
-// TestPrivDumpTime measures the initial dump of a large table.
+// TestPrivDumpTime measures the initial dump of a large table. The VM
+// matrix dumps 10,000 entries: creating 50,000 through ctnetlink costs
+// 30-45 s per guest under TCG, and the dump's paging is the same at 10,000.
 func TestPrivDumpTime(t *testing.T) {
 	requirePriv(t)
 	ns := nodeNamespace(t, "enct4")
-	const n = 50_000
+	n := 50_000
+	if os.Getenv("TRACER_VM_KERNEL") != "" {
+		n = 10_000
+	}
 	start := time.Now()
 	createFlows(t, ns, 0, n)
 	created := time.Since(start)
@@ -285,5 +290,5 @@ func TestPrivDumpTime(t *testing.T) {
 	if s.DumpedEntries != n || s.Entries != n {
 		t.Fatalf("dumped %d, holding %d, want %d", s.DumpedEntries, s.Entries, n)
 	}
-	t.Logf("created %d entries in %v; initial dump+index %v (%.1f µs/entry)", n, created, s.LastDump, float64(s.LastDump.Microseconds())/n)
+	t.Logf("created %d entries in %v; initial dump+index %v (%.1f µs/entry)", n, created, s.LastDump, float64(s.LastDump.Microseconds())/float64(n))
 }
