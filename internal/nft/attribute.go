@@ -349,3 +349,44 @@ func (n natSpec) portAgrees(to, orig uint16, src bool) error {
 
 // Target renders a NAT's destination as nft prints it ("10.0.0.2:80").
 func (o *Outcome) Target() string { return natTarget(o.NAT.addr, o.NAT.port) }
+
+// NATTargets are the destinations a NAT outcome can translate orig to:
+// the lowest address and port of its range (the kernel's first choice
+// when the range is free), or one per numgen choice. A NAT naming no
+// port keeps orig's; one naming no address (redirect) keeps orig's
+// address, which the caller replaces with the interface's when it knows
+// it. Nil when the target comes from a map or expression this package
+// does not compute.
+func (o *Outcome) NATTargets(orig netip.AddrPort) []netip.AddrPort {
+	n := o.NAT
+	if n.undecided != "" {
+		return nil
+	}
+	if len(n.choices) > 0 {
+		out := make([]netip.AddrPort, 0, len(n.choices))
+		for _, c := range n.choices {
+			out = append(out, natSpec{addr: &c.addr, port: c.port}.first(orig))
+		}
+		return out
+	}
+	return []netip.AddrPort{n.first(orig)}
+}
+
+func (n natSpec) first(orig netip.AddrPort) netip.AddrPort {
+	addr, port := orig.Addr(), orig.Port()
+	if n.addr != nil && n.addr.lo.addr.IsValid() {
+		addr = n.addr.lo.addr
+	}
+	if n.port != nil {
+		port = uint16(n.port.lo.n)
+	}
+	return netip.AddrPortFrom(addr, port)
+}
+
+// RejectICMP is the ICMP type and code a reject outcome sends for a
+// packet of family fam ("ip" or "ip6"); ok is false for a TCP reset.
+func (o *Outcome) RejectICMP(fam string) (typ, code uint8, ok bool) { return o.Reject.icmp(fam) }
+
+// RejectsWithReset reports whether a reject outcome answers with a TCP
+// reset.
+func (o *Outcome) RejectsWithReset() bool { return o.Reject.reset }
