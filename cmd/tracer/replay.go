@@ -152,9 +152,9 @@ func readTrace(path string) (*trace.File, error) {
 	case errors.As(err, &pe):
 		return nil, usageError{fmt.Errorf("malformed trace %w", err)}
 	case errors.Is(err, os.ErrNotExist):
-		return nil, usagef("replay: %w", err)
+		return nil, usagef("%w", err)
 	case err != nil:
-		return nil, fmt.Errorf("replay: %w", err)
+		return nil, fmt.Errorf("read trace: %w", err)
 	}
 	return tr, nil
 }

@@ -10,44 +10,19 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// ipvsNode is node-2 of seed 000 in IPVS mode: kube-proxy's ipsets and
+// ipvsNode is node-2 of seed 000 in IPVS mode (testdata/ipvs-node.ndjson,
+// a trace header, from internal/rules/testdata): kube-proxy's ipsets and
 // KUBE-IPVS-FILTER, and portmap's CNI-HOSTPORT-DNAT appended to
 // PREROUTING, with mysql-b's hostPort 3306 and NodePort-equal 30080.
+// Virtual server 10.96.0.10:80 has two real servers, 10.96.0.30:80 none.
 func ipvsNode(t *testing.T) enrich.Env {
 	t.Helper()
-	read := func(p string) string {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
+	tr, err := trace.ReadFile("testdata/ipvs-node.ndjson")
+	if err != nil {
+		t.Fatal(err)
 	}
-	snap := &trace.Snapshot{
-		Addresses: []trace.Address{
-			{Interface: "eth0", Address: "172.18.0.2/16", Up: true},
-			{Interface: "kube-ipvs0", Address: "10.96.0.10/32"},
-			{Interface: "kube-ipvs0", Address: "10.96.0.20/32"},
-			{Interface: "kube-ipvs0", Address: "10.96.0.30/32"},
-			{Interface: "kube-ipvs0", Address: "192.168.1.200/32"},
-		},
-		Rules:  map[string]string{"all": read("../rules/testdata/appended.save")},
-		Ipsets: read("../rules/testdata/ipsets.save"),
-		IPVS: []trace.IPVSService{
-			{Proto: "tcp", Address: "10.96.0.10:80", Scheduler: "rr", Reals: []string{"10.244.1.5:8080", "10.244.2.7:8080"}},
-			{Proto: "tcp", Address: "10.96.0.30:80", Scheduler: "rr"},
-		},
-		Listeners: []trace.Listener{{Proto: "tcp", Address: "0.0.0.0:22", Process: "sshd"}},
-		Pods: []trace.Pod{
-			{Namespace: "ns-b", Name: "mysql-b", IPs: []string{"10.244.1.5"}, Node: "node-2", HostPorts: []string{"tcp/3306"}},
-			{Namespace: "ns-c", Name: "client", IPs: []string{"10.244.1.7"}, Node: "node-2"},
-			{Namespace: "ns-a", Name: "mysql-a", IPs: []string{"10.244.2.7"}, Node: "node-1"},
-		},
-		Services: []trace.Service{
-			{Namespace: "ns-a", Name: "svc-b", Type: "ClusterIP", ClusterIPs: []string{"10.96.0.20"}, Ports: []trace.ServicePort{{Proto: "TCP", Port: 3306}}},
-			{Namespace: "default", Name: "web", Type: "ClusterIP", ClusterIPs: []string{"10.96.0.10"}, Ports: []trace.ServicePort{{Proto: "TCP", Port: 80}}},
-		},
-	}
-	env, err := enrich.NewNodeEnv("node-2", snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	snap := tr.Header.Snapshot
+	env, err := enrich.NewNodeEnv(tr.Header.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
 	if err != nil {
 		t.Fatal(err)
 	}

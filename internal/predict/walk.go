@@ -34,7 +34,7 @@ type walk struct {
 }
 
 func newWalk(env enrich.Env, c Conn) *walk {
-	w := &walk{env: env, c: c, fam: rules.IPv4, at: now().UTC()}
+	w := &walk{env: env, c: c, fam: rules.IPv4, at: now().UTC(), events: []trace.Event{}}
 	if c.Dst.Addr().Unmap().Is6() {
 		w.fam = rules.IPv6
 	}
@@ -69,11 +69,11 @@ func (w *walk) run() {
 			w.deliverLocally()
 		}
 	case w.srcLocal:
-		w.note("leaves the node for %s", w.dst)
+		w.note("leaves the node for %s", endpoint(w.dst))
 	default:
 		w.hook("FORWARD")
 		if !w.stopped {
-			w.note("forwarded to %s", w.dst)
+			w.note("forwarded to %s", endpoint(w.dst))
 		}
 	}
 }
