@@ -59,3 +59,25 @@ func TestExplainBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestAuditCommand(t *testing.T) {
+	code, out, errs := runTracer("audit", "--snapshot", ipvsNodeTrace)
+	if code != 1 || !strings.Contains(errs, "1 problem(s) on node node-2") {
+		t.Fatalf("exit %d, stderr %q; want exit 1 for the hijack", code, errs)
+	}
+	for _, want := range []string{"1 problem(s), 2 note(s)", "PROBLEM hostport-hijack: tcp 10.96.0.20:3306 (Service ns-a/svc-b port 3306 (mysql))", "NOTE ipvs-filter-reject: icmp 10.96.0.10"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = runTracer("audit", "--snapshot", ipvsNodeTrace, "-o", "json")
+	var r struct {
+		Findings []struct{ Severity, Verdict string }
+	}
+	if err := json.Unmarshal([]byte(out), &r); code != 1 || err != nil || len(r.Findings) != 3 || r.Findings[0].Verdict != "hostport-hijack" {
+		t.Fatalf("json: exit %d, %v, %+v", code, err, r)
+	}
+	if code, _, errs := runTracer("audit", "--snapshot", ipvsNodeTrace, "extra"); code != 2 || !strings.Contains(errs, "unexpected argument") {
+		t.Errorf("extra argument: exit %d, %q", code, errs)
+	}
+}

@@ -11,10 +11,12 @@ import (
 )
 
 // ipvsNode is node-2 of seed 000 in IPVS mode (testdata/ipvs-node.ndjson,
-// a trace header, from internal/rules/testdata): kube-proxy's ipsets and
-// KUBE-IPVS-FILTER, and portmap's CNI-HOSTPORT-DNAT appended to
-// PREROUTING, with mysql-b's hostPort 3306 and NodePort-equal 30080.
-// Virtual server 10.96.0.10:80 has two real servers, 10.96.0.30:80 none.
+// a trace header built from internal/rules/testdata's iptables-save and
+// ipset save): kube-proxy's ipsets and KUBE-IPVS-FILTER, and portmap's
+// CNI-HOSTPORT-DNAT jump ahead of KUBE-SERVICES (where portmap <= 0.7.4
+// put it, as in the seed's cluster), with mysql-b's hostPort 3306 and
+// 30080. Virtual server 10.96.0.20:3306 (Service svc-b) sends to mysql-a,
+// 10.96.0.10:80 has two real servers, 10.96.0.30:80 none.
 func ipvsNode(t *testing.T) enrich.Env {
 	t.Helper()
 	tr, err := trace.ReadFile("testdata/ipvs-node.ndjson")

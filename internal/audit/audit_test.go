@@ -1,0 +1,116 @@
+package audit
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+func load(t *testing.T, path string) (string, *trace.Snapshot, enrich.Env) {
+	t.Helper()
+	tr, err := trace.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := tr.Header.Snapshot
+	env, err := enrich.NewNodeEnv(tr.Header.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Header.Node, snap, env
+}
+
+func logReport(t *testing.T, r Report) {
+	t.Helper()
+	t.Logf("node %s: %d walked, %d findings, notes %v", r.Node, r.Walked, len(r.Findings), r.Notes)
+	for _, f := range r.Findings {
+		t.Logf("%s %s %s %s from %v: %s", f.Severity, f.Verdict, f.Proto, f.To, f.From, f.Steps)
+	}
+}
+
+// Seed 000's node: mysql-b's hostPort 3306 takes Service svc-b's
+// ClusterIP port (IPVS would send it to mysql-a), from the node's pods and
+// from the node itself; pinging a ClusterIP is refused by design. Nothing
+// else is wrong.
+func TestAuditSeed000(t *testing.T) {
+	node, snap, env := load(t, "../predict/testdata/ipvs-node.ndjson")
+	r := Audit(node, snap, env)
+	logReport(t, r)
+	if r.Problems() != 1 {
+		t.Fatalf("%d problems, want 1 (the hijack)", r.Problems())
+	}
+	f := r.Findings[0]
+	if f.Severity != Problem || f.Verdict != trace.VerdictHostportHijack || !strings.HasPrefix(f.To, "10.96.0.20:3306 (Service ns-a/svc-b port 3306 (mysql))") {
+		t.Fatalf("first finding %+v", f)
+	}
+	if len(f.From) != 2 || !strings.HasPrefix(f.From[0], "pod ") || f.From[1] != "the node" {
+		t.Errorf("from %v, want a pod of the node and the node", f.From)
+	}
+	if f.Rule == nil || f.Rule.Owner == nil || f.Rule.Owner.Pod == nil || f.Rule.Owner.Pod.Name != "mysql-b" {
+		t.Errorf("rule %+v", f.Rule)
+	}
+	notes := 0
+	for _, f := range r.Findings[1:] {
+		if f.Severity != Note || f.Verdict != trace.VerdictIPVSFilterReject || f.Proto != "icmp" {
+			t.Errorf("unexpected finding %+v", f)
+		}
+		notes++
+	}
+	if notes != 2 {
+		t.Errorf("%d ping notes, want one per ClusterIP (2)", notes)
+	}
+}
+
+// Without the hostPort's rules (mysql-b's pod deleted and portmap's CNI
+// DEL done), the same node has no problem: a near miss.
+func TestAuditCleanWithoutHostPort(t *testing.T) {
+	node, snap, _ := load(t, "../predict/testdata/ipvs-node.ndjson")
+	var kept []string
+	for _, l := range strings.Split(snap.Rules["all"], "\n") {
+		if !strings.Contains(l, "CNI-HOSTPORT-DNAT") && !strings.Contains(l, "CNI-DN-") {
+			kept = append(kept, l)
+		}
+	}
+	snap.Rules["all"] = strings.Join(kept, "\n")
+	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Audit(node, snap, env)
+	logReport(t, r)
+	if r.Problems() != 0 {
+		t.Fatalf("%d problems on a node without the hostPort", r.Problems())
+	}
+}
+
+// With portmap's jump appended to PREROUTING and OUTPUT, where portmap
+// puts it today, kube-proxy's KUBE-SERVICES ACCEPTs svc-b's ClusterIP
+// port (it is in KUBE-CLUSTER-IP) before the hostPort chain is reached:
+// the same hostPort, no hijack.
+func TestAuditPortmapAppended(t *testing.T) {
+	node, snap, _ := load(t, "../predict/testdata/ipvs-node.ndjson")
+	var rules, jumps []string
+	for _, l := range strings.Split(snap.Rules["all"], "\n") {
+		if strings.HasSuffix(l, "-m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT") {
+			jumps = append(jumps, l)
+			continue
+		}
+		if l == "COMMIT" && len(jumps) > 0 {
+			rules = append(rules, jumps...)
+			jumps = nil
+		}
+		rules = append(rules, l)
+	}
+	snap.Rules["all"] = strings.Join(rules, "\n")
+	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Audit(node, snap, env)
+	logReport(t, r)
+	if r.Problems() != 0 {
+		t.Fatalf("%d problems with portmap's jump appended", r.Problems())
+	}
+}
