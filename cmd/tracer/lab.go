@@ -38,6 +38,11 @@ type labResult struct {
 	Mode     string `json:"mode,omitempty"`
 	Skipped  string `json:"skipped,omitempty"`
 	lab.Report
+	// Predictions are what `tracer explain` said of each attempt, and
+	// Audit what `tracer audit` found on the node, from its state at
+	// attach time, before any traffic.
+	Predictions []labPrediction `json:"predictions,omitempty"`
+	Audit       *labAudit       `json:"audit,omitempty"`
 	// Phases is how long each step of the run took, in milliseconds: the
 	// lab's cost is build, attach and traffic, not the tracer's.
 	Phases *labPhases `json:"phases,omitempty"`
@@ -204,6 +209,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 	}
 	defer p.Close()
 	run.header = p.Header()
+	run.result.Predictions, run.result.Audit = predictLab(run.header, built.Planned)
 	lap(&phases.AttachMS)
 
 	tctx, stop := context.WithCancel(ctx)

@@ -117,6 +117,7 @@ func TestLabScenarios(t *testing.T) {
 			}
 			if brokenTracer == nil {
 				checkBrokenVariants(t, res.Report, flows)
+				checkPredictions(t, res)
 			}
 		})
 	}
@@ -316,4 +317,59 @@ func parseLabOutput(t *testing.T, out []byte) (labResult, []*trace.Flow) {
 		t.Fatalf("no lab record in the output:\n%s", out)
 	}
 	return res, flows
+}
+
+// unpredictable are the mechanisms a walk of the node's rules cannot
+// foresee, with why.
+var unpredictable = map[lab.Mechanism]string{
+	lab.ReturnPath: "the reply's way back runs through another host's routes, which no node state holds",
+}
+
+// checkPredictions: what `tracer explain` said of each attempt from the
+// node's state before any traffic is the verdict the lab then proved (and
+// the live tracer gave: the lab checks that), and `tracer audit` of the
+// same state found each proven problem at an address it walks.
+func checkPredictions(t *testing.T, res labResult) {
+	t.Helper()
+	if res.Audit == nil || res.Audit.Error != "" {
+		t.Fatalf("no audit: %+v", res.Audit)
+	}
+	for _, r := range res.Results {
+		p, ok := predictionOf(res.Predictions, r.Expectation)
+		switch {
+		case !ok:
+			t.Errorf("no prediction for %s %s -> %s", r.Proto, r.Src, r.Dst)
+		case unpredictable[r.Mechanism] != "":
+			t.Logf("predicted %s for %s %s -> %s, proven %s: not compared, %s", p.Verdict, r.Proto, r.Src, r.Dst, r.Verdict, unpredictable[r.Mechanism])
+		case p.Verdict != r.Verdict:
+			t.Errorf("%s %s -> %s: predicted %s (steps %q, uncertain %q, error %q), the lab proved %s", r.Proto, r.Src, r.Dst, p.Verdict, p.Steps, p.Uncertain, p.Error, r.Verdict)
+		}
+	}
+	benign := true
+	for _, r := range res.Results {
+		benign = benign && r.Verdict == trace.VerdictOK
+	}
+	for _, f := range res.Audit.Findings {
+		t.Logf("audit: %s %s %s %s from %v", f.Severity, f.Verdict, f.Proto, f.To, f.From)
+		for _, r := range res.Results {
+			if r.Proto == f.Proto && strings.HasPrefix(f.To, r.Dst+" (") && unpredictable[r.Mechanism] == "" && f.Verdict != r.Verdict {
+				t.Errorf("audit says %s of %s %s, the lab proved %s for %s -> %s", f.Verdict, f.Proto, f.To, r.Verdict, r.Src, r.Dst)
+			}
+		}
+	}
+	if benign && res.Audit.Problems > 0 {
+		t.Errorf("audit found %d problem(s) on a scenario whose traffic is all healthy", res.Audit.Problems)
+	}
+}
+
+// predictionOf finds the prediction of the attempt: same protocol,
+// destination and client address.
+func predictionOf(ps []labPrediction, e lab.Expectation) (labPrediction, bool) {
+	src := trace.ParseEndpoint(e.Src).Addr().String()
+	for _, p := range ps {
+		if p.Proto == e.Proto && p.Dst == e.Dst && p.Src == src {
+			return p, true
+		}
+	}
+	return labPrediction{}, false
 }

@@ -269,6 +269,7 @@ func (c *cluster) built(n *node, atts []attempt, extra ...netlab.Namespace) (*Bu
 		MetadataJSON: meta,
 		NodeName:     n.name,
 		Mode:         mode,
+		Planned:      planned(atts),
 		Traffic:      func(ctx context.Context) ([]Expectation, error) { return c.run(ctx, n, atts) },
 		Close:        c.close,
 		cluster:      c,
@@ -342,4 +343,12 @@ func runAll(ns netlab.Namespace, cmds [][]string) error {
 		}
 	}
 	return nil
+}
+
+func planned(atts []attempt) []Planned {
+	out := make([]Planned, len(atts))
+	for i, a := range atts {
+		out[i] = Planned{Proto: a.exp.Proto, Src: a.srcIP, Dst: a.dst}
+	}
+	return out
 }

@@ -106,6 +106,9 @@ type Built struct {
 	// v1.37.2)" or "no kube-proxy", and which portmap nftables backend
 	// wrote the hostPorts when one did.
 	Mode string
+	// Planned are the connections Traffic will attempt, in order, known
+	// before any is made: what `tracer explain` can be asked about.
+	Planned []Planned
 	// Traffic makes the scenario's traffic and proves what the node did
 	// with each attempt; call it once tracing is attached.
 	Traffic func(ctx context.Context) ([]Expectation, error)
@@ -113,6 +116,15 @@ type Built struct {
 	Close func() error
 
 	cluster *cluster
+}
+
+// Planned is one connection attempt before it is made: its protocol, the
+// client's address (its port is not chosen yet) and the destination as
+// Expectation.Dst will have it.
+type Planned struct {
+	Proto string
+	Src   string
+	Dst   string
 }
 
 // Expectation is one connection attempt of Traffic: what the client should

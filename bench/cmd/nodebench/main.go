@@ -174,6 +174,7 @@ type report struct {
 	machine            machine
 	commands           []string
 	nft                nftReport
+	audit              auditReport
 	skippedKernel      string
 
 	attach []attachTime
@@ -432,6 +433,10 @@ func userSide(ctx context.Context, rep *report) error {
 		var nftCmd string
 		rep.nft, nftCmd = measureNFT(rep.cfg.benchtime)
 		rep.commands = append(rep.commands, nftCmd)
+		logf("tracer audit: 5,000 Services")
+		var auditCmd string
+		rep.audit, auditCmd = measureAudit(rep.cfg.benchtime)
+		rep.commands = append(rep.commands, auditCmd)
 	}
 	return nil
 }

@@ -77,6 +77,9 @@ func (r *report) markdown() string {
 		r.nftMarkdown(p)
 	}
 	r.vmMarkdown(p)
+	if r.cfg.userside && r.cfg.gotest {
+		r.auditMarkdown(p)
+	}
 	if len(r.notes) > 0 {
 		p("## Notes\n\n")
 		for _, n := range r.notes {
