@@ -83,6 +83,11 @@ func Audit(node string, snap *trace.Snapshot, env enrich.Env) Report {
 		}
 		r.add(byKey, c, p)
 	}
+	if len(snap.Pods) > 0 {
+		r.Findings = append(r.Findings, staleHostPorts(snap, env)...)
+	} else {
+		r.Notes = append(r.Notes, "no pod metadata: stale hostPort rules (their pod gone) could not be looked for")
+	}
 	slices.SortStableFunc(r.Findings, func(a, b Finding) int {
 		return cmp.Or(cmp.Compare(a.Severity, b.Severity)*-1, cmp.Compare(a.Verdict, b.Verdict), cmp.Compare(a.To, b.To))
 	})

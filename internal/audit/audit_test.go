@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -112,5 +113,78 @@ func TestAuditPortmapAppended(t *testing.T) {
 	logReport(t, r)
 	if r.Problems() != 0 {
 		t.Fatalf("%d problems with portmap's jump appended", r.Problems())
+	}
+}
+
+// mysql-b deleted without portmap's CNI DEL: its two DNAT rules (hostPort
+// 3306 and 30080) point at an address no pod holds.
+func TestAuditStaleHostPort(t *testing.T) {
+	node, snap, _ := load(t, "../predict/testdata/ipvs-node.ndjson")
+	var pods []trace.Pod
+	for _, p := range snap.Pods {
+		if p.Name != "mysql-b" {
+			pods = append(pods, p)
+		}
+	}
+	snap.Pods = pods
+	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Audit(node, snap, env)
+	logReport(t, r)
+	var stale []string
+	for _, f := range r.Findings {
+		if f.Verdict == VerdictStaleHostPort {
+			stale = append(stale, f.Rule.Text)
+			if f.Rule.Owner == nil || !strings.HasPrefix(f.Rule.Owner.ContainerID, "4b1c0f6de2a9") || !strings.Contains(f.Explanation, "no pod holds 10.244.1.5") {
+				t.Errorf("finding %+v", f)
+			}
+		}
+	}
+	if len(stale) != 2 {
+		t.Fatalf("stale rules %q, want mysql-b's two DNATs", stale)
+	}
+}
+
+// portmap v1.10.0's nftables table for a sandbox whose pod is gone; a
+// pod holding the address with a hostPort is no finding.
+func TestAuditStaleHostPortNFT(t *testing.T) {
+	read := func(p string) []byte {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	snap := &trace.Snapshot{
+		Addresses: []trace.Address{{Interface: "eth0", Address: "192.168.0.2/24", Up: true}},
+		NFTables:  &trace.NFTRuleset{JSON: read("../nft/testdata/portmap-v1.10.0.json"), Listing: string(read("../nft/testdata/portmap-v1.10.0.nft"))},
+		Pods:      []trace.Pod{{Namespace: "shop", Name: "client", IPs: []string{"10.88.0.9"}, Node: "node-1"}},
+	}
+	count := func() int {
+		env, err := enrich.NewNodeEnv("node-1", snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Audit("node-1", snap, env)
+		logReport(t, r)
+		n := 0
+		for _, f := range r.Findings {
+			if f.Verdict == VerdictStaleHostPort {
+				n++
+				if f.Rule == nil || !f.Rule.NFTables() || f.Rule.Handle == 0 || f.Rule.Owner.ContainerID != "4f2a9c1e0b7d" {
+					t.Errorf("rule %+v", f.Rule)
+				}
+			}
+		}
+		return n
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d stale rules, want the sandbox's 3 DNATs", n)
+	}
+	snap.Pods = append(snap.Pods, trace.Pod{Namespace: "web", Name: "nginx", IPs: []string{"10.88.0.2"}, Node: "node-1", HostPorts: []string{"tcp/8080"}})
+	if n := count(); n != 0 {
+		t.Fatalf("%d stale rules with the pod present", n)
 	}
 }

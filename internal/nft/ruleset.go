@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 )
@@ -228,4 +229,22 @@ func (rs *Ruleset) index() {
 	for _, cs := range rs.hooks {
 		sort.SliceStable(cs, func(i, j int) bool { return cs[i].Prio < cs[j].Prio })
 	}
+}
+
+// DNATAddrs are the addresses a rule's dnat statement translates to (the
+// lowest of a range, or each numgen choice); none when the rule has no
+// dnat or takes its address from a map.
+func (r *Rule) DNATAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range r.stmts {
+		if s.kind != sNAT || s.nat.kind != "dnat" {
+			continue
+		}
+		for _, t := range (&Outcome{NAT: s.nat}).NATTargets(netip.AddrPort{}) {
+			if t.Addr().IsValid() {
+				out = append(out, t.Addr())
+			}
+		}
+	}
+	return out
 }
