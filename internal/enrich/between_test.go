@@ -66,3 +66,42 @@ func TestEnrichBetweenReadings(t *testing.T) {
 		t.Errorf("rule in force agrees: rule %+v", f.Rule)
 	}
 }
+
+// A flow whose rule is uncertain and that no reading after its decision
+// settles yet is held for one (HoldFor): the reading that comes settles
+// it; without one, it leaves with the rule in force, uncertain, once its
+// wait is over.
+func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
+	inForce, nextEnv := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
+	var next Env
+	var out []*trace.Flow
+	j := &Joiner{Linger: time.Second, HoldFor: 3 * time.Second,
+		Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
+		Emit: func(f *trace.Flow) { out = append(out, f) }}
+	t0 := time.Unix(1700000000, 0)
+	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
+	j.Expire(t0.Add(1100 * time.Millisecond))
+	if len(out) != 0 || j.Open() != 1 {
+		t.Fatalf("%d flows out, %d open: the uncertain flow was not held", len(out), j.Open())
+	}
+	next = nextEnv
+	j.Expire(t0.Add(2 * time.Second))
+	if len(out) != 1 || j.Open() != 0 {
+		t.Fatalf("%d flows out, %d open after the next reading", len(out), j.Open())
+	}
+	if r := out[0].Rule; r == nil || !strings.Contains(r.Text, "10.0.0.2:80") || r.Uncertain != "" {
+		t.Errorf("rule %+v: want the next reading's, certain", r)
+	}
+
+	next, out = nil, nil
+	j.Add(dnatTo("10.1.0.9:40001", "10.96.0.1:80", "10.0.0.2:80"), t0.Add(10*time.Second))
+	j.Expire(t0.Add(11100 * time.Millisecond))
+	j.Expire(t0.Add(14 * time.Second))
+	if len(out) != 0 {
+		t.Fatal("left before its wait was over")
+	}
+	j.Expire(t0.Add(14200 * time.Millisecond))
+	if len(out) != 1 || out[0].Rule == nil || out[0].Rule.Uncertain == "" {
+		t.Fatalf("after the wait: %d flows, want the flow with the rule in force, uncertain", len(out))
+	}
+}

@@ -47,7 +47,12 @@ type Joiner struct {
 	// none is yet: it settles a flow whose rules changed between two
 	// readings (EnrichBetween).
 	EnvAfter func(at time.Time) Env
-	Emit     func(*trace.Flow)
+	// HoldFor, with EnvAfter, is how long a flow whose rule is uncertain
+	// and that no reading after its decision can settle yet waits for one
+	// (about a poll interval): the rules are polled, so a rewrite just
+	// before the decision shows only in the next reading.
+	HoldFor time.Duration
+	Emit    func(*trace.Flow)
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
@@ -70,6 +75,15 @@ type Joiner struct {
 	// epoch is the clock's reading at the first event: deadlines are
 	// offsets from it, half a time.Time and still monotonic.
 	epoch time.Time
+	// held are finished flows waiting for the next reading (HoldFor), in
+	// the order they finished, which is their deadlines' order.
+	held []heldFlow
+	now  time.Time // the clock of the Expire running, zero in Flush
+}
+
+type heldFlow struct {
+	f     *trace.Flow
+	until time.Time
 }
 
 // pending is an open flow, typed: its events become the trace format
@@ -298,6 +312,9 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 // first. A flow whose deadline moved on since it was queued is queued
 // again at its new one.
 func (j *Joiner) Expire(now time.Time) {
+	j.now = now
+	defer func() { j.now = time.Time{} }()
+	j.release(now)
 	at := now.Sub(j.epoch)
 	for len(j.due) > 0 && at >= j.due[0].at {
 		p := j.due.pop()
@@ -314,11 +331,32 @@ func (j *Joiner) Flush() {
 	for len(j.due) > 0 {
 		j.finish(j.due.pop())
 	}
+	j.release(time.Time{})
+}
+
+// release emits the held flows a reading now settles, and those whose
+// wait is over (all of them when now is zero, at Flush) with the rule
+// they have.
+func (j *Joiner) release(now time.Time) {
+	kept := j.held[:0]
+	for _, h := range j.held {
+		next := j.EnvAfter(h.f.Time)
+		switch {
+		case next != nil:
+			EnrichBetween(h.f, j.Env(h.f.Time), next)
+		case !now.IsZero() && now.Before(h.until):
+			kept = append(kept, h)
+			continue
+		}
+		j.Emit(h.f)
+	}
+	clear(j.held[len(kept):])
+	j.held = kept
 }
 
 // Open is the number of flows still collecting events or waiting out
 // their linger.
-func (j *Joiner) Open() int { return len(j.due) }
+func (j *Joiner) Open() int { return len(j.due) + len(j.held) }
 
 // finish emits p, which has left due.
 func (j *Joiner) finish(p *pending) {
@@ -334,10 +372,23 @@ func (j *Joiner) finish(p *pending) {
 			next = j.EnvAfter(f.Time)
 		}
 		EnrichBetween(f, j.Env(f.Time), next)
+		if j.hold(f, next) {
+			return
+		}
 	}
 	if j.Emit != nil {
 		j.Emit(f)
 	}
+}
+
+// hold keeps f for the next reading when its rule is uncertain and none
+// after its decision exists yet.
+func (j *Joiner) hold(f *trace.Flow, next Env) bool {
+	if next != nil || j.HoldFor <= 0 || j.EnvAfter == nil || j.Emit == nil || j.now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
+		return false
+	}
+	j.held = append(j.held, heldFlow{f: f, until: j.now.Add(j.HoldFor)})
+	return true
 }
 
 // ConntrackCounters tells what conntrack's counters did around a time.

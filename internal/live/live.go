@@ -103,7 +103,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
 	p.watchModulesFromNow()
-	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, keep: 2*cfg.Linger + 10*time.Second}
+	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, keep: 2*cfg.Linger + holdUncertain + 10*time.Second}
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.
 	ctCtx := context.WithoutCancel(ctx)
@@ -116,7 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		p.ct = append(p.ct, ct)
 	}
 	p.openCounters()
-	if p.watcher, err = node.WatchWith(ctx, cfg.NetnsPath, node.WatchOptions{OnPublish: p.states.publish}); err != nil {
+	if p.watcher, err = node.WatchWith(ctx, cfg.NetnsPath, node.WatchOptions{Poll: statePoll, OnPublish: p.states.publish}); err != nil {
 		p.warn("node state unavailable, no rule attribution: %v", err)
 		p.watcher = nil
 	} else {
@@ -245,7 +245,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++

@@ -9,6 +9,14 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
+// statePoll is how often the node watcher re-reads the rules, ipsets,
+// nftables, IPVS and listeners.
+const statePoll = 2 * time.Second
+
+// holdUncertain is how long a flow whose rule is uncertain waits for the
+// first reading after its decision: a poll and the reading's own time.
+const holdUncertain = statePoll + time.Second
+
 // maxStates bounds the states kept for flows still lingering: each may
 // hold a parsed rule set.
 const maxStates = 16
