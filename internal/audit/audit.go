@@ -68,7 +68,8 @@ func (r *Report) Problems() int {
 // through it.
 func Audit(node string, snap *trace.Snapshot, env enrich.Env) Report {
 	r := Report{Node: node, Findings: []Finding{}}
-	cands, notes := candidates(node, snap)
+	nftRules, _ := env.NFTRuleset()
+	cands, notes := candidates(node, snap, nftRules)
 	r.Notes = notes
 	byKey := map[string]int{}
 	for _, c := range cands {

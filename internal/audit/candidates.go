@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/predict"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -67,9 +68,32 @@ func nodeAddrs(snap *trace.Snapshot) []netip.Addr {
 	return out
 }
 
+// nodePortAddrs are the node's addresses kube-proxy answers NodePorts
+// on: in nftables mode its @nodeport-ips set (its --nodeport-addresses,
+// the node's primary addresses by default there); in iptables and IPVS
+// mode every local address.
+func nodePortAddrs(snap *trace.Snapshot, rs *nft.Ruleset) []netip.Addr {
+	var out []netip.Addr
+	found := false
+	for _, fam := range []string{"ip", "ip6"} {
+		if rs == nil {
+			break
+		}
+		if t := rs.Table(fam, "kube-proxy"); t != nil && t.Sets["nodeport-ips"] != nil {
+			found = true
+			out = append(out, t.Sets["nodeport-ips"].Addrs()...)
+		}
+	}
+	if found {
+		return out
+	}
+	return nodeAddrs(snap)
+}
+
 // candidates lists every connection to check, and notes what cannot be.
-func candidates(node string, snap *trace.Snapshot) ([]candidate, []string) {
+func candidates(node string, snap *trace.Snapshot, nft *nft.Ruleset) ([]candidate, []string) {
 	cl := clientsOf(node, snap)
+	nodePorts := nodePortAddrs(snap, nft)
 	var out []candidate
 	var notes []string
 	if len(snap.Services) == 0 {
@@ -79,13 +103,13 @@ func candidates(node string, snap *trace.Snapshot) ([]candidate, []string) {
 		notes = append(notes, fmt.Sprintf("no pod of node %q in the metadata: Services were checked from the node and from outside only", node))
 	}
 	for _, sv := range snap.Services {
-		out = append(out, serviceCandidates(sv, cl, snap)...)
+		out = append(out, serviceCandidates(sv, cl, nodePorts)...)
 	}
 	out = append(out, listenerCandidates(snap, cl)...)
 	return out, notes
 }
 
-func serviceCandidates(sv trace.Service, cl clients, snap *trace.Snapshot) []candidate {
+func serviceCandidates(sv trace.Service, cl clients, nodePorts []netip.Addr) []candidate {
 	var out []candidate
 	local := strings.EqualFold(sv.ETP, "Local")
 	name := "Service " + sv.Namespace + "/" + sv.Name
@@ -107,7 +131,7 @@ func serviceCandidates(sv trace.Service, cl clients, snap *trace.Snapshot) []can
 			out = append(out, cl.fromPod(a, sp.Port, proto, what, candidate{etpLocal: local})...)
 		}
 		if sp.NodePort != 0 {
-			for _, a := range nodeAddrs(snap) {
+			for _, a := range nodePorts {
 				out = append(out, outside(a, sp.NodePort, proto, fmt.Sprintf("NodePort of %s", what), local))
 			}
 		}

@@ -26,6 +26,7 @@ type jItem struct {
 type jTable struct {
 	Family string `json:"family"`
 	Name   string `json:"name"`
+	Handle uint64 `json:"handle"`
 }
 
 type jChain struct {
@@ -84,7 +85,9 @@ func Parse(data, listing []byte, skip func(family, name string) bool) (*Ruleset,
 	for _, it := range doc.Nftables {
 		switch {
 		case it.Table != nil:
-			p.table(it.Table.Family, it.Table.Name, skip)
+			if t := p.table(it.Table.Family, it.Table.Name, skip); t != nil {
+				t.Handle = it.Table.Handle
+			}
 		case it.Set != nil:
 			p.set(it.Set, skip)
 		case it.Map != nil:

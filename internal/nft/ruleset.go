@@ -26,6 +26,9 @@ type hookKey struct{ family, hook string }
 type Table struct {
 	Family string // ip, ip6, inet, arp, bridge, netdev
 	Name   string
+	// Handle numbers the namespace's tables in the order they were
+	// created (0 when the listing had none).
+	Handle uint64
 	Chains map[string]*Chain
 	Sets   map[string]*Set
 	// Order is the chains in listing order.
@@ -227,7 +230,7 @@ func (rs *Ruleset) index() {
 		}
 	}
 	for _, cs := range rs.hooks {
-		sort.SliceStable(cs, func(i, j int) bool { return cs[i].Prio < cs[j].Prio })
+		sort.SliceStable(cs, func(i, j int) bool { return runsBefore(cs[i], cs[j]) })
 	}
 }
 
@@ -244,6 +247,35 @@ func (r *Rule) DNATAddrs() []netip.Addr {
 			if t.Addr().IsValid() {
 				out = append(out, t.Addr())
 			}
+		}
+	}
+	return out
+}
+
+// runsBefore orders base chains of one hook as netfilter runs them: by
+// priority, and at the same priority the one registered last first
+// (nf_hook_entries_grow inserts a hook ahead of those of equal priority).
+// A base chain registers when it is created; the tables' handles number
+// their creation and the chains' handles theirs within a table, which
+// stands in for the registration order of chains created with their
+// table (kube-proxy's, portmap's).
+func runsBefore(a, b *Chain) bool {
+	switch {
+	case a.Prio != b.Prio:
+		return a.Prio < b.Prio
+	case a.Table != b.Table:
+		return a.Table.Handle > b.Table.Handle
+	}
+	return a.Handle > b.Handle
+}
+
+// Addrs are the addresses of a set of single addresses (the lowest of a
+// range or prefix element).
+func (s *Set) Addrs() []netip.Addr {
+	var out []netip.Addr
+	for _, e := range s.Elems {
+		if len(e.Key) == 1 && e.Key[0].lo.addr.IsValid() {
+			out = append(out, e.Key[0].lo.addr)
 		}
 	}
 	return out

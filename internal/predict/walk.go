@@ -1,6 +1,7 @@
 package predict
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -137,7 +138,9 @@ func (w *walk) nftFamily() string {
 }
 
 func (w *walk) hook(hook string) {
-	for _, s := range w.stages(hook) {
+	stages := w.stages(hook)
+	for _, s := range stages {
+		pkt, decided := w.rulesPacket(), len(w.events)
 		switch {
 		case s.ipvs:
 			w.ipvs()
@@ -146,10 +149,67 @@ func (w *walk) hook(hook string) {
 		default:
 			w.iptablesTable(hook, s.table)
 		}
+		if len(w.events) > decided && !s.ipvs {
+			w.samePriority(hook, s, stages, pkt)
+		}
 		if w.stopped {
 			return
 		}
 	}
+}
+
+// samePriority notes the base chains of other tables at the deciding
+// stage's priority that would decide too: netfilter runs chains of equal
+// priority in the reverse order of their registration, which a ruleset
+// listing does not show (the walk takes the newer table by its handle).
+func (w *walk) samePriority(hook string, s stage, all []stage, pkt rules.Packet) {
+	for _, o := range all {
+		if o.prio != s.prio || o.ipvs || o.name() == s.name() {
+			continue
+		}
+		if what, ok := w.wouldDecide(hook, o, pkt); ok {
+			w.doubt("%s and %s run at the same priority %d, in the reverse order of their registration, which the ruleset does not show: the walk took %s (the newer table by its handle); if %s runs first, it %s",
+				s.name(), o.name(), s.prio, s.name(), o.name(), what)
+		}
+	}
+}
+
+func (s stage) name() string {
+	if s.chain != nil {
+		return s.chain.Table.ID() + " " + s.chain.Name
+	}
+	return "iptables " + s.table
+}
+
+// wouldDecide says what stage o would do with pkt, if it decides.
+func (w *walk) wouldDecide(hook string, o stage, pkt rules.Packet) (string, bool) {
+	var v rules.Verdict
+	var text string
+	if o.chain != nil {
+		rs, _ := w.env.NFTRuleset()
+		res := rs.Evaluate(o.chain, pkt, w.env)
+		if len(res.Outcomes) == 0 {
+			return "", false
+		}
+		v = res.Outcomes[0].Verdict
+		if r := res.Outcomes[0].Rule; r != nil {
+			text = r.Text
+		}
+	} else {
+		res, err := w.env.Ruleset(w.fam).Evaluate(o.table, hook, pkt, w.env)
+		if err != nil {
+			return "", false
+		}
+		v = res.Verdict
+		if res.Rule != nil {
+			text = res.Rule.Text
+		}
+	}
+	switch v {
+	case rules.VerdictDNAT, rules.VerdictRedirect, rules.VerdictReject, rules.VerdictDrop:
+		return fmt.Sprintf("would %s by `%s`", v, text), true
+	}
+	return "", false
 }
 
 // rulesPacket is the packet the rule evaluators match: the first of a new
