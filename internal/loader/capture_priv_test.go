@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,13 +165,21 @@ func serve(t *testing.T, ns netlab.Namespace, addr string) {
 // local address and the dial or read error.
 func dialTCP(ns netlab.Namespace, addr string) (string, error) {
 	var conn net.Conn
-	// A fixed local port, so a refused connection still names its tuple.
-	local := &net.TCPAddr{Port: 20000 + rand.IntN(20000)}
-	err := ns.Do(func() (err error) {
-		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: local}
-		conn, err = d.Dial("tcp", addr)
-		return err
-	})
+	// A fixed local port, so a refused connection still names its tuple;
+	// another when an earlier connection's TIME_WAIT still holds it.
+	var local *net.TCPAddr
+	var err error
+	for range 5 {
+		local = &net.TCPAddr{Port: 20000 + rand.IntN(20000)}
+		err = ns.Do(func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: local}
+			conn, err = d.Dial("tcp", addr)
+			return err
+		})
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
 	if err != nil {
 		client := cAddr
 		if strings.HasPrefix(addr, "[") {
