@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"syscall"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -90,19 +91,27 @@ func dial(ns netlab.Namespace, from, addr string, timeout time.Duration) (string
 // dialThen is dial that hands the connection to use (when not nil) before
 // closing it.
 func dialThen(ns netlab.Namespace, from, addr string, timeout time.Duration, use func(net.Conn) error) (string, error) {
-	local := &net.TCPAddr{IP: net.ParseIP(from), Port: 20000 + rand.IntN(20000)}
-	err := ns.Do(func() error {
-		d := net.Dialer{Timeout: timeout, LocalAddr: local}
-		c, err := d.Dial("tcp", addr)
-		if err != nil {
-			return err
+	var local *net.TCPAddr
+	var err error
+	// Another port when an earlier connection's TIME_WAIT holds this one.
+	for range 5 {
+		local = &net.TCPAddr{IP: net.ParseIP(from), Port: 20000 + rand.IntN(20000)}
+		err = ns.Do(func() error {
+			d := net.Dialer{Timeout: timeout, LocalAddr: local}
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if use != nil {
+				return use(c)
+			}
+			return nil
+		})
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
 		}
-		defer c.Close()
-		if use != nil {
-			return use(c)
-		}
-		return nil
-	})
+	}
 	return local.String(), err
 }
 
