@@ -10,8 +10,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"testing"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
