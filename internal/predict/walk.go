@@ -168,7 +168,7 @@ func (w *walk) samePriority(hook string, s stage, all []stage, pkt rules.Packet)
 			continue
 		}
 		if what, ok := w.wouldDecide(hook, o, pkt); ok {
-			w.doubt("%s and %s run at the same priority %d, in the reverse order of their registration, which the ruleset does not show: the walk took %s (the newer table by its handle); if %s runs first, it %s",
+			w.doubt("%s and %s run at the same priority %d, in the reverse order of their registration, which the ruleset does not show (`nft list hooks` does): the walk took %s (the newer table by its handle); if %s runs first, it %s",
 				s.name(), o.name(), s.prio, s.name(), o.name(), what)
 		}
 	}
