@@ -22,26 +22,13 @@ func TestExplainLiveNode(t *testing.T) {
 	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
 		t.Skipf("a walk of the rules is userspace, the same on every kernel: the host tier runs it, not the %s VM", k)
 	}
-	lab, err := netlab.New("trexp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
-	ns, err := lab.Namespace("a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"ip", "addr", "add", "10.79.0.1/32", "dev", "lo"},
-		{"ip", "addr", "add", "10.79.0.2/32", "dev", "lo"},
-		{"ip", "route", "add", "10.96.79.0/24", "dev", "lo"},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.79.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.79.0.2:8080"},
-		{"iptables", "-A", "OUTPUT", "-d", "10.79.0.1", "-p", "tcp", "--dport", "9000", "-j", "REJECT"},
-	} {
-		if _, err := ns.Run(args[0], args[1:]...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ns := scratchNamespace(t, "trexp",
+		[]string{"ip", "addr", "add", "10.79.0.1/32", "dev", "lo"},
+		[]string{"ip", "addr", "add", "10.79.0.2/32", "dev", "lo"},
+		[]string{"ip", "route", "add", "10.96.79.0/24", "dev", "lo"},
+		[]string{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.79.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.79.0.2:8080"},
+		[]string{"iptables", "-A", "OUTPUT", "-d", "10.79.0.1", "-p", "tcp", "--dport", "9000", "-j", "REJECT"},
+	)
 	var accepted connLog[string]
 	acceptLog(t, ns, &accepted, "10.79.0.1:8080", "10.79.0.2:8080")
 

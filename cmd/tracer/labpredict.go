@@ -39,7 +39,7 @@ func predictLab(h trace.Header, planned []lab.Planned) ([]labPrediction, *labAud
 	if snap == nil {
 		return nil, &labAudit{Error: "the trace header has no node state"}
 	}
-	env, err := enrich.NewNodeEnv(h.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv(h.Node, snap)
 	if err != nil {
 		return nil, &labAudit{Error: err.Error()}
 	}

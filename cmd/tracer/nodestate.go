@@ -38,7 +38,7 @@ func (s *stateSource) read(ctx context.Context) (string, *trace.Snapshot, enrich
 	if err != nil {
 		return "", nil, nil, err
 	}
-	env, err := enrich.NewNodeEnv(name, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv(name, snap)
 	if err != nil {
 		return "", nil, nil, usagef("node state: %v", err)
 	}

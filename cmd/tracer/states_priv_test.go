@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -29,25 +28,12 @@ func TestRuleInForceAtDecision(t *testing.T) {
 	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
 		t.Skipf("which rules were in force is the pipeline's bookkeeping, the same on every kernel: the host tier runs it, not the %s VM", k)
 	}
-	lab, err := netlab.New("trrif")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
-	ns, err := lab.Namespace("a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
-		{"ip", "addr", "add", "10.78.0.2/32", "dev", "lo"},
-		{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
-	} {
-		if _, err := ns.Run(args[0], args[1:]...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ns := scratchNamespace(t, "trrif",
+		[]string{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
+		[]string{"ip", "addr", "add", "10.78.0.2/32", "dev", "lo"},
+		[]string{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
+		[]string{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
+	)
 	var accepted connLog[string]
 	acceptLog(t, ns, &accepted, "10.78.0.1:8080", "10.78.0.2:8080")
 	rule := func(backend string) string {

@@ -50,9 +50,9 @@ func selfTracer(t *testing.T) string {
 	return exe
 }
 
-// dnatNamespace is a throwaway namespace (named prefix-a) where
-// 10.96.78.1:80 is DNAT'd in OUTPUT to a listener on 10.78.0.1:8080.
-func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
+// scratchNamespace is a throwaway namespace (named prefix-a), set up by
+// running each command in it.
+func scratchNamespace(t *testing.T, prefix string, cmds ...[]string) netlab.Namespace {
 	t.Helper()
 	lab, err := netlab.New(prefix)
 	if err != nil {
@@ -63,15 +63,23 @@ func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
-		{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
-	} {
+	for _, args := range cmds {
 		if _, err := ns.Run(args[0], args[1:]...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ns
+}
+
+// dnatNamespace is a throwaway namespace (named prefix-a) where
+// 10.96.78.1:80 is DNAT'd in OUTPUT to a listener on 10.78.0.1:8080.
+func dnatNamespace(t *testing.T, prefix string) netlab.Namespace {
+	t.Helper()
+	ns := scratchNamespace(t, prefix,
+		[]string{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"},
+		[]string{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", "10.96.78.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"},
+		[]string{"ip", "route", "add", "10.96.78.0/24", "dev", "lo"},
+	)
 	var ln net.Listener
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", "10.78.0.1:8080"); return err }); err != nil {
 		t.Fatal(err)

@@ -17,11 +17,23 @@ func load(t *testing.T, path string) (string, *trace.Snapshot, enrich.Env) {
 		t.Fatal(err)
 	}
 	snap := tr.Header.Snapshot
-	env, err := enrich.NewNodeEnv(tr.Header.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv(tr.Header.Node, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tr.Header.Node, snap, env
+}
+
+// auditSnap audits snap, changed by the test, and logs the report.
+func auditSnap(t *testing.T, node string, snap *trace.Snapshot) Report {
+	t.Helper()
+	env, err := enrich.NewSnapshotEnv(node, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Audit(node, snap, env)
+	logReport(t, r)
+	return r
 }
 
 func logReport(t *testing.T, r Report) {
@@ -76,12 +88,7 @@ func TestAuditCleanWithoutHostPort(t *testing.T) {
 		}
 	}
 	snap.Rules["all"] = strings.Join(kept, "\n")
-	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := Audit(node, snap, env)
-	logReport(t, r)
+	r := auditSnap(t, node, snap)
 	if r.Problems() != 0 {
 		t.Fatalf("%d problems on a node without the hostPort", r.Problems())
 	}
@@ -106,12 +113,7 @@ func TestAuditPortmapAppended(t *testing.T) {
 		rules = append(rules, l)
 	}
 	snap.Rules["all"] = strings.Join(rules, "\n")
-	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := Audit(node, snap, env)
-	logReport(t, r)
+	r := auditSnap(t, node, snap)
 	if r.Problems() != 0 {
 		t.Fatalf("%d problems with portmap's jump appended", r.Problems())
 	}
@@ -128,12 +130,7 @@ func TestAuditStaleHostPort(t *testing.T) {
 		}
 	}
 	snap.Pods = pods
-	env, err := enrich.NewNodeEnv(node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := Audit(node, snap, env)
-	logReport(t, r)
+	r := auditSnap(t, node, snap)
 	var stale []string
 	for _, f := range r.Findings {
 		if f.Verdict == VerdictStaleHostPort {
@@ -164,7 +161,7 @@ func TestAuditStaleHostPortNFT(t *testing.T) {
 		Pods:      []trace.Pod{{Namespace: "shop", Name: "client", IPs: []string{"10.88.0.9"}, Node: "node-1"}},
 	}
 	count := func() int {
-		env, err := enrich.NewNodeEnv("node-1", snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+		env, err := enrich.NewSnapshotEnv("node-1", snap)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +211,7 @@ func TestAuditLabRecordings(t *testing.T) {
 				t.Fatal(err)
 			}
 			snap := tr.Header.Snapshot
-			env, err := enrich.NewNodeEnv(tr.Header.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+			env, err := enrich.NewSnapshotEnv(tr.Header.Node, snap)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -56,7 +56,7 @@ func bigNode(n int, ipvs bool) *trace.Snapshot {
 func benchmarkAudit(b *testing.B, ipvs bool) {
 	const n = 5000
 	snap := bigNode(n, ipvs)
-	env, err := enrich.NewNodeEnv("node-1", snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv("node-1", snap)
 	if err != nil {
 		b.Fatal(err)
 	}

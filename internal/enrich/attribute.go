@@ -232,7 +232,7 @@ func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (r
 	if !src.IsValid() || !dst.IsValid() {
 		return rules.Packet{}, false
 	}
-	pkt := rules.Packet{Proto: protoNumber(f.Proto), Src: src, Dst: dst, OrigDst: trace.ParseEndpoint(f.Orig.Dst).Addr()}
+	pkt := rules.Packet{Proto: rules.ProtoNumber(f.Proto), Src: src, Dst: dst, OrigDst: trace.ParseEndpoint(f.Orig.Dst).Addr()}
 	if f.Conntrack == nil || !f.Conntrack.Replied {
 		pkt.State = rules.CTNew // the first packet: what nat sees, and REJECT met
 	}
@@ -245,22 +245,6 @@ func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (r
 		pkt.ICMPType, pkt.ICMPKnown = 128, true
 	}
 	return pkt, true
-}
-
-func protoNumber(p string) uint8 {
-	switch p {
-	case "tcp":
-		return rules.ProtoTCP
-	case "udp":
-		return rules.ProtoUDP
-	case "icmp":
-		return rules.ProtoICMP
-	case "icmpv6":
-		return rules.ProtoICMPv6
-	case "sctp":
-		return rules.ProtoSCTP
-	}
-	return 0
 }
 
 // hookOf is the netfilter hook of the decision: reported by the netfilter

@@ -55,6 +55,16 @@ var kubeProxyServiceSets = []string{
 	"KUBE-6-CLUSTER-IP", "KUBE-6-LOAD-BALANCER", "KUBE-6-EXTERNAL-IP", "KUBE-6-EXTERNAL-IP-LOCAL",
 }
 
+// NewSnapshotEnv builds the Env of node name from snap with the pods and
+// Services it holds as the metadata: a trace header, or a node read now
+// with the cluster's objects.
+func NewSnapshotEnv(name string, snap *trace.Snapshot) (*NodeEnv, error) {
+	if snap == nil {
+		return NewNodeEnv(name, snap, nil)
+	}
+	return NewNodeEnv(name, snap, NewSnapshotMetadata(snap.Pods, snap.Services))
+}
+
 // NewNodeEnv builds the Env of node name from snap; meta may be nil (no
 // metadata: pods and Services stay unnamed). A snapshot part that does not
 // parse is an error naming the part.

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
-	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -140,22 +139,6 @@ func (w *walk) note(format string, args ...any) {
 
 func (w *walk) doubt(format string, args ...any) {
 	w.uncertain = append(w.uncertain, fmt.Sprintf(format, args...))
-}
-
-func protoNumber(p string) uint8 {
-	switch p {
-	case "tcp":
-		return rules.ProtoTCP
-	case "udp":
-		return rules.ProtoUDP
-	case "icmp":
-		return rules.ProtoICMP
-	case "icmpv6":
-		return rules.ProtoICMPv6
-	case "sctp":
-		return rules.ProtoSCTP
-	}
-	return 0
 }
 
 // now is the time predicted events carry; a variable so that tests pin it.

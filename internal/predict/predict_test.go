@@ -24,7 +24,7 @@ func ipvsNode(t *testing.T) enrich.Env {
 		t.Fatal(err)
 	}
 	snap := tr.Header.Snapshot
-	env, err := enrich.NewNodeEnv(tr.Header.Node, snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv(tr.Header.Node, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func nftNode(t *testing.T) enrich.Env {
 			{Namespace: "ns7", Name: "svc7", Type: "NodePort", ClusterIPs: []string{"172.30.0.47"}, ETP: "Local", Ports: port(80, 30007)},
 		},
 	}
-	env, err := enrich.NewNodeEnv("node-1", snap, enrich.NewSnapshotMetadata(snap.Pods, snap.Services))
+	env, err := enrich.NewSnapshotEnv("node-1", snap)
 	if err != nil {
 		t.Fatal(err)
 	}

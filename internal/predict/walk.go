@@ -215,7 +215,7 @@ func (w *walk) wouldDecide(hook string, o stage, pkt rules.Packet) (string, bool
 // rulesPacket is the packet the rule evaluators match: the first of a new
 // connection, with the translation done so far.
 func (w *walk) rulesPacket() rules.Packet {
-	p := rules.Packet{Proto: protoNumber(w.c.Proto), Src: w.src, Dst: w.dst, State: rules.CTNew,
+	p := rules.Packet{Proto: rules.ProtoNumber(w.c.Proto), Src: w.src, Dst: w.dst, State: rules.CTNew,
 		OrigDst: w.c.Dst.Addr(), KnowNAT: true, Reads: &w.reads}
 	if w.natDone {
 		p.NATed = rules.CTDNAT

@@ -20,6 +20,10 @@ var protoNames = map[string]uint8{
 	"ah": 51, "icmpv6": 58, "ipv6-icmp": 58, "sctp": 132, "udplite": 136, "dccp": 33,
 }
 
+// ProtoNumber is the number of a protocol named as iptables or the trace
+// names it ("tcp", "icmpv6", ...), 0 when unknown.
+func ProtoNumber(name string) uint8 { return protoNames[name] }
+
 // ProtoName is the name iptables uses for a protocol number, or "".
 func ProtoName(p uint8) string {
 	switch p {
