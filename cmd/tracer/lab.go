@@ -85,6 +85,12 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if o.output != "ui" && o.output != "json" {
 		return usagef("-o %q: want ui or json", o.output)
 	}
+	if o.linger < 0 {
+		return usagef("--linger %s: must not be negative", o.linger)
+	}
+	if err := probeRecord(o.record); err != nil {
+		return err
+	}
 	scenarios, err := pickScenarios(names)
 	if err != nil {
 		return err
@@ -95,9 +101,6 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	if err := preflight(labNeeds); err != nil {
-		return err
-	}
-	if err := probeRecord(o.record); err != nil {
 		return err
 	}
 	// A crashed run leaves namespaces behind: remove them first.

@@ -85,7 +85,7 @@ func (s *stateSource) snap(ctx context.Context) (string, *trace.Snapshot, error)
 // listeners once, as a trace header records them.
 func readNode(ctx context.Context, netns string) (*trace.Snapshot, error) {
 	if netns != "" {
-		if _, err := os.Stat(netns); err != nil {
+		if _, err := netnsInode(netns); err != nil {
 			return nil, usagef("--netns %s: %v", netns, err)
 		}
 	}

@@ -80,10 +80,17 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // start validates the flags, checks privileges and attaches the pipeline.
-func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writer) (*live.Pipeline, filter.Filter, error) {
+func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writer, checks ...func() error) (*live.Pipeline, filter.Filter, error) {
 	cfg, flt, err := o.pipelineConfig(ctx, stderr)
 	if err != nil {
 		return nil, flt, err
+	}
+	// What the command needs beyond its flags (the UI: a terminal) is
+	// checked once the flags are known good, before anything attaches.
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return nil, flt, err
+		}
 	}
 	cfg.Command = command
 	if command == "trace" {
@@ -120,6 +127,13 @@ func (o *traceOptions) pipelineConfig(ctx context.Context, stderr io.Writer) (li
 	var cfg live.Config
 	if o.duration < 0 {
 		return cfg, filter.Filter{}, usagef("--duration %s: must not be negative", o.duration)
+	}
+	if o.linger < 0 {
+		return cfg, filter.Filter{}, usagef("--linger %s: must not be negative", o.linger)
+	}
+	// A recording that cannot be written is found before anything attaches.
+	if err := probeRecord(o.record); err != nil {
+		return cfg, filter.Filter{}, err
 	}
 	if o.netns != "" && o.allNetns {
 		return cfg, filter.Filter{}, usagef("--netns and --all-netns exclude each other")

@@ -37,13 +37,10 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := requireTerminal(); err != nil {
-		return err
-	}
 	// client-go logs watch errors to stderr, which would tear the screen;
 	// the UI shows the metadata warnings instead.
 	meta.SilenceClientLogs()
-	p, _, err := o.start(ctx, "ui", stderr)
+	p, _, err := o.start(ctx, "ui", stderr, requireTerminal)
 	if err != nil {
 		return err
 	}

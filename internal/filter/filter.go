@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -121,6 +122,13 @@ type token struct {
 // tokenize splits on white space; "double quotes" keep a free word with
 // spaces in one term.
 func tokenize(expr string) ([]token, error) {
+	// A control character or broken UTF-8 is no part of any address,
+	// name or word a flow holds: a mistyped or pasted expression.
+	for i, r := range expr {
+		if r == utf8.RuneError || (unicode.IsControl(r) && r != '\t') {
+			return nil, &Error{Term: strconv.QuoteToASCII(expr), Column: i + 1, Msg: fmt.Sprintf("control character or invalid UTF-8 %q", r)}
+		}
+	}
 	var toks []token
 	i := 0
 	for i < len(expr) {
