@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/nft/nftgen"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -53,9 +54,24 @@ func bigNode(n int, ipvs bool) *trace.Snapshot {
 	return snap
 }
 
-func benchmarkAudit(b *testing.B, ipvs bool) {
-	const n = 5000
-	snap := bigNode(n, ipvs)
+// bigNFTNode is a node of n ClusterIP Services with 3 endpoints each in
+// kube-proxy's nftables mode (internal/nft/nftgen's table).
+func bigNFTNode(n int) *trace.Snapshot {
+	_, js, listing := nftgen.KubeProxy(n, 3)
+	snap := &trace.Snapshot{
+		Addresses: []trace.Address{{Interface: "eth0", Address: "192.168.0.2/24", Up: true}},
+		NFTables:  &trace.NFTRuleset{JSON: js, Listing: string(listing)},
+		Pods:      []trace.Pod{{Namespace: "shop", Name: "client", IPs: []string{"10.1.0.9"}, Node: "node-1"}},
+	}
+	for i := 1; i <= n; i++ {
+		snap.Services = append(snap.Services, trace.Service{Namespace: fmt.Sprintf("ns%d", i), Name: fmt.Sprintf("svc%d", i), Type: "ClusterIP",
+			ClusterIPs: []string{nftgen.SvcIP(i)}, Ports: []trace.ServicePort{{Name: "p80", Proto: "TCP", Port: 80}}})
+	}
+	return snap
+}
+
+func benchmarkAudit(b *testing.B, snap *trace.Snapshot) {
+	n := len(snap.Services)
 	env, err := enrich.NewSnapshotEnv("node-1", snap)
 	if err != nil {
 		b.Fatal(err)
@@ -73,7 +89,11 @@ func benchmarkAudit(b *testing.B, ipvs bool) {
 // BenchmarkAudit5000IPTables audits a node of 5,000 Services in
 // kube-proxy's iptables mode: every Service's port from a pod and from the
 // node, and a ping, each walked through KUBE-SERVICES.
-func BenchmarkAudit5000IPTables(b *testing.B) { benchmarkAudit(b, false) }
+func BenchmarkAudit5000IPTables(b *testing.B) { benchmarkAudit(b, bigNode(5000, false)) }
 
 // BenchmarkAudit5000IPVS is the same node in IPVS mode.
-func BenchmarkAudit5000IPVS(b *testing.B) { benchmarkAudit(b, true) }
+func BenchmarkAudit5000IPVS(b *testing.B) { benchmarkAudit(b, bigNode(5000, true)) }
+
+// BenchmarkAudit5000NFTables is a node of 5,000 Services with 3
+// endpoints each in nftables mode: its maps find a Service in one lookup.
+func BenchmarkAudit5000NFTables(b *testing.B) { benchmarkAudit(b, bigNFTNode(5000)) }

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/tracer-dev/tracer/internal/nft/nftgen"
 	"github.com/tracer-dev/tracer/internal/rules"
 )
 
@@ -13,7 +14,7 @@ import (
 const benchServices, benchEndpoints = 5000, 3
 
 func TestGeneratedKubeProxyTable(t *testing.T) {
-	_, js, listing := genKubeProxy(50, 3)
+	_, js, listing := nftgen.KubeProxy(50, 3)
 	rs, err := Parse(js, listing, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -28,19 +29,19 @@ func checkGenerated(t *testing.T, rs *Ruleset, n int) {
 	if len(rs.Warnings) > 0 {
 		t.Fatalf("warnings: %v", rs.Warnings)
 	}
-	if got, want := rs.Rules(), 5+n*(2+2*3); got != want {
+	if got, want := rs.Rules(), 6+n*(2+2*3); got != want {
 		t.Errorf("%d rules, want %d", got, want)
 	}
-	to := netip.AddrPortFrom(netip.MustParseAddr(epIP(37, 1)), 8080)
-	at, err := rs.Attribute(tcp("10.1.0.9:40000", svcIP(37)+":80"), rules.NewMemNode(),
+	to := netip.AddrPortFrom(netip.MustParseAddr(nftgen.EpIP(37, 1)), 8080)
+	at, err := rs.Attribute(tcp("10.1.0.9:40000", nftgen.SvcIP(37)+":80"), rules.NewMemNode(),
 		rules.KernelAction{Kind: rules.ActionDNAT, Hook: "PREROUTING", To: to})
 	if err != nil || at == nil {
 		t.Fatalf("attribute: %v %v", at, err)
 	}
-	if at.Uncertain || at.Outcome.Rule.Chain.Name != epChain(37, 1) || at.Outcome.Rule.Text != "meta l4proto tcp dnat to "+to.String() {
+	if at.Uncertain || at.Outcome.Rule.Chain.Name != nftgen.EpChain(37, 1) || at.Outcome.Rule.Text != "meta l4proto tcp dnat to "+to.String() {
 		t.Fatalf("got %s %v", at.Outcome.String(), at.Reasons)
 	}
-	ping := rules.Packet{Proto: rules.ProtoICMP, Src: netip.MustParseAddrPort("192.168.0.2:0"), Dst: netip.AddrPortFrom(netip.MustParseAddr(svcIP(12)), 0),
+	ping := rules.Packet{Proto: rules.ProtoICMP, Src: netip.MustParseAddrPort("192.168.0.2:0"), Dst: netip.AddrPortFrom(netip.MustParseAddr(nftgen.SvcIP(12)), 0),
 		State: rules.CTNew, ICMPType: 8, ICMPKnown: true}
 	at, err = rs.Attribute(ping, rules.NewMemNode(), rules.KernelAction{Kind: rules.ActionReject, Hook: "OUTPUT", ICMPType: 3, ICMPCode: 3})
 	if err != nil || at == nil || at.Uncertain || at.Outcome.Rule.Chain.Name != "cluster-ips-check" {
@@ -65,7 +66,7 @@ func TestGeneratedMatchesNFT(t *testing.T) {
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	script, _, _ := genKubeProxy(50, 3)
+	script, _, _ := nftgen.KubeProxy(50, 3)
 	f, err := os.CreateTemp(t.TempDir(), "gen*.nft")
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +94,7 @@ func TestGeneratedMatchesNFT(t *testing.T) {
 }
 
 func BenchmarkParseKubeProxy5000(b *testing.B) {
-	_, js, listing := genKubeProxy(benchServices, benchEndpoints)
+	_, js, listing := nftgen.KubeProxy(benchServices, benchEndpoints)
 	b.SetBytes(int64(len(js) + len(listing)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -104,14 +105,14 @@ func BenchmarkParseKubeProxy5000(b *testing.B) {
 }
 
 func BenchmarkAttributeKubeProxy5000(b *testing.B) {
-	_, js, listing := genKubeProxy(benchServices, benchEndpoints)
+	_, js, listing := nftgen.KubeProxy(benchServices, benchEndpoints)
 	rs, err := Parse(js, listing, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	node := rules.NewMemNode()
-	pkt := tcp("10.1.0.9:40000", svcIP(4321)+":80")
-	act := rules.KernelAction{Kind: rules.ActionDNAT, Hook: "PREROUTING", To: netip.AddrPortFrom(netip.MustParseAddr(epIP(4321, 2)), 8080)}
+	pkt := tcp("10.1.0.9:40000", nftgen.SvcIP(4321)+":80")
+	act := rules.KernelAction{Kind: rules.ActionDNAT, Hook: "PREROUTING", To: netip.AddrPortFrom(netip.MustParseAddr(nftgen.EpIP(4321, 2)), 8080)}
 	b.ReportAllocs()
 	for b.Loop() {
 		at, err := rs.Attribute(pkt, node, act)

@@ -3,6 +3,8 @@ package nft
 import (
 	"os"
 	"testing"
+
+	"github.com/tracer-dev/tracer/internal/nft/nftgen"
 )
 
 // TestDumpGenerated writes the generated 5,000-Service script for timing
@@ -12,7 +14,7 @@ func TestDumpGenerated(t *testing.T) {
 	if path == "" {
 		t.Skip("set TRACER_NFT_GEN=FILE to write the generated kube-proxy table")
 	}
-	script, _, _ := genKubeProxy(benchServices, benchEndpoints)
+	script, _, _ := nftgen.KubeProxy(benchServices, benchEndpoints)
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
