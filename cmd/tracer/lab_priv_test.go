@@ -320,12 +320,6 @@ func parseLabOutput(t *testing.T, out []byte) (labResult, []*trace.Flow) {
 	return res, flows
 }
 
-// unpredictable are the mechanisms a walk of the node's rules cannot
-// foresee, with why.
-var unpredictable = map[lab.Mechanism]string{
-	lab.ReturnPath: "the reply's way back runs through another host's routes, which no node state holds",
-}
-
 // checkPredictions: what `tracer explain` said of each attempt from the
 // node's state before any traffic is the verdict the lab then proved (and
 // the live tracer gave: the lab checks that), and `tracer audit` of the
@@ -340,8 +334,6 @@ func checkPredictions(t *testing.T, res labResult) {
 		switch {
 		case !ok:
 			t.Errorf("no prediction for %s %s -> %s", r.Proto, r.Src, r.Dst)
-		case unpredictable[r.Mechanism] != "":
-			t.Logf("predicted %s for %s %s -> %s, proven %s: not compared, %s", p.Verdict, r.Proto, r.Src, r.Dst, r.Verdict, unpredictable[r.Mechanism])
 		case p.Verdict != r.Verdict && len(p.Uncertain) > 0:
 			// Never a confident wrong answer: the prediction said why it
 			// could be wrong.
@@ -364,7 +356,7 @@ func checkPredictions(t *testing.T, res labResult) {
 			certain++
 		}
 		for _, r := range res.Results {
-			if r.Proto == f.Proto && strings.HasPrefix(f.To, r.Dst+" (") && unpredictable[r.Mechanism] == "" && f.Verdict != r.Verdict {
+			if r.Proto == f.Proto && strings.HasPrefix(f.To, r.Dst+" (") && f.Verdict != r.Verdict {
 				t.Errorf("audit says %s of %s %s, certain, and the lab proved %s for %s -> %s", f.Verdict, f.Proto, f.To, r.Verdict, r.Src, r.Dst)
 			}
 		}

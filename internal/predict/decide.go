@@ -12,7 +12,7 @@ import (
 
 // iptablesTable walks one iptables table's chain at hook.
 func (w *walk) iptablesTable(hook, table string) {
-	if table == "nat" && w.natDone {
+	if table == "nat" && w.natDone && hook != "POSTROUTING" {
 		return // a connection gets one destination NAT
 	}
 	rs := w.env.Ruleset(w.fam)
@@ -25,6 +25,7 @@ func (w *walk) iptablesTable(hook, table string) {
 		w.doubt("%s %s: %s (took %s)", table, hook, strings.Join(res.Reasons, "; "), res.Outcome.String())
 	}
 	o := res.Outcome
+	w.mark = o.Mark
 	where := fmt.Sprintf("%s %s (%s)", table, hook, o.PathString())
 	text := ""
 	if o.Rule != nil {
@@ -37,7 +38,19 @@ func (w *walk) iptablesTable(hook, table string) {
 		w.reject(hook, where, text, iptablesReject(o.Rule, w.fam))
 	case rules.VerdictDrop:
 		w.drop(hook, where, text)
+	case rules.VerdictSNAT, rules.VerdictMasquerade:
+		w.sourceNAT(where, text)
 	}
+}
+
+// sourceNAT: the connection's source is translated at POSTROUTING, so its
+// answers come back to the node, which translates them back.
+func (w *walk) sourceNAT(where, text string) {
+	if w.snat != "" {
+		return
+	}
+	w.snat = text
+	w.note("%s: source NAT by `%s`: the answers come back through the node", where, text)
 }
 
 // iptablesTargets are the destinations a DNAT or REDIRECT outcome and its
@@ -80,7 +93,7 @@ func iptablesReject(r *rules.Rule, fam rules.Family) answer {
 
 // nftChain walks one native base chain at hook.
 func (w *walk) nftChain(hook string, c *nft.Chain) {
-	if c.Type == "nat" && w.natDone {
+	if c.Type == "nat" && w.natDone && hook != "POSTROUTING" {
 		return
 	}
 	rs, _ := w.env.NFTRuleset()
@@ -89,6 +102,7 @@ func (w *walk) nftChain(hook string, c *nft.Chain) {
 		return
 	}
 	o := res.Outcomes[0]
+	w.mark = o.Mark
 	where := fmt.Sprintf("%s %s (%s)", c.Table.ID(), c.Name, strings.Join(o.Chains(), " → "))
 	w.nftDoubts(where, res)
 	text := ""
@@ -102,6 +116,8 @@ func (w *walk) nftChain(hook string, c *nft.Chain) {
 		w.reject(hook, where, text, nftReject(&o, w.nftFamily()))
 	case rules.VerdictDrop:
 		w.drop(hook, where, text)
+	case rules.VerdictSNAT, rules.VerdictMasquerade:
+		w.sourceNAT(where, text)
 	}
 }
 

@@ -39,7 +39,7 @@ func (w *walk) ipvs() {
 		more = " (one of " + strings.Join(vs.Reals, ", ") + ", by scheduler " + vs.Scheduler + ")"
 	}
 	w.note("IPVS virtual server %s %s: to real server %s%s", vs.Proto, vs.Address, real, more)
-	w.dst, w.natDone, w.stopped = real, true, true
+	w.dst, w.natDone, w.sent = real, true, true
 }
 
 func portUnreachable(fam rules.Family) (typ, code uint8) {
@@ -77,4 +77,31 @@ func (w *walk) deliverLocally() {
 		w.events = append(w.events, w.icmpError("", typ, code))
 		w.note("no socket listens on udp %s: the node answers ICMP port unreachable", w.dst)
 	}
+}
+
+// replyPath: a connection from outside the cluster sent to a pod on
+// another node without source NAT is answered by that pod straight to the
+// client, from the pod's address: the client has no connection to it and
+// resets or drops the answer (seed 004, externalTrafficPolicy=Local). The
+// walk knows the node's rules, not the network: it assumes, as on a
+// shared network, that the other node reaches the client without this
+// one.
+func (w *walk) replyPath() {
+	if !w.natDone || w.snat != "" || w.c.Proto != "tcp" || w.srcLocal {
+		return
+	}
+	if _, ok := w.env.PodByIP(w.src.Addr(), w.at); ok {
+		return // a pod's answers route back through the cluster's network
+	}
+	pod, ok := w.env.PodByIP(w.dst.Addr(), w.at)
+	if !ok {
+		return
+	}
+	other := w.env.PodNode(pod)
+	if other == "" || other == w.env.NodeName() {
+		return
+	}
+	w.replyBypasses = true
+	w.note("no source NAT: pod %s on node %s answers %s directly, not through this node", pod.Key(), other, w.src.Addr())
+	w.doubt("the answer's way back is another node's routing: the walk assumes node %s reaches %s without this node, as on a shared network", other, w.src.Addr())
 }

@@ -112,6 +112,10 @@ func (w *walk) flow() *trace.Flow {
 	if w.dst != w.c.Dst {
 		f.Reply = &trace.Tuple{Src: endpoint(w.dst), Dst: endpoint(w.src)}
 	}
+	if w.replyBypasses {
+		// What conntrack on this node will say of it: never replied.
+		f.Conntrack = &trace.Conntrack{State: "SYN_SENT", Replied: false}
+	}
 	return f
 }
 

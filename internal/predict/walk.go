@@ -23,9 +23,20 @@ type walk struct {
 	src, dst netip.AddrPort
 	srcLocal bool
 	natDone  bool
-	reads    rules.Reads
-	stopped  bool
-	at       time.Time
+	// mark is the packet mark the rules set so far (kube-proxy marks
+	// for masquerade in PREROUTING and masquerades in POSTROUTING).
+	mark    uint32
+	reads   rules.Reads
+	stopped bool
+	// sent: IPVS sent the packet on to a real server from INPUT or
+	// OUTPUT; it leaves through POSTROUTING.
+	sent bool
+	// snat is the rule that translated the source at POSTROUTING, if one
+	// did; replyBypasses says the answer will not come back through the
+	// node.
+	snat          string
+	replyBypasses bool
+	at            time.Time
 
 	events    []trace.Event
 	steps     []string
@@ -64,10 +75,12 @@ func (w *walk) run() {
 		w.doubt("whether %s is one of the node's addresses: %v", w.dst.Addr(), err)
 	}
 	switch {
+	case w.sent:
 	case local:
 		w.hook("INPUT")
-		if !w.stopped {
+		if !w.stopped && !w.sent {
 			w.deliverLocally()
+			return
 		}
 	case w.srcLocal:
 		w.note("leaves the node for %s", endpoint(w.dst))
@@ -76,6 +89,10 @@ func (w *walk) run() {
 		if !w.stopped {
 			w.note("forwarded to %s", endpoint(w.dst))
 		}
+	}
+	if !w.stopped {
+		w.hook("POSTROUTING")
+		w.replyPath()
 	}
 }
 
@@ -95,10 +112,11 @@ var iptablesPrio = map[string]int{"raw": -300, "mangle": -150, "nat": -100, "fil
 // INPUT and POSTROUTING chains only translate sources, which the
 // prediction leaves out.
 var hookTables = map[string][]string{
-	"PREROUTING": {"raw", "mangle", "nat"},
-	"OUTPUT":     {"raw", "mangle", "nat", "filter", "security"},
-	"INPUT":      {"mangle", "filter", "security"},
-	"FORWARD":    {"mangle", "filter", "security"},
+	"PREROUTING":  {"raw", "mangle", "nat"},
+	"OUTPUT":      {"raw", "mangle", "nat", "filter", "security"},
+	"INPUT":       {"mangle", "filter", "security"},
+	"FORWARD":     {"mangle", "filter", "security"},
+	"POSTROUTING": {"mangle", "nat"},
 }
 
 // ipvsPrio is where IPVS takes a connection to a virtual server: at
@@ -139,6 +157,7 @@ func (w *walk) nftFamily() string {
 
 func (w *walk) hook(hook string) {
 	stages := w.stages(hook)
+	sentBefore := w.sent
 	for _, s := range stages {
 		pkt, decided := w.rulesPacket(), len(w.events)
 		switch {
@@ -152,8 +171,8 @@ func (w *walk) hook(hook string) {
 		if len(w.events) > decided && !s.ipvs {
 			w.samePriority(hook, s, stages, pkt)
 		}
-		if w.stopped {
-			return
+		if w.stopped || w.sent && !sentBefore {
+			return // decided, or IPVS took the packet out of this hook
 		}
 	}
 }
@@ -216,7 +235,7 @@ func (w *walk) wouldDecide(hook string, o stage, pkt rules.Packet) (string, bool
 // connection, with the translation done so far.
 func (w *walk) rulesPacket() rules.Packet {
 	p := rules.Packet{Proto: rules.ProtoNumber(w.c.Proto), Src: w.src, Dst: w.dst, State: rules.CTNew,
-		OrigDst: w.c.Dst.Addr(), KnowNAT: true, Reads: &w.reads}
+		OrigDst: w.c.Dst.Addr(), KnowNAT: true, Reads: &w.reads, Mark: w.mark}
 	if w.natDone {
 		p.NATed = rules.CTDNAT
 	}

@@ -274,13 +274,15 @@ func parseSetPort(s string, bare bool) (uint8, uint16, error) {
 
 // Test reports whether the lookups (one per --match-set flag) find a member,
 // with the kernel's rules: fewer flags than dimensions never match, extra
-// flags are ignored, a packet of another family never matches.
+// flags are ignored, an address of another family never matches. A set
+// of ports alone (bitmap:port) has no family (NFPROTO_UNSPEC) and matches
+// packets of both: kube-proxy's KUBE-6-NODE-PORT-TCP is one.
 func (s *IPSet) Test(lookups []SetLookup) (bool, error) {
 	if len(lookups) < len(s.dims) {
 		return false, nil
 	}
-	for _, l := range lookups[:len(s.dims)] {
-		if l.Addr.IsValid() && l.Addr.Unmap().Is6() != (s.Family == IPv6) {
+	for i, l := range lookups[:len(s.dims)] {
+		if s.dims[i] != dimPort && l.Addr.IsValid() && l.Addr.Unmap().Is6() != (s.Family == IPv6) {
 			return false, nil
 		}
 	}

@@ -164,3 +164,22 @@ func FuzzParseIPSetSave(f *testing.F) {
 		}
 	})
 }
+
+// A bitmap:port set has no family: kube-proxy's KUBE-6-NODE-PORT-TCP,
+// created without one, matches an IPv6 packet's port as the kernel does
+// (NFPROTO_UNSPEC), while a hash:ip,port set of family inet never matches
+// an IPv6 address.
+func TestIPSetPortsHaveNoFamily(t *testing.T) {
+	sets, err := ParseIPSetSave(strings.NewReader("create KUBE-6-NODE-PORT-TCP bitmap:port range 0-65535\nadd KUBE-6-NODE-PORT-TCP 30092\n" +
+		"create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\nadd KUBE-CLUSTER-IP 10.96.0.1,tcp:80\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6 := netip.MustParseAddr("fd18::2")
+	if ok, err := sets["KUBE-6-NODE-PORT-TCP"].Test([]SetLookup{{Addr: v6, Proto: ProtoTCP, Port: 30092, PortKnown: true}}); !ok || err != nil {
+		t.Errorf("an IPv6 packet to port 30092: %v, %v; want a member", ok, err)
+	}
+	if ok, err := sets["KUBE-CLUSTER-IP"].Test([]SetLookup{{Addr: v6, Proto: ProtoTCP, Port: 80, PortKnown: true}, {Addr: v6, Proto: ProtoTCP, Port: 80, PortKnown: true}}); ok || err != nil {
+		t.Errorf("an IPv6 address in an inet set: %v, %v; want no member", ok, err)
+	}
+}
