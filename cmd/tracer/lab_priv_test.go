@@ -329,12 +329,20 @@ func checkPredictions(t *testing.T, res labResult) {
 	if res.Audit == nil || res.Audit.Error != "" {
 		t.Fatalf("no audit: %+v", res.Audit)
 	}
+	agree, unsure := 0, 0
+	defer func() {
+		t.Logf("predictions: %d attempts, %d as the lab proved, %d otherwise and uncertain", len(res.Results), agree, unsure)
+	}()
 	for _, r := range res.Results {
 		p, ok := predictionOf(res.Predictions, r.Expectation)
+		if ok && p.Verdict == r.Verdict {
+			agree++
+		}
 		switch {
 		case !ok:
 			t.Errorf("no prediction for %s %s -> %s", r.Proto, r.Src, r.Dst)
 		case p.Verdict != r.Verdict && len(p.Uncertain) > 0:
+			unsure++
 			// Never a confident wrong answer: the prediction said why it
 			// could be wrong.
 			t.Logf("%s %s -> %s: predicted %s, uncertain %q; the lab proved %s", r.Proto, r.Src, r.Dst, p.Verdict, p.Uncertain, r.Verdict)
