@@ -383,6 +383,11 @@ func readIPVS(c ipvs.Client) ([]IPVSService, error) {
 			v.VIP = netip.AddrPortFrom(s.Address.Unmap(), s.Port)
 		}
 		dests, err := c.Destinations(s.Service)
+		// cloudflare/ipvs answers an empty dump, a virtual server without
+		// real servers (seed 004's), with os.ErrNotExist.
+		if errors.Is(err, os.ErrNotExist) {
+			dests, err = nil, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("list real servers of %s %s: %w", v.Proto, v.VIP, err)
 		}
