@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/predict"
@@ -97,14 +96,7 @@ func explainConn(o explainOptions, from, to string, snap *trace.Snapshot) (predi
 	if err != nil {
 		return predict.Conn{}, src, dst, usagef("TO: %v", err)
 	}
-	proto := strings.ToLower(o.proto)
-	if proto == "icmp" && dst.Addr.Addr().Is6() {
-		proto = "icmpv6"
-	}
-	if proto == "icmp" || proto == "icmpv6" {
-		dst.Addr = netip.AddrPortFrom(dst.Addr.Addr(), 0)
-	}
-	c := predict.Conn{Proto: proto, Src: src.Addr.Addr(), Dst: dst.Addr}
+	c := predict.Conn{Proto: strings.ToLower(o.proto), Src: src.Addr.Addr(), Dst: dst.Addr}
 	return c, src, dst, nil
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"net/netip"
-	"strings"
 
 	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/enrich"
@@ -58,11 +57,7 @@ func predictPlanned(env enrich.Env, pl lab.Planned) labPrediction {
 		lp.Error = err.Error()
 		return lp
 	}
-	dst := trace.ParseEndpoint(pl.Dst)
-	if strings.HasPrefix(pl.Proto, "icmp") {
-		dst = netip.AddrPortFrom(dst.Addr(), 0)
-	}
-	p, err := predict.Predict(env, predict.Conn{Proto: pl.Proto, Src: src, Dst: dst})
+	p, err := predict.Predict(env, predict.Conn{Proto: pl.Proto, Src: src, Dst: trace.ParseEndpoint(pl.Dst)})
 	if err != nil {
 		lp.Error = err.Error()
 		return lp

@@ -102,14 +102,14 @@ func (r *Report) add(byKey map[string]int, c candidate, p *predict.Prediction) {
 	if p.Flow.Rule != nil {
 		rule = p.Flow.Rule.Text
 	}
-	key := strings.Join([]string{p.Verdict(), c.conn.Proto, c.to, rule}, "\x00")
+	key := strings.Join([]string{p.Verdict(), p.Conn.Proto, c.to, rule}, "\x00")
 	if i, ok := byKey[key]; ok {
 		r.Findings[i].From = append(r.Findings[i].From, c.from)
 		return
 	}
 	byKey[key] = len(r.Findings)
 	r.Findings = append(r.Findings, Finding{
-		Severity: severity(c, p), Verdict: p.Verdict(), Proto: c.conn.Proto, To: c.to, From: []string{c.from},
+		Severity: severity(c, p), Verdict: p.Verdict(), Proto: p.Conn.Proto, To: c.to, From: []string{c.from},
 		Rule: p.Flow.Rule, Steps: p.Steps, Explanation: p.Flow.Explanation, Uncertain: p.Uncertain,
 	})
 }

@@ -172,9 +172,6 @@ func (cl clients) fromPod(a netip.Addr, port uint16, proto, what string, c candi
 	if !ok {
 		return nil
 	}
-	if proto == "icmp" && a.Is6() {
-		proto = "icmpv6"
-	}
 	c.conn = predict.Conn{Proto: proto, Src: src, Dst: dstOf(a, port)}
 	c.from, c.to = cl.podName[a.Is6()], label(a, port, what)
 	return []candidate{c}

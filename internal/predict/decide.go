@@ -169,9 +169,6 @@ func (w *walk) translate(hook, where, text string, targets []netip.AddrPort) {
 	ev.Orig = &trace.Tuple{Src: endpoint(w.src), Dst: endpoint(w.c.Dst)}
 	ev.Reply = &trace.Tuple{Src: endpoint(to), Dst: endpoint(w.src)}
 	ev.To = endpoint(to)
-	if to.Port() != 0 && to.Addr().Is6() {
-		ev.To = to.String()
-	}
 	w.events = append(w.events, ev)
 	w.note("%s: DNAT to %s by `%s`%s", where, to, text, others(targets))
 	w.dst, w.natDone, w.decided = to, true, text

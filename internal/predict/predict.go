@@ -14,6 +14,7 @@ package predict
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
@@ -58,6 +59,7 @@ func (p *Prediction) Verdict() string {
 
 // Predict walks c through the node env describes.
 func Predict(env enrich.Env, c Conn) (*Prediction, error) {
+	c = c.normal()
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
@@ -68,6 +70,18 @@ func Predict(env enrich.Env, c Conn) (*Prediction, error) {
 	p := &Prediction{Conn: c, Flow: f, Steps: w.steps, Uncertain: w.uncertain}
 	p.checkRule(w.decided)
 	return p, nil
+}
+
+// normal is c as the kernel sees it: a ping to an IPv6 address is ICMPv6,
+// and ICMP has no port.
+func (c Conn) normal() Conn {
+	if c.Proto == "icmp" && c.Dst.Addr().Unmap().Is6() {
+		c.Proto = "icmpv6"
+	}
+	if c.Proto == "icmp" || c.Proto == "icmpv6" {
+		c.Dst = netip.AddrPortFrom(c.Dst.Addr(), 0)
+	}
+	return c
 }
 
 func (c Conn) validate() error {
@@ -141,8 +155,12 @@ func (w *walk) note(format string, args ...any) {
 	w.steps = append(w.steps, fmt.Sprintf(format, args...))
 }
 
+// doubt notes what the walk could not decide, once: the same reason met
+// at several hooks (an unreadable ruleset) is one doubt.
 func (w *walk) doubt(format string, args ...any) {
-	w.uncertain = append(w.uncertain, fmt.Sprintf(format, args...))
+	if d := fmt.Sprintf(format, args...); !slices.Contains(w.uncertain, d) {
+		w.uncertain = append(w.uncertain, d)
+	}
 }
 
 // now is the time predicted events carry; a variable so that tests pin it.
