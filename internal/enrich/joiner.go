@@ -78,7 +78,6 @@ type Joiner struct {
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
-	now  time.Time // the clock of the Expire running, zero in Flush
 }
 
 type heldFlow struct {
@@ -312,8 +311,6 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 // first. A flow whose deadline moved on since it was queued is queued
 // again at its new one.
 func (j *Joiner) Expire(now time.Time) {
-	j.now = now
-	defer func() { j.now = time.Time{} }()
 	j.release(now)
 	at := now.Sub(j.epoch)
 	for len(j.due) > 0 && at >= j.due[0].at {
@@ -322,14 +319,14 @@ func (j *Joiner) Expire(now time.Time) {
 			j.due.push(p.deadline, p)
 			continue
 		}
-		j.finish(p)
+		j.finish(p, now)
 	}
 }
 
 // Flush finishes every open flow (at exit), oldest deadline first.
 func (j *Joiner) Flush() {
 	for len(j.due) > 0 {
-		j.finish(j.due.pop())
+		j.finish(j.due.pop(), time.Time{})
 	}
 	j.release(time.Time{})
 }
@@ -358,8 +355,9 @@ func (j *Joiner) release(now time.Time) {
 // their linger.
 func (j *Joiner) Open() int { return len(j.due) + len(j.held) }
 
-// finish emits p, which has left due.
-func (j *Joiner) finish(p *pending) {
+// finish emits p, which has left due, at now (zero at Flush: nothing
+// waits for a later reading then).
+func (j *Joiner) finish(p *pending, now time.Time) {
 	if !p.replaced {
 		j.unindex(p)
 	}
@@ -372,7 +370,7 @@ func (j *Joiner) finish(p *pending) {
 			next = j.EnvAfter(f.Time)
 		}
 		EnrichBetween(f, j.Env(f.Time), next)
-		if j.hold(f, next) {
+		if j.hold(f, next, now) {
 			return
 		}
 	}
@@ -383,11 +381,11 @@ func (j *Joiner) finish(p *pending) {
 
 // hold keeps f for the next reading when its rule is uncertain and none
 // after its decision exists yet.
-func (j *Joiner) hold(f *trace.Flow, next Env) bool {
-	if next != nil || j.HoldFor <= 0 || j.EnvAfter == nil || j.Emit == nil || j.now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
+func (j *Joiner) hold(f *trace.Flow, next Env, now time.Time) bool {
+	if next != nil || j.HoldFor <= 0 || j.EnvAfter == nil || j.Emit == nil || now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
 		return false
 	}
-	j.held = append(j.held, heldFlow{f: f, until: j.now.Add(j.HoldFor)})
+	j.held = append(j.held, heldFlow{f: f, until: now.Add(j.HoldFor)})
 	return true
 }
 
