@@ -54,16 +54,11 @@ func clientsOf(node string, snap *trace.Snapshot) clients {
 	return c
 }
 
-// nodeAddrs are the node's own addresses a client can reach it on: up,
-// not loopback, link-local or kube-ipvs0's Service addresses.
+// nodeAddrs are the node's own addresses a client can reach it on.
 func nodeAddrs(snap *trace.Snapshot) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range snap.Addresses {
-		p, err := netip.ParsePrefix(a.Address)
-		if err != nil || !a.Up || a.Interface == "lo" || a.Interface == "kube-ipvs0" || p.Addr().IsLinkLocalUnicast() || p.Addr().IsLoopback() {
-			continue
-		}
-		out = append(out, p.Addr())
+	for _, a := range predict.NodeAddrs(snap) {
+		out = append(out, a.Addr)
 	}
 	return out
 }

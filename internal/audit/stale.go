@@ -14,8 +14,7 @@ import (
 // a connection meets it, and then the flow's verdict says where it went.
 const VerdictStaleHostPort = "stale-hostport"
 
-// podAddrs are the pods' addresses, with whether the pod holding each
-// declares a hostPort.
+// podAddrs are the pods (not hostNetwork) by their addresses.
 type podAddrs map[netip.Addr]trace.Pod
 
 func podsByAddr(snap *trace.Snapshot) podAddrs {

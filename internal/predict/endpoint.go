@@ -154,14 +154,34 @@ func servicePort(sv trace.Service, want string) (trace.ServicePort, error) {
 }
 
 func nodeEndpoint(snap *trace.Snapshot, v6 bool) (Endpoint, error) {
-	if snap != nil {
-		for _, a := range snap.Addresses {
-			p, err := netip.ParsePrefix(a.Address)
-			if err != nil || !a.Up || a.Interface == "lo" || p.Addr().Is6() != v6 || p.Addr().IsLinkLocalUnicast() {
-				continue
-			}
-			return Endpoint{Addr: netip.AddrPortFrom(p.Addr(), 0), Label: "the node, " + a.Interface}, nil
+	for _, a := range NodeAddrs(snap) {
+		if a.Addr.Is6() == v6 {
+			return Endpoint{Addr: netip.AddrPortFrom(a.Addr, 0), Label: "the node, " + a.Interface}, nil
 		}
 	}
 	return Endpoint{}, fmt.Errorf("the node has no %s address on an interface that is up", family(v6))
+}
+
+// NodeAddr is one of the node's own addresses and its interface.
+type NodeAddr struct {
+	Addr      netip.Addr
+	Interface string
+}
+
+// NodeAddrs are the addresses a client can reach the node on: on an
+// interface that is up, not loopback, link-local or kube-ipvs0's Service
+// addresses.
+func NodeAddrs(snap *trace.Snapshot) []NodeAddr {
+	if snap == nil {
+		return nil
+	}
+	var out []NodeAddr
+	for _, a := range snap.Addresses {
+		p, err := netip.ParsePrefix(a.Address)
+		if err != nil || !a.Up || a.Interface == "lo" || a.Interface == "kube-ipvs0" || p.Addr().IsLinkLocalUnicast() || p.Addr().IsLoopback() {
+			continue
+		}
+		out = append(out, NodeAddr{Addr: p.Addr(), Interface: a.Interface})
+	}
+	return out
 }
