@@ -26,10 +26,12 @@ type candidate struct {
 type clients struct {
 	pod, node map[bool]netip.Addr
 	podName   map[bool]string
+	// addrs are all the node's own addresses a client can reach.
+	addrs []netip.Addr
 }
 
 func clientsOf(node string, snap *trace.Snapshot) clients {
-	c := clients{pod: map[bool]netip.Addr{}, node: map[bool]netip.Addr{}, podName: map[bool]string{}}
+	c := clients{pod: map[bool]netip.Addr{}, node: map[bool]netip.Addr{}, podName: map[bool]string{}, addrs: nodeAddrs(snap)}
 	pods := slices.Clone(snap.Pods)
 	// A pod with no hostPort of its own is the plainest client.
 	slices.SortFunc(pods, func(a, b trace.Pod) int {
@@ -46,7 +48,7 @@ func clientsOf(node string, snap *trace.Snapshot) clients {
 			}
 		}
 	}
-	for _, a := range nodeAddrs(snap) {
+	for _, a := range c.addrs {
 		if _, have := c.node[a.Is6()]; !have {
 			c.node[a.Is6()] = a
 		}
@@ -67,28 +69,28 @@ func nodeAddrs(snap *trace.Snapshot) []netip.Addr {
 // on: in nftables mode its @nodeport-ips set (its --nodeport-addresses,
 // the node's primary addresses by default there); in iptables and IPVS
 // mode every local address.
-func nodePortAddrs(snap *trace.Snapshot, rs *nft.Ruleset) []netip.Addr {
+func nodePortAddrs(all []netip.Addr, rs *nft.Ruleset) []netip.Addr {
+	if rs == nil {
+		return all
+	}
 	var out []netip.Addr
 	found := false
 	for _, fam := range []string{"ip", "ip6"} {
-		if rs == nil {
-			break
-		}
 		if t := rs.Table(fam, "kube-proxy"); t != nil && t.Sets["nodeport-ips"] != nil {
 			found = true
 			out = append(out, t.Sets["nodeport-ips"].Addrs()...)
 		}
 	}
-	if found {
-		return out
+	if !found {
+		return all
 	}
-	return nodeAddrs(snap)
+	return out
 }
 
 // candidates lists every connection to check, and notes what cannot be.
 func candidates(node string, snap *trace.Snapshot, nft *nft.Ruleset) ([]candidate, []string) {
 	cl := clientsOf(node, snap)
-	nodePorts := nodePortAddrs(snap, nft)
+	nodePorts := nodePortAddrs(cl.addrs, nft)
 	var out []candidate
 	var notes []string
 	if len(snap.Services) == 0 {
@@ -198,7 +200,7 @@ func listenerCandidates(snap *trace.Snapshot, cl clients) []candidate {
 		if l.Process != "" {
 			what += " " + l.Process
 		}
-		for _, a := range nodeAddrs(snap) {
+		for _, a := range cl.addrs {
 			if ap.Addr().IsUnspecified() && trace.ListenerRank(ap.Addr(), l.V6Only, a) > 0 || ap.Addr() == a {
 				out = append(out, outside(a, ap.Port(), l.Proto, what, false))
 				out = append(out, cl.fromPod(a, ap.Port(), l.Proto, what, candidate{})...)
