@@ -66,6 +66,7 @@ func Diagnose(f *trace.Flow, env Env) Result {
 		d.ipvsFilterReject,
 		d.hostportHijack,
 		d.returnPathMismatch,
+		d.answerUntranslated,
 		d.generic,
 	} {
 		if r, ok := rule(); ok {
