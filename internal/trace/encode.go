@@ -16,6 +16,10 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 	var err error
 	b = append(b, `{"type":`...)
 	b = appendString(b, f.Type)
+	if f.Node != "" {
+		b = append(b, `,"node":`...)
+		b = appendString(b, f.Node)
+	}
 	b = append(b, `,"time":`...)
 	if b, err = appendTime(b, f.Time); err != nil {
 		return b, err

@@ -50,7 +50,7 @@ func TestAppendFlowMatchesMarshal(t *testing.T) {
 		checkAppendFlow(t, &f)
 	}
 	icmp, code := uint8(3), uint8(3)
-	odd := &Flow{Type: TypeFlow, Time: time.Date(2026, 12, 1, 9, 0, 0, 1, time.FixedZone("x", 5*3600+1800)), Proto: "tcp",
+	odd := &Flow{Type: TypeFlow, Node: "node-\"2\"", Time: time.Date(2026, 12, 1, 9, 0, 0, 1, time.FixedZone("x", 5*3600+1800)), Proto: "tcp",
 		Orig: Tuple{Src: "[fd00::1]:1", Dst: "<b>&\"\\\n\t\x01\u2028é\xff"},
 		Events: []Event{{Type: "event", Kind: "reject", ICMPType: &icmp, ICMPCode: &code, CTStatus: []string{}, CTMark: 7, CTZone: 2, Netns: 9,
 			Packet: &Tuple{}, Orig: &Tuple{Src: "a"}, Reply: &Tuple{Dst: "b"}, To: "t", Virtual: "v", Forward: "f", NFHook: "n", Reason: "r", By: "s"}},

@@ -156,15 +156,29 @@ func (r *Reader) parseHeader(line []byte) error {
 	return nil
 }
 
+// ParseFlow reads one flow as a trace's line holds it, checked as a
+// Reader checks it: a flow that comes over the wire (tracer connect) is
+// as untrusted as a file.
+func ParseFlow(line []byte) (*Flow, error) {
+	f := new(Flow)
+	if err := json.Unmarshal(line, f); err != nil {
+		return nil, fmt.Errorf("bad flow: %w", jsonProblem(err))
+	}
+	if f.Type != TypeFlow {
+		return nil, fmt.Errorf("bad flow: type %q, want %q", f.Type, TypeFlow)
+	}
+	if err := validateFlow(f); err != nil {
+		return nil, fmt.Errorf("bad flow: %w", err)
+	}
+	return f, nil
+}
+
 func (r *Reader) parseRecord(line []byte) (Record, error) {
 	switch typ := recordType(line); typ {
 	case TypeFlow:
-		f := new(Flow)
-		if err := json.Unmarshal(line, f); err != nil {
-			return Record{}, r.errorf("bad flow: %v", jsonProblem(err))
-		}
-		if err := validateFlow(f); err != nil {
-			return Record{}, r.errorf("bad flow: %w", err)
+		f, err := ParseFlow(line)
+		if err != nil {
+			return Record{}, r.errorf("%w", err)
 		}
 		return Record{Flow: f}, nil
 	case TypeEvent:

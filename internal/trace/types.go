@@ -261,7 +261,11 @@ func (c *ConntrackTable) Full() bool { return c != nil && c.Max > 0 && c.Entries
 
 // Flow is one connection with everything the tracer knows about it.
 type Flow struct {
-	Type        string      `json:"type"`
+	Type string `json:"type"`
+	// Node is the node whose agent saw the flow, in a stream merged from
+	// several nodes (tracer connect); a single node's trace leaves it to
+	// the header.
+	Node        string      `json:"node,omitempty"`
 	Time        time.Time   `json:"time"`
 	Proto       string      `json:"proto"`
 	Orig        Tuple       `json:"orig"`

@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// maxHeaderBytes bounds the header a client accepts: the node state
+// snapshot of a node with thousands of Services is megabytes of rules.
+const maxHeaderBytes = 256 << 20
+
+// Client is a connection to one agent.
+type Client struct {
+	Target string
+	cc     *grpc.ClientConn
+}
+
+// Dial prepares a connection to the agent at target: HOST:PORT, or
+// unix:PATH for its unix socket. Nothing is sent until the first call.
+// The connection is plaintext: the agent listens on loopback and a unix
+// socket, and remote clients reach it through the API server's
+// port-forward, which authenticates and encrypts.
+func Dial(target string) (*Client, error) {
+	if target == "" {
+		return nil, errors.New("dial agent: empty address")
+	}
+	addr := target
+	if path, ok := strings.CutPrefix(target, "unix:"); ok {
+		addr = "unix://" + strings.TrimPrefix(path, "//")
+	} else {
+		addr = "passthrough:///" + target
+	}
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxHeaderBytes)))
+	if err != nil {
+		return nil, fmt.Errorf("dial agent %s: %w", target, err)
+	}
+	return &Client{Target: target, cc: cc}, nil
+}
+
+// inJSON picks the agent service's codec for a call; the health service
+// on the same connection speaks protobuf.
+var inJSON = grpc.CallContentSubtype(codecName)
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.cc.Close() }
+
+// Header asks the agent for its trace header.
+func (c *Client) Header(ctx context.Context) (trace.Header, error) {
+	var h trace.Header
+	if err := c.cc.Invoke(ctx, headerMethod, &HeaderRequest{}, &h, inJSON); err != nil {
+		return h, fmt.Errorf("agent %s: header: %w", c.Target, err)
+	}
+	if h.Type != trace.TypeHeader {
+		return h, fmt.Errorf("agent %s: header: type %q, want %q", c.Target, h.Type, trace.TypeHeader)
+	}
+	return h, nil
+}
+
+// Message is one message of a stream, its flow parsed and checked.
+type Message struct {
+	Flow       *trace.Flow // nil for a heartbeat or the last message
+	Time       time.Time   // the agent's clock when it sent the message
+	Dropped    uint64
+	LostEvents uint64
+	Summary    *trace.Summary // set in the last message
+}
+
+// Stream is a client's stream of flows from one agent.
+type Stream struct {
+	target string
+	s      grpc.ClientStream
+}
+
+// Flows opens a stream of the agent's flows; ctx ends it.
+func (c *Client) Flows(ctx context.Context, req FlowsRequest) (*Stream, error) {
+	s, err := c.cc.NewStream(ctx, &serviceDesc.Streams[0], flowsMethod, inJSON)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
+	}
+	if err := s.SendMsg(&req); err != nil {
+		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
+	}
+	if err := s.CloseSend(); err != nil {
+		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
+	}
+	return &Stream{target: c.Target, s: s}, nil
+}
+
+// Recv returns the next message; io.EOF once the agent ended the stream
+// after its last message.
+func (s *Stream) Recv() (Message, error) {
+	var raw FlowsMessage
+	if err := s.s.RecvMsg(&raw); err != nil {
+		if err == io.EOF {
+			return Message{}, io.EOF
+		}
+		return Message{}, fmt.Errorf("agent %s: %w", s.target, err)
+	}
+	m := Message{Time: raw.Time, Dropped: raw.Dropped, LostEvents: raw.LostEvents, Summary: raw.Summary}
+	if len(raw.Flow) > 0 {
+		f, err := trace.ParseFlow(raw.Flow)
+		if err != nil {
+			return Message{}, fmt.Errorf("agent %s: %w", s.target, err)
+		}
+		m.Flow = f
+	}
+	return m, nil
+}
