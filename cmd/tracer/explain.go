@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -67,19 +66,9 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // parseExplainArgs takes the flags before and after FROM and TO.
 func parseExplainArgs(fs *flag.FlagSet, args []string) (from, to string, err error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return "", "", errHelp
-			}
-			return "", "", usageError{err}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return "", "", err
 	}
 	if len(pos) != 2 {
 		return "", "", usagef("explain takes FROM and TO, got %d argument(s): %q", len(pos), pos)

@@ -24,8 +24,28 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		}
 		return usageError{err}
 	}
-	if fs.NArg() > 0 && fs.Name() != "tracer replay" && fs.Name() != "tracer lab" {
+	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
 	return nil
+}
+
+// parseArgs parses flags before, between and after the positional
+// arguments, which it returns: people type `tracer replay FILE --filter
+// port:53` as often as the other way round.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, usageError{err}
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }

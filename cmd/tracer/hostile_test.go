@@ -23,6 +23,10 @@ var hostileValues = map[string][]string{
 	"max-flows":  {"-1", "abc", "99999999999999999999999", "0x"},
 	"max-memory": {"-5", "1XB", "", "99999999999999999999GiB", "1.5.5MiB"},
 	"record":     {"/nonexistent-dir/trace.ndjson", "/"},
+	"listen":     {"nohost", "127.0.0.1:99999", ":-1", "\x00", "192.0.2.1:4245"},
+	"socket":     {"/nonexistent-dir/agent.sock", "/", "\x00"},
+	"window":     {"", "-1s", "abc"},
+	"buffer":     {"-1", "abc", "2000000", "99999999999999999999"},
 }
 
 // garbage is a file that is no metadata, kubeconfig or trace.
@@ -49,6 +53,8 @@ func TestHostileFlagValues(t *testing.T) {
 		"lab":     {"linger", "max-flows", "max-memory", "o", "record"},
 		"explain": {"netns", "kubeconfig", "metadata", "o"},
 		"audit":   {"netns", "kubeconfig", "metadata", "o"},
+		"agent":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "record", "listen", "socket"},
+		"connect": {"o", "filter", "duration", "window", "buffer"},
 	}
 	tried := 0
 	defer func() { t.Logf("%d hostile flag values tried over %d commands", tried, len(commands)) }()
@@ -67,6 +73,8 @@ func TestHostileFlagValues(t *testing.T) {
 					args = append(args, "10.244.1.7", "10.96.0.20:3306")
 				case "lab":
 					args = append(args, "no-such-scenario")
+				case "connect":
+					args = append(args, "127.0.0.1:1")
 				}
 				checkRefused(t, args, flag)
 			}

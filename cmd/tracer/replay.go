@@ -119,19 +119,11 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return replayUI(ctx, path, tr, *filterExpr, caps)
 }
 
-// parseReplayArgs accepts flags before and after FILE, since people type
-// `tracer replay FILE --filter port:53` as often as the other way round.
+// parseReplayArgs takes the one trace FILE among the flags.
 func parseReplayArgs(fs *flag.FlagSet, args []string) (string, error) {
-	var files []string
-	for {
-		if err := parseFlags(fs, args); err != nil {
-			return "", err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		files, args = append(files, rest[0]), rest[1:]
+	files, err := parseArgs(fs, args)
+	if err != nil {
+		return "", err
 	}
 	switch len(files) {
 	case 0:

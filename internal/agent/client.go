@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -59,7 +61,7 @@ func (c *Client) Close() error { return c.cc.Close() }
 func (c *Client) Header(ctx context.Context) (trace.Header, error) {
 	var h trace.Header
 	if err := c.cc.Invoke(ctx, headerMethod, &HeaderRequest{}, &h, inJSON); err != nil {
-		return h, fmt.Errorf("agent %s: header: %w", c.Target, err)
+		return h, fmt.Errorf("agent %s: %w", c.Target, plain(err))
 	}
 	if h.Type != trace.TypeHeader {
 		return h, fmt.Errorf("agent %s: header: type %q, want %q", c.Target, h.Type, trace.TypeHeader)
@@ -85,14 +87,14 @@ type Stream struct {
 // Flows opens a stream of the agent's flows; ctx ends it.
 func (c *Client) Flows(ctx context.Context, req FlowsRequest) (*Stream, error) {
 	s, err := c.cc.NewStream(ctx, &serviceDesc.Streams[0], flowsMethod, inJSON)
+	if err == nil {
+		err = s.SendMsg(&req)
+	}
+	if err == nil {
+		err = s.CloseSend()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
-	}
-	if err := s.SendMsg(&req); err != nil {
-		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
-	}
-	if err := s.CloseSend(); err != nil {
-		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, err)
+		return nil, fmt.Errorf("agent %s: open flows: %w", c.Target, plain(err))
 	}
 	return &Stream{target: c.Target, s: s}, nil
 }
@@ -105,7 +107,7 @@ func (s *Stream) Recv() (Message, error) {
 		if err == io.EOF {
 			return Message{}, io.EOF
 		}
-		return Message{}, fmt.Errorf("agent %s: %w", s.target, err)
+		return Message{}, fmt.Errorf("agent %s: %w", s.target, plain(err))
 	}
 	m := Message{Time: raw.Time, Dropped: raw.Dropped, LostEvents: raw.LostEvents, Summary: raw.Summary}
 	if len(raw.Flow) > 0 {
@@ -117,3 +119,34 @@ func (s *Stream) Recv() (Message, error) {
 	}
 	return m, nil
 }
+
+// plain says a gRPC failure in the words of what happened: the transport's
+// nesting ("rpc error: code = Unavailable desc = connection error: desc =
+// ...") reduced to its cause. The status stays reachable with errors.As.
+func plain(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	msg := st.Message()
+	switch st.Code() {
+	case codes.Unavailable:
+		if i := strings.LastIndex(msg, "dial "); i >= 0 {
+			return &statusError{"unreachable: " + strings.TrimSuffix(msg[i:], `"`), err}
+		}
+		return &statusError{"the agent went away: " + msg, err}
+	case codes.InvalidArgument:
+		return &statusError{"refused the request: " + msg, err}
+	case codes.Canceled, codes.DeadlineExceeded:
+		return err
+	}
+	return &statusError{st.Code().String() + ": " + msg, err}
+}
+
+type statusError struct {
+	msg string
+	err error
+}
+
+func (e *statusError) Error() string { return e.msg }
+func (e *statusError) Unwrap() error { return e.err }

@@ -61,21 +61,7 @@ func TestServeHeaderFlowsAndSummary(t *testing.T) {
 	h.Publish(testFlow("10.0.0.1:40001", "10.96.0.1:443", t0)) // filtered out in the agent
 	h.Publish(want)
 	srv.Finish(trace.Summary{Type: trace.TypeSummary, Flows: 2})
-	var flows []*trace.Flow
-	var last Message
-	for {
-		m, err := s.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Flow != nil {
-			flows = append(flows, m.Flow)
-		}
-		last = m
-	}
+	flows, last := readAll(t, s)
 	if len(flows) != 1 || flows[0].Orig != want.Orig || flows[0].Rule.Text != want.Rule.Text || !flows[0].Time.Equal(want.Time) {
 		t.Fatalf("got flows %+v, want only %+v", flows, want)
 	}
@@ -105,20 +91,8 @@ func TestServeCountsDropsForSlowClient(t *testing.T) {
 		h.Publish(f)
 	}
 	srv.Finish(trace.Summary{Type: trace.TypeSummary})
-	got, last := 0, Message{}
-	for {
-		m, err := s.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Flow != nil {
-			got++
-		}
-		last = m
-	}
+	flows, last := readAll(t, s)
+	got := len(flows)
 	if got == 2000 || uint64(got)+last.Dropped != 2000 {
 		t.Errorf("received %d flows, %d dropped: want drops, and the two to add up to 2000", got, last.Dropped)
 	}
@@ -166,5 +140,23 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not reached in 5s")
 		}
+	}
+}
+
+// readAll reads s to its end: the flows, and the last message.
+func readAll(t *testing.T, s *Stream) (flows []*trace.Flow, last Message) {
+	t.Helper()
+	for {
+		m, err := s.Recv()
+		if err == io.EOF {
+			return flows, last
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Flow != nil {
+			flows = append(flows, m.Flow)
+		}
+		last = m
 	}
 }

@@ -377,6 +377,29 @@ type Summary struct {
 	ConntrackDrops uint64 `json:"conntrack_drops,omitempty"`
 	// HookChanges are the hooks lost or attached while tracing.
 	HookChanges []HookChange `json:"hook_changes,omitempty"`
+	// Nodes, in a trace merged from several agents (tracer connect), is
+	// each agent's part: its counters, and the error that ended its
+	// stream, if one did.
+	Nodes []NodeStatus `json:"nodes,omitempty"`
+}
+
+// NodeStatus is one agent's part in a merged trace.
+type NodeStatus struct {
+	Node  string `json:"node,omitempty"` // from the agent's header; "" if none came
+	Agent string `json:"agent"`          // the address connected to
+	// Kernel and Warnings are the agent's header's.
+	Kernel   string   `json:"kernel,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+	Flows    int      `json:"flows"`
+	// Dropped counts the flows the agent's buffer for this client had no
+	// room for; LostEvents the kernel events the agent lost.
+	Dropped    uint64 `json:"dropped"`
+	LostEvents uint64 `json:"lost_events"`
+	// ClockOffsetMS is the node's clock minus the client's, in ms, as
+	// far as the messages' send times show (network delay included).
+	ClockOffsetMS int64 `json:"clock_offset_ms"`
+	// Error is why the stream ended early; "" when the agent ended it.
+	Error string `json:"error,omitempty"`
 }
 
 // HookChange is a hook lost or attached while tracing: the module its

@@ -134,6 +134,7 @@ func (w *Writer) SetLoss(s Summary) {
 	w.summary.ConntrackRedumps = s.ConntrackRedumps
 	w.summary.ConntrackDrops = s.ConntrackDrops
 	w.summary.HookChanges = s.HookChanges
+	w.summary.Nodes = s.Nodes
 }
 
 // Close writes the summary and, for a file from Create, syncs and closes

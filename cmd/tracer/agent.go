@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/agent"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+func init() {
+	commands["agent"] = command{
+		summary: "serve this node's flows to tracer connect (gRPC on loopback and a unix socket)",
+		run:     runAgent,
+	}
+}
+
+// defaultAgentListen is loopback: a hostNetwork agent on 0.0.0.0 would
+// hand every flow of the node to anyone who can reach it. Remote clients
+// come through the API server's port-forward, which reaches loopback.
+const defaultAgentListen = "127.0.0.1:4245"
+
+type agentOptions struct {
+	trace  traceOptions
+	listen string
+	socket string
+}
+
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o agentOptions
+	fs := newFlagSet("agent", stderr)
+	o.trace.register(fs)
+	fs.StringVar(&o.listen, "listen", defaultAgentListen, "serve gRPC on TCP `HOST:PORT` (\"\" for none)")
+	fs.StringVar(&o.socket, "socket", "", "also serve gRPC on a unix socket at `PATH`")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if o.listen == "" && o.socket == "" {
+		return usagef("--listen and --socket both empty: the agent would serve no one")
+	}
+	// The addresses are taken once the flags are known good and before
+	// anything attaches: a port in use is found with nothing to undo.
+	var lns []net.Listener
+	defer func() { closeAll(lns) }()
+	p, flt, err := o.trace.start(ctx, "agent", stderr, func() (err error) {
+		lns, err = o.listeners()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	hub := agent.NewHub()
+	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost }}
+	srv.Start()
+	served := make(chan error, len(lns))
+	for _, l := range lns {
+		go func() { served <- srv.Serve(l) }()
+	}
+	rec, err := agentRecording(o.trace.record, p.Header())
+	if err != nil {
+		srv.Stop(0)
+		return err
+	}
+	fmt.Fprintf(stderr, "tracer: agent of node %s serving on %s\n", p.Header().Node, listenerNames(lns))
+	if o.trace.readyFile != "" {
+		if err := os.WriteFile(o.trace.readyFile, []byte("ready\n"), 0o644); err != nil {
+			srv.Stop(0)
+			rec.abort()
+			return fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	ctx, rec.stop = context.WithCancel(ctx)
+	defer rec.stop()
+	var writeErr error
+	emit := func(f *trace.Flow) {
+		if !flt.Empty() && !flt.Match(f) {
+			return
+		}
+		hub.Publish(f)
+		if writeErr == nil && rec.record != nil {
+			if writeErr = rec.flow(f); writeErr != nil {
+				rec.stop()
+			}
+		}
+	}
+	failed := make(chan error, 1)
+	go func() {
+		// A listener that fails ends the agent: it would be alive and
+		// serve no one.
+		if err := <-served; err != nil {
+			failed <- err
+			rec.stop()
+		}
+	}()
+	p.RecordStates(rec.state)
+	sum, runErr := p.Run(ctx, emit, nil)
+	p.RecordStates(nil)
+	select {
+	case err := <-failed:
+		runErr = errors.Join(runErr, err)
+	default:
+	}
+	// The clients get what their buffers hold and the summary; they have
+	// a moment to read it before the connections close.
+	srv.Finish(sum)
+	srv.Stop(2 * time.Second)
+	return errors.Join(runErr, writeErr, rec.close(sum))
+}
+
+// listeners opens the TCP address and the unix socket.
+func (o agentOptions) listeners() ([]net.Listener, error) {
+	var lns []net.Listener
+	if o.listen != "" {
+		addr, err := net.ResolveTCPAddr("tcp", o.listen)
+		if err != nil {
+			return nil, usagef("--listen %q: %v", o.listen, err)
+		}
+		l, err := net.ListenTCP("tcp", addr)
+		if err != nil {
+			return nil, usagef("--listen: %v", err)
+		}
+		lns = append(lns, l)
+	}
+	if o.socket != "" {
+		l, err := listenUnix(o.socket)
+		if err != nil {
+			closeAll(lns)
+			return nil, err
+		}
+		lns = append(lns, l)
+	}
+	return lns, nil
+}
+
+// listenUnix serves on a unix socket only its owner may use: the flows
+// of a node are its traffic. A socket left by an agent that died is
+// replaced; any other file is not.
+func listenUnix(path string) (net.Listener, error) {
+	if strings.ContainsRune(path, 0) || strings.HasPrefix(path, "@") {
+		return nil, usagef("--socket %q: want a file path (abstract sockets have no permissions)", path)
+	}
+	if st, err := os.Lstat(path); err == nil {
+		if st.Mode()&os.ModeSocket == 0 {
+			return nil, usagef("--socket %s: exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, usagef("--socket %s: another agent serves on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("--socket %s: remove the stale socket: %w", path, err)
+		}
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, usagef("--socket: %v", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, usagef("--socket %s: %v", path, err)
+	}
+	return l, nil
+}
+
+func closeAll(lns []net.Listener) {
+	for _, l := range lns {
+		l.Close()
+	}
+}
+
+func listenerNames(lns []net.Listener) string {
+	var names []string
+	for _, l := range lns {
+		a := l.Addr()
+		if a.Network() == "unix" {
+			names = append(names, "unix:"+a.String())
+		} else {
+			names = append(names, a.String())
+		}
+	}
+	return strings.Join(names, " and ")
+}
+
+// agentRecording is the agent's --record: the trace a `tracer trace`
+// would record, and nothing on stdout.
+func agentRecording(path string, h trace.Header) (*output, error) {
+	out := &output{stop: func() {}}
+	if path == "" {
+		return out, nil
+	}
+	w, err := trace.Create(path, h)
+	if err != nil {
+		return nil, usagef("--record %s: %v", path, err)
+	}
+	out.record, out.recordPath = w, path
+	return out, nil
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/agent"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// fakeAgent serves a hub on a unix socket, as tracer agent does, with a
+// header naming node.
+func fakeAgent(t *testing.T, node string) (*agent.Server, string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), node+".sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &agent.Server{Hub: agent.NewHub(), Header: trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: node, Kernel: "6.1"},
+		Heartbeat: 50 * time.Millisecond}
+	srv.Start()
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Stop(0) })
+	return srv, "unix:" + sock
+}
+
+func connectFlow(src string, at time.Time) *trace.Flow {
+	return &trace.Flow{Type: trace.TypeFlow, Time: at, Proto: "tcp", Orig: trace.Tuple{Src: src, Dst: "10.96.0.1:80"},
+		Events: []trace.Event{}, Verdict: trace.VerdictOK, Explanation: "ok"}
+}
+
+// Two nodes whose flows arrive out of their time order come out merged
+// in time order, each naming its node; a node whose agent goes away
+// mid-stream is that node's error in the summary and exit 1, while the
+// other node's later flows still come.
+func TestConnectMergesTwoAgents(t *testing.T) {
+	a, addrA := fakeAgent(t, "node-a")
+	b, addrB := fakeAgent(t, "node-b")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errs lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- dispatch(ctx, []string{"connect", "-o", "json", "--window", "300ms", "--filter", "port:80", addrA, addrB}, &out, &errs)
+	}()
+	waitSubscribed(t, a, b)
+	t0 := time.Now().Add(-time.Minute)
+	// node-b's flows are older but published after node-a's.
+	a.Hub.Publish(connectFlow("10.0.0.1:1001", t0.Add(3*time.Second)))
+	a.Hub.Publish(connectFlow("10.0.0.1:1002", t0.Add(5*time.Second)))
+	b.Hub.Publish(connectFlow("10.0.0.2:2001", t0.Add(1*time.Second)))
+	b.Hub.Publish(connectFlow("10.0.0.2:2002", t0.Add(4*time.Second)))
+	a.Hub.Publish(&trace.Flow{Type: trace.TypeFlow, Time: t0, Proto: "udp", Orig: trace.Tuple{Src: "10.0.0.1:53", Dst: "10.96.0.10:53"}}) // filtered in the agent
+	time.Sleep(600 * time.Millisecond)
+	b.Stop(0) // node-b's agent goes away without a summary
+	time.Sleep(200 * time.Millisecond)
+	a.Hub.Publish(connectFlow("10.0.0.1:1003", t0.Add(6*time.Second)))
+	a.Finish(trace.Summary{Type: trace.TypeSummary})
+	var exit int
+	select {
+	case exit = <-code:
+	case <-ctx.Done():
+		t.Fatalf("connect did not end; stderr: %s", errs.String())
+	}
+	if exit != 1 || !strings.Contains(errs.String(), "node node-b: agent unix:") {
+		t.Errorf("exit %d, stderr %q: want 1 and node-b's error", exit, errs.String())
+	}
+	f, err := trace.ReadAll(strings.NewReader(out.String()), "connect")
+	if err != nil {
+		t.Fatalf("merged trace: %v\n%s", err, out.String())
+	}
+	var got []string
+	for _, fl := range f.Flows {
+		got = append(got, fl.Node+" "+fl.Orig.Src)
+	}
+	want := "node-b 10.0.0.2:2001,node-a 10.0.0.1:1001,node-b 10.0.0.2:2002,node-a 10.0.0.1:1002,node-a 10.0.0.1:1003"
+	if strings.Join(got, ",") != want {
+		t.Errorf("merged order:\n got %s\nwant %s", strings.Join(got, ","), want)
+	}
+	nodes := f.Summary.Nodes
+	if len(nodes) != 2 || nodes[0].Node != "node-a" || nodes[0].Flows != 3 || nodes[0].Error != "" ||
+		nodes[1].Node != "node-b" || nodes[1].Flows != 2 || nodes[1].Error == "" || nodes[1].Kernel != "6.1" {
+		t.Errorf("summary nodes %+v", nodes)
+	}
+}
+
+func waitSubscribed(t *testing.T, srvs ...*agent.Server) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := 0
+		for _, s := range srvs {
+			n += s.Hub.Subscribers()
+		}
+		if n == len(srvs) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("connect did not subscribe to every agent")
+		}
+	}
+}
+
+// An agent that is not there is that node's error, not a hang.
+func TestConnectAgentMissing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errs lockedBuffer
+	missing := "unix:" + filepath.Join(t.TempDir(), "none.sock")
+	if code := dispatch(ctx, []string{"connect", missing}, &out, &errs); code != 1 || !strings.Contains(errs.String(), missing) {
+		t.Errorf("exit %d, stderr %q: want 1 naming %s", code, errs.String(), missing)
+	}
+	if !strings.Contains(out.String(), "# agent "+missing+": unreachable: dial unix") {
+		t.Errorf("the text stream does not say the node's error: %q", out.String())
+	}
+}
