@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -194,4 +196,117 @@ func checkMerged(t *testing.T, f *trace.File, nodes ...*agentNode) {
 		t.Errorf("summary errors: node-a %q, node-b %q: want only node-b's", sum.Nodes[0].Error, sum.Nodes[1].Error)
 	}
 	t.Logf("%d flows merged; node-b ended with: %s", len(f.Flows), sum.Nodes[1].Error)
+}
+
+// TestAgentsJoinReturnPath: seed 004's return path, built by the lab
+// (return-path-etp-local), traced by two agents as a cluster would: one
+// on node-1, which DNATs the LB IP to a pod on node-2 without SNAT, and
+// one on the outside client's host, whose stack resets the pod's direct
+// answer. `tracer connect` joins the two sides into one flow diagnosed
+// from both ends. Truth is the lab's: the client's connect timed out, its
+// Tcp OutRsts went up, node-1's conntrack entry stayed unreplied; the
+// baseline (an ETP=Cluster LB, SNAT) connected and is one node's flow.
+// Without the join the two sides come out as two flows, each guessing
+// at the other half.
+func TestAgentsJoinReturnPath(t *testing.T) {
+	requireRootHost(t)
+	bin := selfTracer(t)
+	env, err := lab.NewEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, _ := lab.Lookup("return-path-etp-local")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	built, err := sc.Build(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer built.Close()
+	if len(built.Observe) != 2 {
+		t.Fatalf("the scenario observes %d namespaces, want node-1 and the client's", len(built.Observe))
+	}
+	metadata := filepath.Join(t.TempDir(), "metadata.json")
+	if err := os.WriteFile(metadata, built.MetadataJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var agents []*exec.Cmd
+	var addrs []string
+	for _, ns := range built.Observe {
+		name := "outside"
+		if ns.Path() == built.Node.Path() {
+			name = built.NodeName
+		}
+		node := &agentNode{name: name, ns: ns}
+		cmd, addr, _ := startAgent(t, bin, node, "--listen", "127.0.0.1:0", "--metadata", metadata)
+		agents, addrs = append(agents, cmd), append(addrs, addr)
+	}
+	conn := exec.Command(bin, append([]string{"connect", "-o", "json", "--window", "2s"}, addrs...)...)
+	conn.Env = append(os.Environ(), asTracerEnv+"=1")
+	var out bytes.Buffer
+	connErr := &lockedBuffer{}
+	conn.Stdout, conn.Stderr = &out, connErr
+	if err := conn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Process.Kill() })
+	time.Sleep(1500 * time.Millisecond) // connect subscribed
+	exps, err := built.Traffic(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the flows' linger, and the stream
+	for _, a := range agents {
+		a.Process.Signal(syscall.SIGTERM)
+		a.Wait()
+	}
+	if err := conn.Wait(); err != nil {
+		t.Fatalf("tracer connect: %v; stderr: %s", err, connErr.String())
+	}
+	f, err := trace.ReadAll(&out, "connect")
+	if err != nil {
+		t.Fatalf("the merged trace: %v\n%s", err, out.String())
+	}
+	for _, e := range exps {
+		if !e.Reproduced() {
+			t.Fatalf("the lab did not reproduce %s -> %s: saw %q, want %q; unproven %v", e.Src, e.Dst, e.Saw, e.Outcome, e.Unproven)
+		}
+		checkJoined(t, f.Flows, e, built.NodeName)
+	}
+}
+
+// checkJoined: the return-path attempt is one flow from both nodes with
+// the verdict seen from both ends; the baseline one node-1 flow, ok.
+func checkJoined(t *testing.T, flows []*trace.Flow, e lab.Expectation, node1 string) {
+	t.Helper()
+	var got []*trace.Flow
+	for _, f := range flows {
+		if f.Orig.Src == e.Src && f.Orig.Dst == e.Dst {
+			got = append(got, f)
+		}
+	}
+	if len(got) != 1 {
+		t.Errorf("%s -> %s: %d flows in the merged trace, want 1", e.Src, e.Dst, len(got))
+		return
+	}
+	f := got[0]
+	if e.Verdict == trace.VerdictReturnPathMismatch {
+		// The client's host has no conntrack entry of its connection
+		// (nothing there tracks): its flow is the answer it reset, which
+		// came after node-1's DNAT.
+		if strings.Join(f.Nodes, ",") != node1+",outside" || f.Verdict != e.Verdict || !strings.Contains(f.Explanation, "seen from both ends") {
+			t.Errorf("%s -> %s: nodes %v, verdict %s: %s; want joined from %s and outside, seen from both ends", e.Src, e.Dst, f.Nodes, f.Verdict, f.Explanation, node1)
+		}
+		byNode := map[string][]string{}
+		for _, ev := range f.Events {
+			byNode[ev.Node] = append(byNode[ev.Node], ev.Kind)
+		}
+		if !slices.Contains(byNode[node1], trace.KindDNAT) || !slices.Contains(byNode["outside"], trace.KindReset) {
+			t.Errorf("%s -> %s: events by node %v: want node-1's DNAT and the client's reset", e.Src, e.Dst, byNode)
+		}
+		return
+	}
+	if f.Node != node1 || len(f.Nodes) != 0 || f.Verdict != trace.VerdictOK {
+		t.Errorf("baseline %s -> %s: node %q nodes %v verdict %s, want node-1's own ok flow", e.Src, e.Dst, f.Node, f.Nodes, f.Verdict)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -224,10 +225,13 @@ func (m *merge) write(flows []*trace.Flow) error {
 	for _, f := range flows {
 		m.sum.Flows++
 		m.sum.Verdicts[f.Verdict]++
+		nodes := f.Nodes
+		if len(nodes) == 0 {
+			nodes = []string{f.Node}
+		}
 		for _, feed := range m.feeds {
-			if feed.status.Node == f.Node {
+			if slices.Contains(nodes, feed.status.Node) {
 				feed.status.Flows++
-				break
 			}
 		}
 		if m.json != nil {
@@ -236,7 +240,7 @@ func (m *merge) write(flows []*trace.Flow) error {
 			}
 			continue
 		}
-		if _, err := fmt.Fprintf(m.stdout, "%-12s %s\n", f.Node, flowLine(f)); err != nil {
+		if _, err := fmt.Fprintf(m.stdout, "%-12s %s\n", strings.Join(nodes, "+"), flowLine(f)); err != nil {
 			return fmt.Errorf("stdout: %w", err)
 		}
 	}
@@ -269,7 +273,8 @@ func (m *merge) finish() error {
 			fmt.Fprintf(m.stdout, "# node %s: %d flows, %d dropped for this client, %d events lost, %s\n",
 				m.name(f), st.Flows, st.Dropped, st.LostEvents, clock)
 		}
-		fmt.Fprintf(m.stdout, "# %d flows, %d out of order beyond the window\n", m.sum.Flows, m.merger.OutOfOrder)
+		fmt.Fprintf(m.stdout, "# %d flows (%d joined from several nodes' flows of one connection), %d out of order beyond the window\n",
+			m.sum.Flows, m.merger.Joined, m.merger.OutOfOrder)
 	}
 	if len(failed) > 0 {
 		return errors.Join(err, fmt.Errorf("%d of %d agents failed (each said where it happened): %s", len(failed), len(m.feeds), strings.Join(failed, ", ")))

@@ -109,11 +109,20 @@ func (s *Stream) Recv() (Message, error) {
 		}
 		return Message{}, fmt.Errorf("agent %s: %w", s.target, plain(err))
 	}
+	m, err := decodeMessage(&raw)
+	if err != nil {
+		return Message{}, fmt.Errorf("agent %s: %w", s.target, err)
+	}
+	return m, nil
+}
+
+// decodeMessage checks a message as it came off the wire.
+func decodeMessage(raw *FlowsMessage) (Message, error) {
 	m := Message{Time: raw.Time, Dropped: raw.Dropped, LostEvents: raw.LostEvents, Summary: raw.Summary}
 	if len(raw.Flow) > 0 {
 		f, err := trace.ParseFlow(raw.Flow)
 		if err != nil {
-			return Message{}, fmt.Errorf("agent %s: %w", s.target, err)
+			return Message{}, err
 		}
 		m.Flow = f
 	}

@@ -20,6 +20,10 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 		b = append(b, `,"node":`...)
 		b = appendString(b, f.Node)
 	}
+	if len(f.Nodes) > 0 {
+		b = append(b, `,"nodes":`...)
+		b = appendStrings(b, f.Nodes)
+	}
 	b = append(b, `,"time":`...)
 	if b, err = appendTime(b, f.Time); err != nil {
 		return b, err
@@ -108,6 +112,11 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	if e.Type != "" {
 		b = append(b, `"type":`...)
 		b = appendString(b, e.Type)
+		b = append(b, ',')
+	}
+	if e.Node != "" {
+		b = append(b, `"node":`...)
+		b = appendString(b, e.Node)
 		b = append(b, ',')
 	}
 	b = append(b, `"kind":`...)

@@ -207,7 +207,10 @@ func ParseEndpoint(s string) netip.AddrPort {
 // Event is one decision the kernel made, as the capture stage decoded it.
 // Kinds: dnat, snat, ipvs, ipvs-no-dest, reject, reset, drop.
 type Event struct {
-	Type  string    `json:"type,omitempty"` // "event" when streamed alone
+	Type string `json:"type,omitempty"` // "event" when streamed alone
+	// Node is the node that made the decision, in a flow joined from
+	// several nodes' (Flow.Nodes).
+	Node  string    `json:"node,omitempty"`
 	Kind  string    `json:"kind"`
 	Time  time.Time `json:"time"`
 	Hook  string    `json:"hook"`
@@ -265,7 +268,11 @@ type Flow struct {
 	// Node is the node whose agent saw the flow, in a stream merged from
 	// several nodes (tracer connect); a single node's trace leaves it to
 	// the header.
-	Node        string      `json:"node,omitempty"`
+	Node string `json:"node,omitempty"`
+	// Nodes, in a merged trace, are the nodes that saw one connection, in
+	// the order it went through them, when it was seen on more than one:
+	// the flow is then their flows joined, each event naming its node.
+	Nodes       []string    `json:"nodes,omitempty"`
 	Time        time.Time   `json:"time"`
 	Proto       string      `json:"proto"`
 	Orig        Tuple       `json:"orig"`
