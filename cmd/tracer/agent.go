@@ -30,6 +30,7 @@ type agentOptions struct {
 	trace  traceOptions
 	listen string
 	socket string
+	health string
 }
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -38,6 +39,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	o.trace.register(fs)
 	fs.StringVar(&o.listen, "listen", defaultAgentListen, "serve gRPC on TCP `HOST:PORT` (\"\" for none)")
 	fs.StringVar(&o.socket, "socket", "", "also serve gRPC on a unix socket at `PATH`")
+	fs.StringVar(&o.health, "health", "", "serve the gRPC health service alone on `HOST:PORT`, for kubelet's probes (a hostNetwork pod is probed on the node's address, where flows must not be served)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -47,9 +49,13 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// The addresses are taken once the flags are known good and before
 	// anything attaches: a port in use is found with nothing to undo.
 	var lns []net.Listener
-	defer func() { closeAll(lns) }()
+	var probes net.Listener
+	defer func() { closeAll(append(lns, probes)) }()
 	p, flt, err := o.trace.start(ctx, "agent", stderr, func() (err error) {
-		lns, err = o.listeners()
+		if lns, err = o.listeners(); err != nil {
+			return err
+		}
+		probes, err = listenTCP("--health", o.health)
 		return err
 	})
 	if err != nil {
@@ -62,6 +68,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	served := make(chan error, len(lns))
 	for _, l := range lns {
 		go func() { served <- srv.Serve(l) }()
+	}
+	if probes != nil {
+		go func() { served <- srv.ServeProbes(probes) }()
 	}
 	rec, err := agentRecording(o.trace.record, p.Header())
 	if err != nil {
@@ -118,13 +127,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func (o agentOptions) listeners() ([]net.Listener, error) {
 	var lns []net.Listener
 	if o.listen != "" {
-		addr, err := net.ResolveTCPAddr("tcp", o.listen)
+		l, err := listenTCP("--listen", o.listen)
 		if err != nil {
-			return nil, usagef("--listen %q: %v", o.listen, err)
-		}
-		l, err := net.ListenTCP("tcp", addr)
-		if err != nil {
-			return nil, usagef("--listen: %v", err)
+			return nil, err
 		}
 		lns = append(lns, l)
 	}
@@ -137,6 +142,22 @@ func (o agentOptions) listeners() ([]net.Listener, error) {
 		lns = append(lns, l)
 	}
 	return lns, nil
+}
+
+// listenTCP opens addr for flag; nil for "".
+func listenTCP(flag, addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, usagef("%s %q: %v", flag, addr, err)
+	}
+	l, err := net.ListenTCP("tcp", a)
+	if err != nil {
+		return nil, usagef("%s: %v", flag, err)
+	}
+	return l, nil
 }
 
 // listenUnix serves on a unix socket only its owner may use: the flows
@@ -171,7 +192,9 @@ func listenUnix(path string) (net.Listener, error) {
 
 func closeAll(lns []net.Listener) {
 	for _, l := range lns {
-		l.Close()
+		if l != nil {
+			l.Close()
+		}
 	}
 }
 

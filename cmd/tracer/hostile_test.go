@@ -25,6 +25,7 @@ var hostileValues = map[string][]string{
 	"record":     {"/nonexistent-dir/trace.ndjson", "/"},
 	"listen":     {"nohost", "127.0.0.1:99999", ":-1", "\x00", "192.0.2.1:4245"},
 	"socket":     {"/nonexistent-dir/agent.sock", "/", "\x00"},
+	"health":     {"nohost", "127.0.0.1:99999", "192.0.2.1:4246"},
 	"window":     {"", "-1s", "abc"},
 	"buffer":     {"-1", "abc", "2000000", "99999999999999999999"},
 }
@@ -53,7 +54,7 @@ func TestHostileFlagValues(t *testing.T) {
 		"lab":     {"linger", "max-flows", "max-memory", "o", "record"},
 		"explain": {"netns", "kubeconfig", "metadata", "o"},
 		"audit":   {"netns", "kubeconfig", "metadata", "o"},
-		"agent":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "record", "listen", "socket"},
+		"agent":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "record", "listen", "socket", "health"},
 		"connect": {"o", "filter", "duration", "window", "buffer"},
 	}
 	tried := 0

@@ -34,8 +34,12 @@ type Server struct {
 	// Now is the agent's clock (time.Now when nil).
 	Now func() time.Time
 
-	grpc    *grpc.Server
-	health  *health.Server
+	grpc   *grpc.Server
+	health *health.Server
+	// probes serves the health service alone, for kubelet's gRPC probes
+	// on an address that must not serve flows (the node's, with
+	// hostNetwork).
+	probes  *grpc.Server
 	summary atomic.Pointer[trace.Summary]
 }
 
@@ -47,6 +51,8 @@ func (s *Server) Start() {
 	s.health = health.NewServer()
 	s.grpc.RegisterService(&serviceDesc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.probes = grpc.NewServer()
+	healthpb.RegisterHealthServer(s.probes, s.health)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
@@ -55,6 +61,14 @@ func (s *Server) Start() {
 func (s *Server) Serve(l net.Listener) error {
 	if err := s.grpc.Serve(l); err != nil {
 		return fmt.Errorf("serve %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+// ServeProbes answers health checks alone on l until Stop.
+func (s *Server) ServeProbes(l net.Listener) error {
+	if err := s.probes.Serve(l); err != nil {
+		return fmt.Errorf("serve health on %s: %w", l.Addr(), err)
 	}
 	return nil
 }
@@ -70,6 +84,7 @@ func (s *Server) Finish(sum trace.Summary) {
 // Stop waits up to grace for the streams to end, then closes them.
 func (s *Server) Stop(grace time.Duration) {
 	s.health.Shutdown()
+	s.probes.Stop()
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {

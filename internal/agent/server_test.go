@@ -130,6 +130,25 @@ func TestServeHealth(t *testing.T) {
 	}
 	check("", healthpb.HealthCheckResponse_SERVING)
 	check(ServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	// The probe listener answers health and nothing else.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.ServeProbes(l)
+	probe, err := Dial(l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if r, err := healthpb.NewHealthClient(probe.cc).Check(ctx, &healthpb.HealthCheckRequest{Service: ServiceName}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("probe listener: %v %v", r.GetStatus(), err)
+	}
+	if _, err := probe.Header(ctx); status.Code(errors.Unwrap(err)) != codes.Unimplemented {
+		t.Errorf("the probe listener serves the agent's header: %v", err)
+	}
+
 	srv.Finish(trace.Summary{})
 	check(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 }
