@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -28,11 +29,8 @@ type connectOptions struct {
 func runConnect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o connectOptions
 	fs := newFlagSet("connect", stderr)
-	fs.StringVar(&o.output, "o", "text", "output format: text or json (NDJSON, a trace whose flows name their node)")
-	fs.StringVar(&o.filter, "filter", "", "filter `EXPR`, applied in each agent (the language of tracer trace --filter)")
-	fs.DurationVar(&o.window, "window", agent.DefaultWindow, "how long a flow waits for earlier flows of other nodes before it is shown")
-	fs.IntVar(&o.buffer, "buffer", 0, fmt.Sprintf("flows each agent holds for this client while it reads slowly (0: %d, at most %d)", agent.DefaultBuffer, agent.MaxBuffer))
-	fs.DurationVar(&o.duration, "duration", 0, "stop after this long; 0 runs until interrupted or every agent ends")
+	o.registerOutput(fs)
+	o.registerStream(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tracer connect [FLAGS] AGENT...\n\nAGENT: HOST:PORT (tracer agent --listen) or unix:PATH (--socket).")
 		fs.PrintDefaults()
@@ -49,14 +47,40 @@ func runConnect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
 		defer cancel()
 	}
-	m := newMerge(o, agents, stdout, stderr)
-	return m.run(ctx)
+	targets := make([]mergeTarget, len(agents))
+	for i, a := range agents {
+		targets[i] = mergeTarget{addr: a}
+	}
+	return newMerge(o, targets, stdout, stderr).run(ctx)
+}
+
+func (o *connectOptions) registerOutput(fs *flag.FlagSet) {
+	fs.StringVar(&o.output, "o", "text", "output format: text or json (NDJSON, a trace whose flows name their node)")
+}
+
+// registerStream: the flags of following agents' streams.
+func (o *connectOptions) registerStream(fs *flag.FlagSet) {
+	fs.StringVar(&o.filter, "filter", "", "filter `EXPR`, applied in each agent (the language of tracer trace --filter)")
+	fs.DurationVar(&o.window, "window", agent.DefaultWindow, "how long a flow waits for earlier flows of other nodes before it is shown")
+	fs.IntVar(&o.buffer, "buffer", 0, fmt.Sprintf("flows each agent holds for this client while it reads slowly (0: %d, at most %d)", agent.DefaultBuffer, agent.MaxBuffer))
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long; 0 runs until interrupted or every agent ends")
 }
 
 func (o connectOptions) validate(agents []string) error {
 	if len(agents) == 0 {
 		return usagef("no agent given: tracer connect HOST:PORT|unix:PATH ...")
 	}
+	seen := map[string]bool{}
+	for _, a := range agents {
+		if seen[a] {
+			return usagef("agent %s given twice", a)
+		}
+		seen[a] = true
+	}
+	return o.validateFlags()
+}
+
+func (o connectOptions) validateFlags() error {
 	if o.output != "text" && o.output != "json" {
 		return usagef("-o %q: want text or json", o.output)
 	}
@@ -68,13 +92,6 @@ func (o connectOptions) validate(agents []string) error {
 	}
 	if o.buffer < 0 || o.buffer > agent.MaxBuffer {
 		return usagef("--buffer %d: want 0 to %d", o.buffer, agent.MaxBuffer)
-	}
-	seen := map[string]bool{}
-	for _, a := range agents {
-		if seen[a] {
-			return usagef("agent %s given twice", a)
-		}
-		seen[a] = true
 	}
 	return nil
 }

@@ -30,11 +30,22 @@ type merge struct {
 
 // agentFeed is one agent's stream as the merge sees it.
 type agentFeed struct {
+	target   mergeTarget
 	status   trace.NodeStatus
 	skew     agent.Skew
 	warned   bool
 	ended    bool
 	messages int
+}
+
+// mergeTarget is an agent to follow: where to dial it, what to call it
+// (status.Agent), and an error that already ended it (its port-forward
+// could not be opened).
+type mergeTarget struct {
+	addr string
+	name string
+	node string // known before its header: the node its pod runs on
+	err  error
 }
 
 // feedMsg is what a follower hands the merge: the agent's header, a
@@ -48,10 +59,14 @@ type feedMsg struct {
 	err    error
 }
 
-func newMerge(o connectOptions, targets []string, stdout, stderr io.Writer) *merge {
+func newMerge(o connectOptions, targets []mergeTarget, stdout, stderr io.Writer) *merge {
 	m := &merge{o: o, merger: agent.Merger{Window: o.window}, stdout: stdout, stderr: stderr}
 	for _, t := range targets {
-		m.feeds = append(m.feeds, &agentFeed{status: trace.NodeStatus{Agent: t}})
+		name := t.name
+		if name == "" {
+			name = t.addr
+		}
+		m.feeds = append(m.feeds, &agentFeed{target: t, status: trace.NodeStatus{Agent: name, Node: t.node}})
 	}
 	m.sum = trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
 	return m
@@ -103,7 +118,12 @@ func (m *merge) follow(ctx context.Context, i int, ch chan<- feedMsg) {
 			send(feedMsg{end: true, err: err})
 		}
 	}
-	c, err := agent.Dial(m.feeds[i].status.Agent)
+	t := m.feeds[i].target
+	if t.err != nil {
+		end(t.err)
+		return
+	}
+	c, err := agent.Dial(t.addr)
 	if err != nil {
 		end(err)
 		return
@@ -144,7 +164,10 @@ func (m *merge) take(fm feedMsg) bool {
 	st := &f.status
 	switch {
 	case fm.header != nil:
-		st.Node, st.Kernel, st.Warnings = fm.header.Node, fm.header.Kernel, fm.header.Warnings
+		if fm.header.Node != "" {
+			st.Node = fm.header.Node
+		}
+		st.Kernel, st.Warnings = fm.header.Kernel, fm.header.Warnings
 		for _, w := range st.Warnings {
 			fmt.Fprintf(m.stderr, "tracer: node %s: warning: %s\n", m.name(f), w)
 		}
@@ -209,7 +232,7 @@ func (m *merge) name(f *agentFeed) string {
 
 func (m *merge) start() error {
 	if m.o.output != "json" {
-		fmt.Fprintf(m.stdout, "# tracer connect: %d agents, flows ordered within %s\n", len(m.feeds), m.merger.Window)
+		fmt.Fprintf(m.stdout, "# %d agents, flows ordered within %s\n", len(m.feeds), m.merger.Window)
 		return nil
 	}
 	h := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Started: time.Now(), Command: "connect", Filter: m.o.filter, Hooks: []trace.Hook{}}

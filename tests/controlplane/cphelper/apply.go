@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -76,6 +77,9 @@ func apply(ctx context.Context, cs kubernetes.Interface, obj runtime.Object) err
 		return createOrUpdate(ctx, o, api.Create, api.Update, c, u)
 	case *rbacv1.RoleBinding:
 		api := cs.RbacV1().RoleBindings(o.Namespace)
+		return createOrUpdate(ctx, o, api.Create, api.Update, c, u)
+	case *appsv1.DaemonSet:
+		api := cs.AppsV1().DaemonSets(o.Namespace)
 		return createOrUpdate(ctx, o, api.Create, api.Update, c, u)
 	default:
 		return fmt.Errorf("unsupported kind %T", obj)

@@ -40,6 +40,10 @@ import (
 const (
 	TracerUser   = "system:serviceaccount:tracer:tracer"
 	tracerGroups = "system:serviceaccounts,system:serviceaccounts:tracer"
+	// OnCallUser is a person in the group deploy/user-rbac.yaml binds
+	// (tracer-users); PlainUser is a person with no grant at all.
+	OnCallUser = "oncall"
+	PlainUser  = "plain"
 )
 
 // ServiceCIDR is the cluster's Service IP range unless Options.ServiceCIDR
@@ -84,6 +88,7 @@ type ControlPlane struct {
 
 	etcdPort, peerPort, apiPort int
 	adminToken, tracerToken     string
+	onCallToken, plainToken     string
 	// advertise is the address the API server puts in the "kubernetes"
 	// Service's endpoints; it may not be loopback. Nothing connects to it.
 	advertise string
@@ -126,8 +131,9 @@ func StartWith(tb testing.TB, opts Options) *ControlPlane {
 		tb.Fatalf("control plane keys: %v", err)
 	}
 	cp.adminToken, cp.tracerToken = randomToken(), randomToken()
-	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,tracer-uid,\"%s\"\n",
-		cp.adminToken, cp.tracerToken, TracerUser, tracerGroups)
+	cp.onCallToken, cp.plainToken = randomToken(), randomToken()
+	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,tracer-uid,\"%s\"\n%s,%s,oncall-uid,\"tracer-users\"\n%s,%s,plain-uid\n",
+		cp.adminToken, cp.tracerToken, TracerUser, tracerGroups, cp.onCallToken, OnCallUser, cp.plainToken, PlainUser)
 	cp.tokensFile = filepath.Join(cp.dir, "tokens.csv")
 	if err := os.WriteFile(cp.tokensFile, []byte(tokens), 0o600); err != nil {
 		tb.Fatalf("write token file: %v", err)
@@ -160,6 +166,7 @@ func (cp *ControlPlane) AddAPIServer() *ControlPlane {
 		tb: cp.tb, dir: cp.tb.TempDir(), bins: cp.bins, pki: cp.pki, opts: cp.opts,
 		etcdPort: cp.etcdPort, peerPort: cp.peerPort, apiPort: ports[0],
 		adminToken: cp.adminToken, tracerToken: cp.tracerToken,
+		onCallToken: cp.onCallToken, plainToken: cp.plainToken,
 		advertise: "192.0.2.2", replica: true,
 		tokensFile: cp.tokensFile,
 	}
@@ -185,6 +192,12 @@ func (cp *ControlPlane) AdminToken() string { return cp.adminToken }
 
 // TracerToken authenticates as system:serviceaccount:tracer:tracer.
 func (cp *ControlPlane) TracerToken() string { return cp.tracerToken }
+
+// OnCallToken authenticates as OnCallUser, in group tracer-users.
+func (cp *ControlPlane) OnCallToken() string { return cp.onCallToken }
+
+// PlainToken authenticates as PlainUser, granted nothing.
+func (cp *ControlPlane) PlainToken() string { return cp.plainToken }
 
 // AdminConfig is a client configuration with cluster-admin rights. Raise
 // its QPS and Burst for bulk work.
