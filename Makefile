@@ -9,7 +9,7 @@ PKGS      := ./...
 # planes cost one to four minutes each.
 PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/netns ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
 
-.PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench soak clean check-generated
+.PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench soak clean check-generated image
 
 # Debian packages the build, the tests and the demo need (idempotent).
 DEB_PKGS := clang llvm libbpf-dev bpftool iptables ipset ipvsadm conntrack \
@@ -28,6 +28,12 @@ deps:
 
 build:
 	$(GO) build -o $(BIN) ./cmd/tracer
+
+# The container image, without a container daemon (tools/image): the
+# tracer and this machine's Debian iptables, ipset and nft, as a tarball
+# for `docker load`, `podman load` or `ctr images import`.
+image: build
+	$(GO) run -C tools/image . -binary $(CURDIR)/$(BIN) -out $(CURDIR)/bin/tracer-image.tar
 
 # Regenerate the bpf2go output (needs clang); the output is committed.
 generate:

@@ -32,7 +32,12 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
-func main() { os.Exit(runMain(asKubectlPlugin(os.Args[1:]))) }
+func main() {
+	if name, ok := asIPTablesSave(); ok {
+		os.Exit(runIPTablesWrapper(name, os.Args[1:]))
+	}
+	os.Exit(runMain(asKubectlPlugin(os.Args[1:])))
+}
 
 // runMain is the process: SIGINT and SIGTERM cancel the command, which
 // detaches and completes its files before the exit code is returned.
