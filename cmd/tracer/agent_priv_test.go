@@ -95,6 +95,23 @@ func startAgent(t *testing.T, bin string, n *agentNode, args ...string) (*exec.C
 	return cmd, m[1], stderr
 }
 
+// startConnect runs `tracer connect -o json ARGS` and gives it the time
+// to open its streams: each agent counts a subscriber once connect opened
+// its stream, a heartbeat's worth.
+func startConnect(t *testing.T, bin string, args ...string) (*exec.Cmd, *bytes.Buffer, *lockedBuffer) {
+	t.Helper()
+	conn := exec.Command(bin, append([]string{"connect", "-o", "json"}, args...)...)
+	conn.Env = append(os.Environ(), asTracerEnv+"=1")
+	out, connErr := &bytes.Buffer{}, &lockedBuffer{}
+	conn.Stdout, conn.Stderr = out, connErr
+	if err := conn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Process.Kill() })
+	time.Sleep(1500 * time.Millisecond)
+	return conn, out, connErr
+}
+
 // TestAgentsMerged: two agents, one on a unix socket and one on TCP, each
 // observing its own node namespace, and `tracer connect -o json` merging
 // them. Truth: the connections the client completed on each node (their
@@ -115,18 +132,7 @@ func TestAgentsMerged(t *testing.T) {
 		t.Fatalf("the agent's socket: %v, mode %v, want 0600", err, st.Mode())
 	}
 
-	conn := exec.Command(bin, "connect", "-o", "json", "--window", "1s", "unix:"+sock, addrB)
-	conn.Env = append(os.Environ(), asTracerEnv+"=1")
-	var out bytes.Buffer
-	connErr := &lockedBuffer{}
-	conn.Stdout, conn.Stderr = &out, connErr
-	if err := conn.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Process.Kill() })
-	// Each agent counts its stream's subscriber once connect opened it:
-	// wait for a heartbeat's worth before the traffic.
-	time.Sleep(1500 * time.Millisecond)
+	conn, out, connErr := startConnect(t, bin, "--window", "1s", "unix:"+sock, addrB)
 
 	a.connect(t, 20)
 	b.connect(t, 20)
@@ -152,7 +158,7 @@ func TestAgentsMerged(t *testing.T) {
 	if !strings.Contains(connErr.String(), "node node-b: agent 127.0.0.1:") {
 		t.Errorf("connect's stderr does not name node-b's failure: %s", connErr.String())
 	}
-	f, err := trace.ReadAll(&out, "connect")
+	f, err := trace.ReadAll(out, "connect")
 	if err != nil {
 		t.Fatalf("the merged trace: %v\n%s", err, out.String())
 	}
@@ -241,16 +247,7 @@ func TestAgentsJoinReturnPath(t *testing.T) {
 		cmd, addr, _ := startAgent(t, bin, node, "--listen", "127.0.0.1:0", "--metadata", metadata)
 		agents, addrs = append(agents, cmd), append(addrs, addr)
 	}
-	conn := exec.Command(bin, append([]string{"connect", "-o", "json", "--window", "2s"}, addrs...)...)
-	conn.Env = append(os.Environ(), asTracerEnv+"=1")
-	var out bytes.Buffer
-	connErr := &lockedBuffer{}
-	conn.Stdout, conn.Stderr = &out, connErr
-	if err := conn.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Process.Kill() })
-	time.Sleep(1500 * time.Millisecond) // connect subscribed
+	conn, out, connErr := startConnect(t, bin, append([]string{"--window", "2s"}, addrs...)...)
 	exps, err := built.Traffic(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +260,7 @@ func TestAgentsJoinReturnPath(t *testing.T) {
 	if err := conn.Wait(); err != nil {
 		t.Fatalf("tracer connect: %v; stderr: %s", err, connErr.String())
 	}
-	f, err := trace.ReadAll(&out, "connect")
+	f, err := trace.ReadAll(out, "connect")
 	if err != nil {
 		t.Fatalf("the merged trace: %v\n%s", err, out.String())
 	}

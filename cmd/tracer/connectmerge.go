@@ -142,6 +142,7 @@ func (m *merge) follow(ctx context.Context, i int, ch chan<- feedMsg) {
 		end(err)
 		return
 	}
+	defer s.Close()
 	for {
 		msg, err := s.Recv()
 		if err == io.EOF {

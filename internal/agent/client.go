@@ -23,7 +23,17 @@ const maxHeaderBytes = 256 << 20
 // Client is a connection to one agent.
 type Client struct {
 	Target string
-	cc     *grpc.ClientConn
+	// Silence bounds a header call, and a stream's time without a
+	// message (DefaultSilence when 0).
+	Silence time.Duration
+	cc      *grpc.ClientConn
+}
+
+func (c *Client) silence() time.Duration {
+	if c.Silence > 0 {
+		return c.Silence
+	}
+	return DefaultSilence
 }
 
 // Dial prepares a connection to the agent at target: HOST:PORT, or
@@ -57,8 +67,10 @@ var inJSON = grpc.CallContentSubtype(codecName)
 // Close closes the connection.
 func (c *Client) Close() error { return c.cc.Close() }
 
-// Header asks the agent for its trace header.
+// Header asks the agent for its trace header, waiting Silence at most.
 func (c *Client) Header(ctx context.Context) (trace.Header, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.silence())
+	defer cancel()
 	var h trace.Header
 	if err := c.cc.Invoke(ctx, headerMethod, &HeaderRequest{}, &h, inJSON); err != nil {
 		return h, fmt.Errorf("agent %s: %w", c.Target, plain(err))
@@ -78,14 +90,46 @@ type Message struct {
 	Summary    *trace.Summary // set in the last message
 }
 
+// DefaultSilence is how long a stream may go without a message before it
+// is taken for broken: the agent sends one at least every
+// DefaultHeartbeat, and a way to it that died (a port-forward whose far
+// end went away) can leave the connection open with nothing coming.
+const DefaultSilence = 10 * DefaultHeartbeat
+
+// errSilent ends a stream that went quiet for its client's Silence.
+var errSilent = fmt.Errorf("the agent, or the way to it, is gone: no message came for longer than %d heartbeats", DefaultSilence/DefaultHeartbeat)
+
 // Stream is a client's stream of flows from one agent.
 type Stream struct {
-	target string
-	s      grpc.ClientStream
+	target   string
+	s        grpc.ClientStream
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	silence  time.Duration
+	watchdog *time.Timer
 }
 
-// Flows opens a stream of the agent's flows; ctx ends it.
+// Flows opens a stream of the agent's flows; ctx ends it, and so does
+// Silence without a message.
 func (c *Client) Flows(ctx context.Context, req FlowsRequest) (*Stream, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	st, err := c.openFlows(ctx, req)
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	st.ctx, st.cancel, st.silence = ctx, cancel, c.silence()
+	st.watchdog = time.AfterFunc(st.silence, func() { cancel(errSilent) })
+	return st, nil
+}
+
+// Close ends the stream.
+func (s *Stream) Close() {
+	s.watchdog.Stop()
+	s.cancel(nil)
+}
+
+func (c *Client) openFlows(ctx context.Context, req FlowsRequest) (*Stream, error) {
 	s, err := c.cc.NewStream(ctx, &serviceDesc.Streams[0], flowsMethod, inJSON)
 	if err == nil {
 		err = s.SendMsg(&req)
@@ -107,8 +151,12 @@ func (s *Stream) Recv() (Message, error) {
 		if err == io.EOF {
 			return Message{}, io.EOF
 		}
+		if cause := context.Cause(s.ctx); errors.Is(cause, errSilent) {
+			err = cause
+		}
 		return Message{}, fmt.Errorf("agent %s: %w", s.target, plain(err))
 	}
+	s.watchdog.Reset(s.silence)
 	m, err := decodeMessage(&raw)
 	if err != nil {
 		return Message{}, fmt.Errorf("agent %s: %w", s.target, err)

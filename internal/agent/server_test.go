@@ -179,3 +179,20 @@ func readAll(t *testing.T, s *Stream) (flows []*trace.Flow, last Message) {
 		last = m
 	}
 }
+
+// A stream that goes quiet (an agent whose heartbeats stopped, a
+// port-forward whose far end died) ends with that said, not a hang.
+func TestStreamEndsWhenSilent(t *testing.T) {
+	c := serve(t, &Server{Hub: NewHub(), Heartbeat: time.Hour})
+	c.Silence = 300 * time.Millisecond
+	s, err := c.Flows(context.Background(), FlowsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	start := time.Now()
+	_, err = s.Recv()
+	if err == nil || !strings.Contains(err.Error(), "the agent, or the way to it, is gone") || time.Since(start) > 5*time.Second {
+		t.Errorf("after %s: %v, want the silence said", time.Since(start), err)
+	}
+}

@@ -146,6 +146,24 @@ func (l *layerBuilder) file(p, src string) error {
 	return err
 }
 
+// object adds the executable or library src at p, and the shared
+// libraries it loads at their own paths.
+func (l *layerBuilder) object(p, src string) error {
+	if err := l.file(p, src); err != nil {
+		return err
+	}
+	libs, err := sharedLibraries(src)
+	if err != nil {
+		return err
+	}
+	for _, lib := range libs {
+		if err := l.file(lib, lib); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (l *layerBuilder) link(p, target string) error {
 	if err := l.dirs(p); err != nil {
 		return err
@@ -178,17 +196,8 @@ func toolsLayer() (v1.Layer, error) {
 		}
 	}
 	for _, obj := range objects {
-		if err := l.file(obj, obj); err != nil {
+		if err := l.object(obj, obj); err != nil {
 			return nil, err
-		}
-		libs, err := sharedLibraries(obj)
-		if err != nil {
-			return nil, err
-		}
-		for _, lib := range libs {
-			if err := l.file(lib, lib); err != nil {
-				return nil, err
-			}
 		}
 	}
 	for _, f := range hostFiles {
@@ -212,17 +221,8 @@ func toolsLayer() (v1.Layer, error) {
 // glibc), and its kubectl plugin name.
 func tracerLayer(binary string) (v1.Layer, error) {
 	l := newLayer()
-	if err := l.file(tracerPath, binary); err != nil {
+	if err := l.object(tracerPath, binary); err != nil {
 		return nil, err
-	}
-	libs, err := sharedLibraries(binary)
-	if err != nil {
-		return nil, err
-	}
-	for _, lib := range libs {
-		if err := l.file(lib, lib); err != nil {
-			return nil, err
-		}
 	}
 	if err := l.link("/usr/local/bin/kubectl-tracer", links["/usr/local/bin/kubectl-tracer"]); err != nil {
 		return nil, err

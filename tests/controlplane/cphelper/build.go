@@ -29,6 +29,11 @@ type Binaries struct {
 	Etcd      string
 	APIServer string
 	KubeProxy string
+	// Kwok plays the kubelets of fake nodes (the cluster-mode test);
+	// KwokStages is the node and pod lifecycle it is given, the one kwok
+	// ships (printed by cmd/kwok-stages at build time).
+	Kwok       string
+	KwokStages string
 }
 
 var (
@@ -66,9 +71,11 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 		return Binaries{}, err
 	}
 	bins := Binaries{
-		Etcd:      filepath.Join(cache, "etcd"),
-		APIServer: filepath.Join(cache, "kube-apiserver"),
-		KubeProxy: filepath.Join(cache, "kube-proxy"),
+		Etcd:       filepath.Join(cache, "etcd"),
+		APIServer:  filepath.Join(cache, "kube-apiserver"),
+		KubeProxy:  filepath.Join(cache, "kube-proxy"),
+		Kwok:       filepath.Join(cache, "kwok"),
+		KwokStages: filepath.Join(cache, "kwok-stages.yaml"),
 	}
 
 	kube, err := kubeVersion(mod)
@@ -90,7 +97,7 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 	defer unlock()
 
 	stampFile := filepath.Join(cache, "stamp")
-	if old, err := os.ReadFile(stampFile); err == nil && string(old) == stamp && exists(bins.Etcd) && exists(bins.APIServer) && exists(bins.KubeProxy) {
+	if old, err := os.ReadFile(stampFile); err == nil && string(old) == stamp && exists(bins.Etcd) && exists(bins.APIServer) && exists(bins.KubeProxy) && exists(bins.Kwok) && exists(bins.KwokStages) {
 		return bins, nil
 	}
 	if os.Getenv("TRACER_VM") != "" {
@@ -114,6 +121,8 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 		// After kube-apiserver it reuses most of its compiled packages:
 		// about 11 s more on a cold cache (185 s alone).
 		{"./cmd/kube-proxy", bins.KubeProxy},
+		{"./cmd/kwok", bins.Kwok},
+		{"./cmd/kwok-stages", bins.KwokStages + ".bin"},
 	} {
 		start := time.Now()
 		logf("cphelper: building %s into %s (kube-apiserver takes minutes cold)", b.pkg, cache)
@@ -127,6 +136,13 @@ func ensureBinaries(logf func(format string, args ...any)) (Binaries, error) {
 			return Binaries{}, fmt.Errorf("install %s: %w", b.out, err)
 		}
 		logf("cphelper: built %s in %s", b.pkg, time.Since(start).Round(time.Second))
+	}
+	stages, err := exec.Command(bins.KwokStages + ".bin").Output()
+	if err != nil {
+		return Binaries{}, fmt.Errorf("print kwok's stages: %w", err)
+	}
+	if err := os.WriteFile(bins.KwokStages, stages, 0o644); err != nil {
+		return Binaries{}, fmt.Errorf("write kwok's stages: %w", err)
 	}
 	if err := os.WriteFile(stampFile, []byte(stamp), 0o644); err != nil {
 		return Binaries{}, fmt.Errorf("write build stamp: %w", err)

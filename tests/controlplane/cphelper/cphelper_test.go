@@ -106,6 +106,7 @@ func TestEnsureBinaries(t *testing.T) {
 		{bins.APIServer, "Kubernetes " + kube.full},
 		{bins.Etcd, "etcd Version: 3.7.0"},
 		{bins.KubeProxy, "Kubernetes " + kube.full},
+		{bins.Kwok, "kwok version v0.8.0"},
 	} {
 		out, err := exec.Command(b.bin, "--version").CombinedOutput()
 		if err != nil {
