@@ -51,11 +51,11 @@ func runConnect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for i, a := range agents {
 		targets[i] = mergeTarget{addr: a}
 	}
-	return newMerge(o, targets, stdout, stderr).run(ctx)
+	return newMerge(o, targets, stdout, stderr).run(ctx, "connect")
 }
 
 func (o *connectOptions) registerOutput(fs *flag.FlagSet) {
-	fs.StringVar(&o.output, "o", "text", "output format: text or json (NDJSON, a trace whose flows name their node)")
+	fs.StringVar(&o.output, "o", "text", "output: text, json (NDJSON, a trace whose flows name their node) or ui (the live terminal UI, with a node column)")
 }
 
 // registerStream: the flags of following agents' streams.
@@ -81,8 +81,14 @@ func (o connectOptions) validate(agents []string) error {
 }
 
 func (o connectOptions) validateFlags() error {
-	if o.output != "text" && o.output != "json" {
-		return usagef("-o %q: want text or json", o.output)
+	switch o.output {
+	case "text", "json":
+	case "ui":
+		if err := requireTerminal(); err != nil {
+			return err
+		}
+	default:
+		return usagef("-o %q: want text, json or ui", o.output)
 	}
 	if _, err := filter.Parse(o.filter); err != nil {
 		return usagef("--filter: %v", err)

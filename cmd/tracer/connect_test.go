@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -116,5 +117,32 @@ func TestConnectAgentMissing(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "# agent "+missing+": unreachable: dial unix") {
 		t.Errorf("the text stream does not say the node's error: %q", out.String())
+	}
+}
+
+// In the UI the merged flows go to its store, and the title says each
+// node's health: a dropped count, a failed stream as an alert.
+func TestConnectUIStatus(t *testing.T) {
+	var out, errs lockedBuffer
+	m := newMerge(connectOptions{output: "ui"}, []mergeTarget{{addr: "a:1"}, {addr: "b:1"}}, &out, &errs)
+	m.store = trace.NewStore()
+	m.take(feedMsg{i: 0, header: &trace.Header{Node: "node-a"}})
+	m.take(feedMsg{i: 1, header: &trace.Header{Node: "node-b"}})
+	f := connectFlow("10.0.0.1:1", time.Now())
+	f.Node = "node-a"
+	m.take(feedMsg{i: 0, msg: agent.Message{Flow: f, Time: time.Now(), Dropped: 3, LostEvents: 2}, at: time.Now()})
+	m.take(feedMsg{i: 1, end: true, err: errors.New("agent b:1: unreachable")})
+	if err := m.write(m.merger.Drain(nil)); err != nil {
+		t.Fatal(err)
+	}
+	line, alert := m.statusLine()
+	if line != "node-a ok, 3 dropped · node-b: agent b:1: unreachable" || !alert {
+		t.Errorf("status %q alert %v", line, alert)
+	}
+	if m.store.Len() != 1 || m.stats().LostEvents != 2 {
+		t.Errorf("store %d flows, lost %d", m.store.Len(), m.stats().LostEvents)
+	}
+	if out.String() != "" || errs.String() != "" {
+		t.Errorf("the UI's merge wrote to the terminal: %q %q", out.String(), errs.String())
 	}
 }

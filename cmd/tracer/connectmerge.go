@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/agent"
@@ -25,7 +26,11 @@ type merge struct {
 	stdout io.Writer
 	stderr io.Writer
 	json   *trace.Writer
-	sum    trace.Summary
+	// store is the UI's (-o ui); mu guards the nodes' status, which the
+	// UI reads while the merge runs.
+	store *trace.Store
+	mu    sync.Mutex
+	sum   trace.Summary
 }
 
 // agentFeed is one agent's stream as the merge sees it.
@@ -72,15 +77,25 @@ func newMerge(o connectOptions, targets []mergeTarget, stdout, stderr io.Writer)
 	return m
 }
 
-func (m *merge) run(ctx context.Context) error {
+// run follows the agents into the output -o asks for.
+func (m *merge) run(ctx context.Context, title string) error {
+	if m.o.output == "ui" {
+		return m.runUI(ctx, title)
+	}
 	if err := m.start(); err != nil {
 		return err
 	}
+	return m.follow(ctx)
+}
+
+// follow reads every agent until all their streams end or ctx does, and
+// writes the flows in order.
+func (m *merge) follow(ctx context.Context) error {
 	follow, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch := make(chan feedMsg, 1024)
 	for i := range m.feeds {
-		go m.follow(follow, i, ch)
+		go m.followOne(follow, i, ch)
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -102,8 +117,8 @@ func (m *merge) run(ctx context.Context) error {
 	return errors.Join(writeErr, m.finish())
 }
 
-// follow reads one agent until its stream ends or ctx does.
-func (m *merge) follow(ctx context.Context, i int, ch chan<- feedMsg) {
+// followOne reads one agent until its stream ends or ctx does.
+func (m *merge) followOne(ctx context.Context, i int, ch chan<- feedMsg) {
 	send := func(fm feedMsg) bool {
 		fm.i = i
 		select {
@@ -161,6 +176,8 @@ func (m *merge) follow(ctx context.Context, i int, ch chan<- feedMsg) {
 
 // take applies one follower's report; it says whether that stream ended.
 func (m *merge) take(fm feedMsg) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	f := m.feeds[fm.i]
 	st := &f.status
 	switch {
@@ -170,18 +187,22 @@ func (m *merge) take(fm feedMsg) bool {
 		}
 		st.Kernel, st.Warnings = fm.header.Kernel, fm.header.Warnings
 		for _, w := range st.Warnings {
-			fmt.Fprintf(m.stderr, "tracer: node %s: warning: %s\n", m.name(f), w)
+			if m.store == nil {
+				fmt.Fprintf(m.stderr, "tracer: node %s: warning: %s\n", m.name(f), w)
+			}
 		}
 		return false
 	case fm.end:
 		f.ended = true
 		if fm.err != nil {
 			st.Error = fm.err.Error()
-			// Said once: in the text stream where it happened, else
-			// beside the JSON on stderr.
-			if m.json == nil {
+			// Said once: in the text stream where it happened, beside
+			// the JSON on stderr, in the UI's title.
+			switch {
+			case m.store != nil:
+			case m.json == nil:
 				fmt.Fprintf(m.stdout, "# %s%v\n", m.nodePrefix(f), fm.err)
-			} else {
+			default:
 				fmt.Fprintf(m.stderr, "tracer: %s%v\n", m.nodePrefix(f), fm.err)
 			}
 		}
@@ -253,10 +274,10 @@ func (m *merge) write(flows []*trace.Flow) error {
 		if len(nodes) == 0 {
 			nodes = []string{f.Node}
 		}
-		for _, feed := range m.feeds {
-			if slices.Contains(nodes, feed.status.Node) {
-				feed.status.Flows++
-			}
+		m.countFlow(nodes)
+		if m.store != nil {
+			m.store.Append(f)
+			continue
 		}
 		if m.json != nil {
 			if err := m.json.WriteFlow(f); err != nil {
@@ -271,9 +292,21 @@ func (m *merge) write(flows []*trace.Flow) error {
 	return nil
 }
 
+func (m *merge) countFlow(nodes []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, feed := range m.feeds {
+		if slices.Contains(nodes, feed.status.Node) {
+			feed.status.Flows++
+		}
+	}
+}
+
 // finish writes the summary: every node's part, and the flows that came
 // out of order. A stream that ended in an error is the command's error.
 func (m *merge) finish() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var failed []string
 	for _, f := range m.feeds {
 		m.sum.Nodes = append(m.sum.Nodes, f.status)
@@ -284,10 +317,12 @@ func (m *merge) finish() error {
 	}
 	m.sum.Ended = time.Now()
 	var err error
-	if m.json != nil {
+	switch {
+	case m.store != nil: // the UI's title said it all along
+	case m.json != nil:
 		m.json.SetLoss(m.sum)
 		err = m.json.Close()
-	} else {
+	default:
 		for _, f := range m.feeds {
 			st := f.status
 			clock := "no message came"

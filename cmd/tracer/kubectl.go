@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/term"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,6 +60,10 @@ func runKubectl(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var o kubectlOptions
 	fs := newFlagSet("kubectl "+sub, stderr)
 	o.connect.registerOutput(fs)
+	if term.IsTerminal(int(os.Stdout.Fd())) && term.IsTerminal(int(os.Stdin.Fd())) && sub == "trace" {
+		// On a terminal kubectl tracer is the UI, as tracer is.
+		fs.Lookup("o").DefValue, o.connect.output = "ui", "ui"
+	}
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `PATH` (default: $KUBECONFIG, ~/.kube/config)")
 	fs.StringVar(&o.context, "context", "", "kubeconfig context (default: the current one)")
 	fs.StringVar(&o.namespace, "namespace", "tracer", "the agents' namespace (deploy/agent.yaml's)")
@@ -93,7 +98,7 @@ func runKubectl(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		ctx, cancel = context.WithTimeout(ctx, o.connect.duration)
 		defer cancel()
 	}
-	return newMerge(o.connect, targets, stdout, stderr).run(ctx)
+	return newMerge(o.connect, targets, stdout, stderr).run(ctx, "kubectl tracer")
 }
 
 func (o kubectlOptions) validate(sub string) error {

@@ -455,6 +455,8 @@ func (s *Store) copyFlow(dst, f *Flow) {
 	a := &s.flowArena
 	*dst = Flow{
 		Type:        TypeFlow,
+		Node:        s.str(f.Node, a),
+		Nodes:       s.strSlice(f.Nodes, a),
 		Time:        f.Time,
 		Proto:       s.str(f.Proto, a),
 		Orig:        Tuple{Src: s.addr(f.Orig.Src, a), Dst: s.addr(f.Orig.Dst, a)},
@@ -563,6 +565,7 @@ func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
 	a := &s.flowArena
 	*dst = *e
 	dst.Type = ""
+	dst.Node = s.str(e.Node, a)
 	dst.Kind = s.str(e.Kind, a)
 	dst.Hook = s.str(e.Hook, a)
 	dst.Via = s.str(e.Via, a)

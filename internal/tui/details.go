@@ -55,6 +55,9 @@ func chainLines(f *trace.Flow) []string {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].Time.Before(events[j].Time) })
 	for i, e := range events {
 		line := fmt.Sprintf("  %d. %s %s  hook %s via %s", i+1, e.Time.UTC().Format("15:04:05.000000"), e.Kind, e.Hook, e.Via)
+		if e.Node != "" {
+			line = fmt.Sprintf("  %d. %s %s  on node %s, hook %s via %s", i+1, e.Time.UTC().Format("15:04:05.000000"), e.Kind, e.Node, e.Hook, e.Via)
+		}
 		if e.NFHook != "" {
 			line += " at " + e.NFHook
 		}

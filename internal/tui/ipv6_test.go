@@ -49,7 +49,7 @@ func TestLayoutGrowsForLongFlows(t *testing.T) {
 		{160, 0, 57, 56}, {160, 50, 57, 56}, {160, 74, 74, 39}, {160, 200, 83, 30},
 		{100, 46, 46, 18}, {100, 80, 52, 12}, {80, 46, 33, 11},
 	} {
-		l := layoutFor(c.width, c.need)
+		l := layoutFor(c.width, c.need, 0)
 		if l.flow != c.flow || l.pods != c.pods {
 			t.Errorf("width %d, flow text %d: flow %d pods %d, want %d and %d", c.width, c.need, l.flow, l.pods, c.flow, c.pods)
 		}

@@ -36,6 +36,9 @@ type Source struct {
 	// LostEvents is the lost-event count when Stats is nil (a replay's
 	// summary).
 	LostEvents uint64
+	// Nodes says the flows come from several nodes (tracer connect,
+	// kubectl tracer): the table shows which node saw each.
+	Nodes bool
 	// Status, when not nil, is polled for a line the title shows next to
 	// "tracer" (the lab's checks so far); alert shows it as a warning.
 	Status func() (text string, alert bool)

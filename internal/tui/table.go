@@ -13,6 +13,7 @@ import (
 type layout struct {
 	wide                 bool // room for milliseconds, full verdicts, sources
 	time, verdict, flow  int
+	node                 int // 0: one node's flows, no node column
 	pods                 int
 	timeFormat           string
 	flowTitle, podsTitle string
@@ -30,16 +31,31 @@ const (
 	minPodsNarrow = 12
 )
 
+// The node column, in flows merged from several nodes, shows at most
+// this many cells of the node's name.
+const (
+	maxNodeWide   = 20
+	maxNodeNarrow = 10
+)
+
 // layoutFor lays the columns out for a terminal width. flowNeed is the
 // widest flow text on screen: IPv6 tuples are much longer than IPv4 ones,
 // so the flow column grows past its usual width to show them whole, as
-// far as the pods column keeps minPods cells.
-func layoutFor(width, flowNeed int) layout {
+// far as the pods column keeps minPods cells. nodeNeed is the widest node
+// name on screen, 0 for one node's flows (no node column).
+func layoutFor(width, flowNeed, nodeNeed int) layout {
 	l := layout{time: 8, verdict: 15, timeFormat: "15:04:05", flowTitle: "dst ⇒ went to", podsTitle: "service / pods"}
 	if width >= wideFrom {
 		l = layout{wide: true, time: 12, verdict: 22, timeFormat: "15:04:05.000", flowTitle: "orig src → dst ⇒ went to (reply src)", podsTitle: "service / pods / rule owner"}
 	}
 	rest := width - markerWidth - l.time - protoWidth - l.verdict - 4 // 4 gaps
+	if nodeNeed > 0 {
+		l.node = min(max(nodeNeed, len("node")), maxNodeNarrow)
+		if l.wide {
+			l.node = min(max(nodeNeed, len("node")), maxNodeWide)
+		}
+		rest -= l.node + 1
+	}
 	l.flow = min(max(rest*11/20, 10), 57)
 	minPods := minPodsWide
 	if !l.wide {
@@ -57,15 +73,18 @@ func (m *Model) tableLines() []string {
 	wide := m.width >= wideFrom
 	var flows []*trace.Flow
 	var texts []string
-	need := 0
+	need, nodeNeed := 0, 0
 	for r := m.top; r < m.top+m.tableRows() && r < m.flows.count(); r++ {
 		f := m.flows.view.At(m.rowFlow(r))
 		flows, texts = append(flows, f), append(texts, flowText(f, wide))
 		need = max(need, ansi.StringWidth(texts[len(texts)-1]))
+		if m.src.Nodes {
+			nodeNeed = max(nodeNeed, ansi.StringWidth(nodeText(f)), 1)
+		}
 	}
-	l := layoutFor(m.width, need)
+	l := layoutFor(m.width, need, nodeNeed)
 	out := []string{styleColumns.Render(ansi.Truncate(
-		strings.Repeat(" ", markerWidth)+pad("time", l.time)+" "+pad("proto", protoWidth)+" "+
+		strings.Repeat(" ", markerWidth)+pad("time", l.time)+" "+nodeCell("node", l)+pad("proto", protoWidth)+" "+
 			pad("verdict", l.verdict)+" "+pad(l.flowTitle, l.flow)+" "+pad(l.podsTitle, l.pods), m.width, ""))}
 	if m.flows.count() == 0 {
 		return append(out, m.emptyLines()...)
@@ -88,18 +107,29 @@ func (m *Model) row(f *trace.Flow, flow string, l layout, selected bool) string 
 	if selected {
 		marker = "▶ "
 	}
-	cells := []string{
-		pad(f.Time.UTC().Format(l.timeFormat), l.time),
-		pad(f.Proto, protoWidth),
-		pad(verdict, l.verdict),
-		pad(flow, l.flow),
-		pad(podsText(f, l.wide), l.pods),
-	}
+	front := pad(f.Time.UTC().Format(l.timeFormat), l.time) + " " + nodeCell(nodeText(f), l) + pad(f.Proto, protoWidth) + " "
+	verdictCell := pad(verdict, l.verdict)
+	back := " " + pad(flow, l.flow) + " " + pad(podsText(f, l.wide), l.pods)
 	if selected {
-		return styleSelected.Render(marker + strings.Join(cells, " "))
+		return styleSelected.Render(marker + front + verdictCell + back)
 	}
-	cells[2] = verdictStyle(f.Verdict).Render(cells[2])
-	return marker + strings.Join(cells, " ")
+	return marker + front + verdictStyle(f.Verdict).Render(verdictCell) + back
+}
+
+// nodeText names the node that saw f, or the nodes of a joined flow.
+func nodeText(f *trace.Flow) string {
+	if len(f.Nodes) > 0 {
+		return strings.Join(f.Nodes, "+")
+	}
+	return f.Node
+}
+
+// nodeCell is text in the node column and its gap, nothing without one.
+func nodeCell(text string, l layout) string {
+	if l.node == 0 {
+		return ""
+	}
+	return pad(text, l.node) + " "
 }
 
 // flowText is where the client went and where the connection really went

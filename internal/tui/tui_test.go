@@ -292,7 +292,7 @@ func TestEveryVerdictHasALookAndAKey(t *testing.T) {
 			t.Errorf("verdicts %s and %s share the symbol %s", other, v, l.symbol)
 		}
 		symbols[l.symbol] = v
-		if w := ansi.StringWidth(l.symbol + " " + l.short); w > layoutFor(80, 0).verdict {
+		if w := ansi.StringWidth(l.symbol + " " + l.short); w > layoutFor(80, 0, 0).verdict {
 			t.Errorf("%s: %q is %d cells, wider than the narrow verdict column", v, l.short, w)
 		}
 		m := New(incidentSource(t), Options{Now: fixedNow})
