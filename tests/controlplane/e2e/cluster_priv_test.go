@@ -84,7 +84,9 @@ func TestClusterMode(t *testing.T) {
 	if err := os.Symlink(tracer, plugin); err != nil {
 		t.Fatal(err)
 	}
-	kc := exec.Command(plugin, "--kubeconfig", c.cp.KubeconfigFor(c.cp.OnCallToken()), "--all-nodes", "-o", "json", "--window", "2s")
+	oncall := c.cp.KubeconfigFor(c.cp.OnCallToken())
+	checkDoctor(t, plugin, oncall, built.NodeName)
+	kc := exec.Command(plugin, "--kubeconfig", oncall, "--all-nodes", "-o", "json", "--window", "2s")
 	var out, errb lockedBuffer
 	kc.Stdout, kc.Stderr = &out, &errb
 	if err := kc.Start(); err != nil {
@@ -126,8 +128,28 @@ func TestClusterMode(t *testing.T) {
 	checkClusterTrace(t, f, exps, later, built.NodeName)
 }
 
+// checkDoctor: kubectl tracer doctor asks each node's agent, through its
+// port-forward, for its kernel and hook plan.
+func checkDoctor(t *testing.T, plugin, kubeconfig, node1 string) {
+	t.Helper()
+	out, err := exec.Command(plugin, "doctor", "--kubeconfig", kubeconfig, "--all-nodes").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl tracer doctor: %v\n%s", err, out)
+	}
+	for _, want := range []string{"node " + node1 + " (pod tracer/tracer-agent-" + node1 + "): kernel ", "node outside (pod tracer/tracer-agent-outside): kernel ", "nf_nat_setup_info"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("kubectl tracer doctor lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func checkClusterTrace(t *testing.T, f *trace.File, exps []lab.Expectation, later []string, node1 string) {
 	t.Helper()
+	for i := 1; i < len(f.Flows); i++ {
+		if f.Flows[i].Time.Before(f.Flows[i-1].Time) {
+			t.Errorf("flow %d is earlier than the flow before it: the merge is out of order", i)
+		}
+	}
 	for _, e := range exps {
 		if !e.Reproduced() {
 			t.Fatalf("the lab did not reproduce %s -> %s: saw %q, want %q; unproven %v", e.Src, e.Dst, e.Saw, e.Outcome, e.Unproven)

@@ -14,6 +14,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -141,7 +142,15 @@ func TestKubectlTracerRBAC(t *testing.T) {
 		t.Errorf("plain user -l: exit %d, stderr %q", code, stderr)
 	}
 
-	code, stdout, stderr := runPlugin(t, bin, "--kubeconfig", oncall, "-l", "pool=web", "--duration", "20s")
+	// May find the agents, may not port-forward to them.
+	grantListPods(t, ctx, c.admin, cphelper.PlainUser)
+	code, stdout, stderr := runPlugin(t, bin, "--kubeconfig", plain, "--node", "node-a", "-o", "text")
+	t.Logf("a user without pods/portforward:\n%s%s", stdout, stderr)
+	if code != 1 || !strings.Contains(stdout, `cannot create resource "pods/portforward"`) || !strings.Contains(stdout, "deploy/user-rbac.yaml") {
+		t.Errorf("a user without pods/portforward: exit %d, want 1 saying the refusal and what to grant:\n%s%s", code, stdout, stderr)
+	}
+
+	code, stdout, stderr = runPlugin(t, bin, "--kubeconfig", oncall, "-l", "pool=web", "--duration", "20s")
 	t.Logf("on-call user, -l pool=web:\n%s%s", stdout, stderr)
 	if code != 1 {
 		t.Errorf("on-call user: exit %d, want 1 (no kubelet answers); stderr %q", code, stderr)
@@ -211,4 +220,20 @@ func runPlugin(t *testing.T, bin string, args ...string) (int, string, string) {
 		t.Fatal(err)
 	}
 	return code, stdout.String(), stderr.String()
+}
+
+// grantListPods lets user find the agent pods, and nothing more.
+func grantListPods(t *testing.T, ctx context.Context, cs kubernetes.Interface, user string) {
+	t.Helper()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "list-pods", Namespace: "tracer"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}}
+	if _, err := cs.RbacV1().Roles("tracer").Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "list-pods", Namespace: "tracer"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "list-pods"},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}}}
+	if _, err := cs.RbacV1().RoleBindings("tracer").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
