@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/agent"
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -63,7 +64,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer p.Close()
 	hub := agent.NewHub()
-	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost }}
+	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost },
+		Audit: func(context.Context) (audit.Report, error) { return auditState(p.Header().Node, p.State()) }}
 	srv.Start()
 	served := make(chan error, len(lns))
 	for _, l := range lns {

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/audit"
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 func init() {
@@ -29,11 +31,29 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if output != "text" && output != "json" {
 		return usagef("-o %q: text or json", output)
 	}
-	name, snap, env, err := state.read(ctx)
+	name, snap, err := state.snap(ctx)
 	if err != nil {
 		return err
 	}
-	r := audit.Audit(name, snap, env)
+	r, err := auditState(name, snap)
+	if err != nil {
+		return err
+	}
+	return writeAudit(stdout, output, r)
+}
+
+// auditState audits a node's state: `tracer audit` reads it, the agent
+// holds it.
+func auditState(name string, snap *trace.Snapshot) (audit.Report, error) {
+	env, err := enrich.NewSnapshotEnv(name, snap)
+	if err != nil {
+		return audit.Report{}, usagef("node state: %v", err)
+	}
+	return audit.Audit(name, snap, env), nil
+}
+
+// writeAudit writes r, and says as an error that it found problems.
+func writeAudit(stdout io.Writer, output string, r audit.Report) error {
 	if output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

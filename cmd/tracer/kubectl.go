@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +25,8 @@ import (
 	"k8s.io/client-go/transport/spdy"
 
 	"github.com/tracer-dev/tracer/internal/agent"
+	"github.com/tracer-dev/tracer/internal/audit"
+	"github.com/tracer-dev/tracer/internal/meta"
 )
 
 // kubectlName is the name kubectl finds a plugin by: the same binary,
@@ -37,7 +41,7 @@ const (
 
 func init() {
 	commands["kubectl"] = command{
-		summary: "kubectl tracer: follow the cluster's agents through the API server (installed as kubectl-tracer)",
+		summary: "kubectl tracer [trace|doctor|audit]: the cluster's agents through the API server (installed as kubectl-tracer)",
 		run:     runKubectl,
 	}
 }
@@ -54,7 +58,7 @@ type kubectlOptions struct {
 
 func runKubectl(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub := "trace"
-	if len(args) > 0 && (args[0] == "trace" || args[0] == "doctor") {
+	if len(args) > 0 && (args[0] == "trace" || args[0] == "doctor" || args[0] == "audit") {
 		sub, args = args[0], args[1:]
 	}
 	var o kubectlOptions
@@ -79,6 +83,9 @@ func runKubectl(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := o.validate(sub); err != nil {
 		return err
 	}
+	// client-go's port-forwarder logs each broken copy to stderr, which
+	// tears the UI; a broken forward shows as its node's stream ending.
+	meta.SilenceClientLogs()
 	cs, cfg, err := o.client()
 	if err != nil {
 		return err
@@ -90,8 +97,11 @@ func runKubectl(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fwd := &forwards{cfg: cfg}
 	defer fwd.close()
 	targets := fwd.open(ctx, pods)
-	if sub == "doctor" {
+	switch sub {
+	case "doctor":
 		return kubectlDoctor(ctx, targets, stdout)
+	case "audit":
+		return kubectlAudit(ctx, targets, o.connect.output, stdout)
 	}
 	if o.connect.duration > 0 {
 		var cancel context.CancelFunc
@@ -111,7 +121,7 @@ func (o kubectlOptions) validate(sub string) error {
 	if picks != 1 {
 		return usagef("name the nodes: one of --node NAME[,NAME], --all-nodes or -l SELECTOR")
 	}
-	if sub == "doctor" {
+	if sub == "doctor" || sub == "audit" {
 		if o.connect.output != "text" && o.connect.output != "json" {
 			return usagef("-o %q: want text or json", o.connect.output)
 		}
@@ -334,4 +344,72 @@ func asKubectlPlugin(args []string) []string {
 		return append([]string{"kubectl"}, args...)
 	}
 	return args
+}
+
+// nodeAudit is one node's audit in `kubectl tracer audit -o json`.
+type nodeAudit struct {
+	Node   string        `json:"node"`
+	Agent  string        `json:"agent"`
+	Report *audit.Report `json:"report,omitempty"`
+	Error  string        `json:"error,omitempty"`
+}
+
+// kubectlAudit asks every agent to audit its node, as `tracer audit`
+// would there, and says which nodes have problems: exit 1 when any has
+// one, or when an agent could not be asked.
+func kubectlAudit(ctx context.Context, targets []mergeTarget, output string, stdout io.Writer) error {
+	var all []nodeAudit
+	var problems, failed []string
+	for _, t := range targets {
+		na := nodeAudit{Node: t.node, Agent: t.name}
+		r, err := auditAgent(ctx, t)
+		if err != nil {
+			na.Error = err.Error()
+			failed = append(failed, t.node)
+		} else {
+			na.Report = &r
+			if r.Problems() > 0 {
+				problems = append(problems, fmt.Sprintf("%s (%d)", t.node, r.Problems()))
+			}
+		}
+		all = append(all, na)
+	}
+	if output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(all); err != nil {
+			return fmt.Errorf("write the audits: %w", err)
+		}
+	} else {
+		for i, na := range all {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			if na.Report == nil {
+				fmt.Fprintf(stdout, "node %s (%s): %s\n", na.Node, na.Agent, na.Error)
+				continue
+			}
+			writeAuditText(stdout, *na.Report)
+		}
+	}
+	var errs []error
+	if len(failed) > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d agents could not be asked: %s", len(failed), len(targets), strings.Join(failed, ", ")))
+	}
+	if len(problems) > 0 {
+		errs = append(errs, fmt.Errorf("audit: problems on %s", strings.Join(problems, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+func auditAgent(ctx context.Context, t mergeTarget) (audit.Report, error) {
+	if t.err != nil {
+		return audit.Report{}, t.err
+	}
+	c, err := agent.Dial(t.addr)
+	if err != nil {
+		return audit.Report{}, err
+	}
+	defer c.Close()
+	return c.Audit(ctx)
 }

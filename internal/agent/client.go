@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -79,6 +80,18 @@ func (c *Client) Header(ctx context.Context) (trace.Header, error) {
 		return h, fmt.Errorf("agent %s: header: type %q, want %q", c.Target, h.Type, trace.TypeHeader)
 	}
 	return h, nil
+}
+
+// Audit asks the agent to audit its node as it stands now, waiting
+// Silence at most.
+func (c *Client) Audit(ctx context.Context) (audit.Report, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.silence())
+	defer cancel()
+	var r audit.Report
+	if err := c.cc.Invoke(ctx, auditMethod, &AuditRequest{}, &r, inJSON); err != nil {
+		return r, fmt.Errorf("agent %s: audit: %w", c.Target, plain(err))
+	}
+	return r, nil
 }
 
 // Message is one message of a stream, its flow parsed and checked.

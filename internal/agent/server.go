@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/filter"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -28,6 +29,9 @@ type Server struct {
 	Header trace.Header
 	// LostEvents reads the pipeline's lost-event counter; nil for none.
 	LostEvents func() uint64
+	// Audit audits the node as the pipeline holds it now; nil: the agent
+	// does not audit.
+	Audit func(context.Context) (audit.Report, error)
 	// Heartbeat is the idle stream's message interval (DefaultHeartbeat
 	// when 0).
 	Heartbeat time.Duration
@@ -95,6 +99,17 @@ func (s *Server) Stop(grace time.Duration) {
 }
 
 func (s *Server) header(context.Context) (trace.Header, error) { return s.Header, nil }
+
+func (s *Server) audit(ctx context.Context) (audit.Report, error) {
+	if s.Audit == nil {
+		return audit.Report{}, status.Error(codes.Unimplemented, "this agent does not audit")
+	}
+	r, err := s.Audit(ctx)
+	if err != nil {
+		return r, status.Errorf(codes.Internal, "audit: %v", err)
+	}
+	return r, nil
+}
 
 func (s *Server) flows(req *FlowsRequest, stream grpc.ServerStream) error {
 	flt, err := filter.Parse(req.Filter)

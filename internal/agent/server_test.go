@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -194,5 +195,19 @@ func TestStreamEndsWhenSilent(t *testing.T) {
 	_, err = s.Recv()
 	if err == nil || !strings.Contains(err.Error(), "the agent, or the way to it, is gone") || time.Since(start) > 5*time.Second {
 		t.Errorf("after %s: %v, want the silence said", time.Since(start), err)
+	}
+}
+
+// The agent audits its node on request; one that does not says so.
+func TestServeAudit(t *testing.T) {
+	want := audit.Report{Node: "node-a", Walked: 12, Findings: []audit.Finding{{Severity: audit.Problem, Verdict: "hostport-hijack", Proto: "tcp", To: "10.96.0.20:3306"}}}
+	c := serve(t, &Server{Hub: NewHub(), Audit: func(context.Context) (audit.Report, error) { return want, nil }})
+	got, err := c.Audit(context.Background())
+	if err != nil || got.Node != want.Node || got.Walked != 12 || len(got.Findings) != 1 || got.Findings[0].To != "10.96.0.20:3306" {
+		t.Errorf("audit %+v, %v", got, err)
+	}
+	none := serve(t, &Server{Hub: NewHub()})
+	if _, err := none.Audit(context.Background()); status.Code(errors.Unwrap(err)) != codes.Unimplemented {
+		t.Errorf("an agent without an audit: %v, want Unimplemented", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -63,9 +64,14 @@ type FlowsMessage struct {
 	Summary *trace.Summary `json:"summary,omitempty"`
 }
 
+// AuditRequest asks the agent to audit its node as it stands
+// (tracer audit, on the state the pipeline holds).
+type AuditRequest struct{}
+
 // agentService is what the service description dispatches to.
 type agentService interface {
 	header(context.Context) (trace.Header, error)
+	audit(context.Context) (audit.Report, error)
 	flows(*FlowsRequest, grpc.ServerStream) error
 }
 
@@ -79,6 +85,14 @@ var serviceDesc = grpc.ServiceDesc{
 				return nil, err
 			}
 			return srv.(agentService).header(ctx)
+		},
+	}, {
+		MethodName: "Audit",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			if err := dec(new(AuditRequest)); err != nil {
+				return nil, err
+			}
+			return srv.(agentService).audit(ctx)
 		},
 	}},
 	Streams: []grpc.StreamDesc{{
@@ -97,5 +111,6 @@ var serviceDesc = grpc.ServiceDesc{
 
 const (
 	headerMethod = "/" + ServiceName + "/Header"
+	auditMethod  = "/" + ServiceName + "/Audit"
 	flowsMethod  = "/" + ServiceName + "/Flows"
 )

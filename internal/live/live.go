@@ -187,10 +187,23 @@ func (p *Pipeline) buildHeader() trace.Header {
 	return h
 }
 
+// snapshot is the header's: the state the recording starts from.
 func (p *Pipeline) snapshot() *trace.Snapshot {
-	snap := &trace.Snapshot{}
-	if st := p.states.latest(); st != nil {
+	st := p.states.latest()
+	if st != nil {
 		p.states.recordFrom(st)
+	}
+	return p.snapshotOf(st)
+}
+
+// State is the node's state as last read, with the pods and Services the
+// metadata holds now: what `tracer audit` walks, without reading the node
+// again (the agent's audit).
+func (p *Pipeline) State() *trace.Snapshot { return p.snapshotOf(p.states.latest()) }
+
+func (p *Pipeline) snapshotOf(st *node.State) *trace.Snapshot {
+	snap := &trace.Snapshot{}
+	if st != nil {
 		snap = st.Snapshot()
 	}
 	if p.cfg.MetadataSnapshot != nil {

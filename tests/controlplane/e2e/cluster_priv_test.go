@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/tests/controlplane/cphelper"
@@ -86,6 +89,7 @@ func TestClusterMode(t *testing.T) {
 	}
 	oncall := c.cp.KubeconfigFor(c.cp.OnCallToken())
 	checkDoctor(t, plugin, oncall, built.NodeName)
+	checkClusterAudit(t, tracer, plugin, oncall, metadata, built)
 	kc := exec.Command(plugin, "--kubeconfig", oncall, "--all-nodes", "-o", "json", "--window", "2s")
 	var out, errb lockedBuffer
 	kc.Stdout, kc.Stderr = &out, &errb
@@ -141,6 +145,58 @@ func checkDoctor(t *testing.T, plugin, kubeconfig, node1 string) {
 			t.Errorf("kubectl tracer doctor lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// checkClusterAudit: `kubectl tracer audit --all-nodes` has each agent
+// audit its node; each node's findings are what `tracer audit` run in that
+// namespace finds (which the lab tests hold to the live verdicts).
+func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string, built *lab.Built) {
+	t.Helper()
+	out, err := exec.Command(plugin, "audit", "--kubeconfig", kubeconfig, "--all-nodes", "-o", "json").Output()
+	var ee *exec.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
+		t.Fatalf("kubectl tracer audit: %v", err)
+	}
+	var audits []struct {
+		Node   string
+		Report *audit.Report
+		Error  string
+	}
+	if err := json.Unmarshal(out, &audits); err != nil || len(audits) != len(built.Observe) {
+		t.Fatalf("kubectl tracer audit -o json (%v):\n%s", err, out)
+	}
+	problems := 0
+	for _, a := range audits {
+		if a.Report == nil {
+			t.Errorf("node %s: %s", a.Node, a.Error)
+			continue
+		}
+		problems += a.Report.Problems()
+		netns := built.Node.Path()
+		if a.Node != built.NodeName {
+			netns = built.Observe[0].Path()
+			if netns == built.Node.Path() {
+				netns = built.Observe[1].Path()
+			}
+		}
+		local, err := exec.Command(tracer, "audit", "--netns", netns, "--metadata", metadata, "--node", a.Node, "-o", "json").Output()
+		if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
+			t.Fatalf("tracer audit in %s: %v", netns, err)
+		}
+		var want audit.Report
+		if err := json.Unmarshal(local, &want); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := json.Marshal(a.Report.Findings)
+		exp, _ := json.Marshal(want.Findings)
+		if !bytes.Equal(got, exp) || a.Report.Walked != want.Walked {
+			t.Errorf("node %s: the agent's audit walked %d and found\n%s\n`tracer audit` there walked %d and found\n%s", a.Node, a.Report.Walked, got, want.Walked, exp)
+		}
+	}
+	if (problems > 0) != (err != nil) {
+		t.Errorf("kubectl tracer audit: %d problems, exit error %v: exit 1 exactly when a node has a problem", problems, err)
+	}
+	t.Logf("kubectl tracer audit: %d problem(s) over %d nodes", problems, len(audits))
 }
 
 func checkClusterTrace(t *testing.T, f *trace.File, exps []lab.Expectation, later []string, node1 string) {
