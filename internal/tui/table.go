@@ -184,7 +184,11 @@ func (m *Model) emptyLines() []string {
 	case m.flows.from > 0:
 		return []string{"", "  Cleared. New flows will appear here."}
 	case m.src.live():
-		return []string{"", "  No flows yet: waiting for NAT, IPVS, REJECT, reset and drop decisions on this node."}
+		where := "this node"
+		if m.src.Nodes {
+			where = "these nodes"
+		}
+		return []string{"", "  No flows yet: waiting for NAT, IPVS, REJECT, reset and drop decisions on " + where + "."}
 	default:
 		return []string{"", "  This trace has no flows."}
 	}
