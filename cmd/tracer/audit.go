@@ -22,14 +22,26 @@ func init() {
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var state stateSource
 	var output string
+	var allNodes bool
 	fs := newFlagSet("audit", stderr)
 	state.flags(fs)
 	fs.StringVar(&output, "o", "text", "output format: text or json")
+	fs.BoolVar(&allNodes, "all-nodes", false, "audit every node of the cluster through its agent (kubectl tracer audit --all-nodes; --kubeconfig picks the cluster)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if output != "text" && output != "json" {
 		return usagef("-o %q: text or json", output)
+	}
+	if allNodes {
+		if state.snapshot != "" || state.netns != "" || state.metadata != "" || state.node != "" {
+			return usagef("--all-nodes asks each node's agent: --snapshot, --netns, --metadata and --node do not apply")
+		}
+		kargs := []string{"audit", "--all-nodes", "-o", output}
+		if state.kubeconfig != "" {
+			kargs = append(kargs, "--kubeconfig", state.kubeconfig)
+		}
+		return runKubectl(ctx, kargs, stdout, stderr)
 	}
 	name, snap, err := state.snap(ctx)
 	if err != nil {

@@ -197,6 +197,32 @@ func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string
 		t.Errorf("kubectl tracer audit: %d problems, exit error %v: exit 1 exactly when a node has a problem", problems, err)
 	}
 	t.Logf("kubectl tracer audit: %d problem(s) over %d nodes", problems, len(audits))
+	// `tracer audit --all-nodes` is the same, through the same agents.
+	same, _ := exec.Command(tracer, "audit", "--all-nodes", "--kubeconfig", kubeconfig, "-o", "json").Output()
+	if !bytes.Equal(sameFindings(t, same), sameFindings(t, out)) {
+		t.Errorf("tracer audit --all-nodes:\n%s\nkubectl tracer audit --all-nodes:\n%s", same, out)
+	}
+}
+
+// sameFindings is the nodes' findings of an audit -o json, for comparing
+// two runs.
+func sameFindings(t *testing.T, auditJSON []byte) []byte {
+	t.Helper()
+	var audits []struct {
+		Node   string
+		Report *audit.Report
+	}
+	if err := json.Unmarshal(auditJSON, &audits); err != nil {
+		t.Fatalf("audit -o json: %v\n%s", err, auditJSON)
+	}
+	var b bytes.Buffer
+	for _, a := range audits {
+		if a.Report != nil {
+			f, _ := json.Marshal(a.Report.Findings)
+			fmt.Fprintf(&b, "%s %d %s\n", a.Node, a.Report.Walked, f)
+		}
+	}
+	return b.Bytes()
 }
 
 func checkClusterTrace(t *testing.T, f *trace.File, exps []lab.Expectation, later []string, node1 string) {
