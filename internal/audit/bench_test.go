@@ -77,6 +77,7 @@ func benchmarkAudit(b *testing.B, snap *trace.Snapshot) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
+	b.ReportAllocs()
 	for b.Loop() {
 		r := Audit("node-1", snap, env)
 		if r.Problems() != 0 || r.Walked < 2*n {
