@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/diagnose"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -102,7 +103,7 @@ func (m *Merger) Add(f *trace.Flow, now time.Time) {
 func (m *Merger) sameConnection(f *trace.Flow) *group {
 	for _, k := range keysOf(f) {
 		g := m.byTuple[k]
-		if g == nil || !m.near(g, f) || g.has(f.Node) && translated(f) {
+		if g == nil || !m.near(g, f) || g.has(f.Node) && diagnose.Translated(f) {
 			// A flow with its own NAT decision from a node already in
 			// the group is a new connection of the same tuple; a
 			// stray answer repeats (retransmissions).
@@ -130,7 +131,7 @@ func continues(a, b *trace.Flow) bool {
 
 func (m *Merger) near(g *group, f *trace.Flow) bool {
 	for _, p := range g.parts {
-		if absDuration(p.Time.Sub(f.Time)) <= m.window() {
+		if p.Time.Sub(f.Time).Abs() <= m.window() {
 			return true
 		}
 	}
@@ -140,15 +141,6 @@ func (m *Merger) near(g *group, f *trace.Flow) bool {
 func (g *group) has(node string) bool {
 	for _, p := range g.parts {
 		if p.Node == node {
-			return true
-		}
-	}
-	return false
-}
-
-func translated(f *trace.Flow) bool {
-	for _, e := range f.Events {
-		if e.Kind == trace.KindDNAT || e.Kind == trace.KindSNAT || e.Kind == trace.KindIPVS {
 			return true
 		}
 	}
@@ -208,13 +200,6 @@ func (m *Merger) window() time.Duration {
 		return m.Window
 	}
 	return DefaultWindow
-}
-
-func absDuration(d time.Duration) time.Duration {
-	if d < 0 {
-		return -d
-	}
-	return d
 }
 
 // groupHeap is ordered by the groups' time, then arrival.

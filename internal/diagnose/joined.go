@@ -24,7 +24,7 @@ func Joined(parts []*trace.Flow) (r Result, decisive int) {
 	}
 	decisive = slices.IndexFunc(parts, func(p *trace.Flow) bool { return p.Verdict != "" && p.Verdict != trace.VerdictOK })
 	if decisive < 0 {
-		decisive = max(0, slices.IndexFunc(parts, translated))
+		decisive = max(0, slices.IndexFunc(parts, Translated))
 	}
 	d := parts[decisive]
 	explain := []string{onNode(d)}
@@ -36,7 +36,9 @@ func Joined(parts []*trace.Flow) (r Result, decisive int) {
 	return Result{orDefault(d.Verdict, trace.VerdictOK), sentences(explain...)}, decisive
 }
 
-func translated(f *trace.Flow) bool {
+// Translated says whether f's node made a NAT decision for it (DNAT,
+// SNAT or IPVS).
+func Translated(f *trace.Flow) bool {
 	return slices.ContainsFunc(f.Events, func(e trace.Event) bool {
 		return e.Kind == trace.KindDNAT || e.Kind == trace.KindSNAT || e.Kind == trace.KindIPVS
 	})
@@ -106,8 +108,7 @@ func dnatWithoutSNAT(f *trace.Flow) (string, bool) {
 func strayAnswer(f *trace.Flow, from, client string) *trace.Event {
 	for i := range f.Events {
 		e := &f.Events[i]
-		stack := e.Kind == trace.KindReset && e.By == trace.ResetByStack
-		if (stack || e.Kind == trace.KindDrop) && e.Packet != nil && e.Packet.Src == from && e.Packet.Dst == client {
+		if stackResetOrDrop(e) && e.Packet.Src == from && e.Packet.Dst == client {
 			return e
 		}
 	}

@@ -48,13 +48,18 @@ func (d *diagnosis) replyDirectionEvent() *trace.Event {
 	}
 	for i := range d.f.Events {
 		ev := &d.f.Events[i]
-		stack := ev.Kind == trace.KindReset && ev.By == trace.ResetByStack
-		if (stack || ev.Kind == trace.KindDrop) && ev.Packet != nil &&
-			ev.Packet.Src == d.f.Reply.Src && ev.Packet.Dst == d.f.Reply.Dst {
+		if stackResetOrDrop(ev) && *ev.Packet == *d.f.Reply {
 			return ev
 		}
 	}
 	return nil
+}
+
+// stackResetOrDrop: a reset the TCP stack sent, or a drop, of a packet the
+// event names.
+func stackResetOrDrop(e *trace.Event) bool {
+	stack := e.Kind == trace.KindReset && e.By == trace.ResetByStack
+	return (stack || e.Kind == trace.KindDrop) && e.Packet != nil
 }
 
 // connectionEnded: a TCP conntrack state after a reset or both FINs, in
