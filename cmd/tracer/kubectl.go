@@ -27,6 +27,7 @@ import (
 	"github.com/tracer-dev/tracer/internal/agent"
 	"github.com/tracer-dev/tracer/internal/audit"
 	"github.com/tracer-dev/tracer/internal/meta"
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // kubectlName is the name kubectl finds a plugin by: the same binary,
@@ -309,33 +310,42 @@ func (f *forwards) close() {
 func kubectlDoctor(ctx context.Context, targets []mergeTarget, stdout io.Writer) error {
 	var failed []string
 	for _, t := range targets {
-		if t.err == nil {
-			var c *agent.Client
-			if c, t.err = agent.Dial(t.addr); t.err == nil {
-				hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				h, err := c.Header(hctx)
-				cancel()
-				c.Close()
-				if err == nil {
-					fmt.Fprintf(stdout, "node %s (%s): kernel %s\n", t.node, t.name, h.Kernel)
-					for _, hk := range h.Hooks {
-						fmt.Fprintf(stdout, "  %-24s %-10s %s\n", hk.Hook, hk.Via, hk.Error)
-					}
-					for _, w := range h.Warnings {
-						fmt.Fprintf(stdout, "  warning: %s\n", w)
-					}
-					continue
-				}
-				t.err = err
-			}
+		var h trace.Header
+		err := withAgent(t, func(c *agent.Client) (err error) {
+			h, err = c.Header(ctx)
+			return err
+		})
+		if err != nil {
+			fmt.Fprintf(stdout, "node %s (%s): %v\n", t.node, t.name, err)
+			failed = append(failed, t.node)
+			continue
 		}
-		fmt.Fprintf(stdout, "node %s (%s): %v\n", t.node, t.name, t.err)
-		failed = append(failed, t.node)
+		fmt.Fprintf(stdout, "node %s (%s): kernel %s\n", t.node, t.name, h.Kernel)
+		for _, hk := range h.Hooks {
+			fmt.Fprintf(stdout, "  %-24s %-10s %s\n", hk.Hook, hk.Via, hk.Error)
+		}
+		for _, w := range h.Warnings {
+			fmt.Fprintf(stdout, "  warning: %s\n", w)
+		}
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d of %d agents failed: %s", len(failed), len(targets), strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// withAgent calls fn with a connection to t's agent, or says why there is
+// none. The client bounds each call (agent.DefaultSilence).
+func withAgent(t mergeTarget, fn func(*agent.Client) error) error {
+	if t.err != nil {
+		return t.err
+	}
+	c, err := agent.Dial(t.addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return fn(c)
 }
 
 // asKubectlPlugin: run as kubectl-tracer, the binary is `kubectl tracer`.
@@ -362,7 +372,11 @@ func kubectlAudit(ctx context.Context, targets []mergeTarget, output string, std
 	var problems, failed []string
 	for _, t := range targets {
 		na := nodeAudit{Node: t.node, Agent: t.name}
-		r, err := auditAgent(ctx, t)
+		var r audit.Report
+		err := withAgent(t, func(c *agent.Client) (err error) {
+			r, err = c.Audit(ctx)
+			return err
+		})
 		if err != nil {
 			na.Error = err.Error()
 			failed = append(failed, t.node)
@@ -400,16 +414,4 @@ func kubectlAudit(ctx context.Context, targets []mergeTarget, output string, std
 		errs = append(errs, fmt.Errorf("audit: problems on %s", strings.Join(problems, ", ")))
 	}
 	return errors.Join(errs...)
-}
-
-func auditAgent(ctx context.Context, t mergeTarget) (audit.Report, error) {
-	if t.err != nil {
-		return audit.Report{}, t.err
-	}
-	c, err := agent.Dial(t.addr)
-	if err != nil {
-		return audit.Report{}, err
-	}
-	defer c.Close()
-	return c.Audit(ctx)
 }
