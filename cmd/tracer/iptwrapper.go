@@ -44,10 +44,7 @@ func saveOutput(multi, name string) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, multi)
-	cmd.Args = []string{name}
-	if path, err := exec.LookPath(multi); err == nil {
-		cmd.Path = path
-	}
+	cmd.Args[0] = name // the multi-call binary runs the applet its argv[0] names
 	out, _ := cmd.Output()
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -207,7 +208,7 @@ func toolsLayer() (v1.Layer, error) {
 			}
 		}
 	}
-	for _, p := range sortedKeys(links) {
+	for _, p := range slices.Sorted(maps.Keys(links)) {
 		if !strings.HasPrefix(p, "/usr/local/") {
 			if err := l.link(p, links[p]); err != nil {
 				return nil, err
@@ -250,13 +251,4 @@ func sharedLibraries(obj string) ([]string, error) {
 		return nil, fmt.Errorf("ldd %s: a library is missing: %s", obj, out)
 	}
 	return libs, nil
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
