@@ -63,21 +63,30 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer p.Close()
+	rec, err := agentRecording(o.trace.record, p.Header())
+	if err != nil {
+		return err
+	}
+	ctx, rec.stop = context.WithCancel(ctx)
+	defer rec.stop()
 	hub := agent.NewHub()
 	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost },
 		Audit: func(context.Context) (audit.Report, error) { return auditState(p.Header().Node, p.State()) }}
 	srv.Start()
-	served := make(chan error, len(lns))
+	failed := make(chan error, len(lns)+1)
+	serve := func(fn func(net.Listener) error, l net.Listener) {
+		// A listener that fails ends the agent: it would be alive and
+		// serve no one.
+		if err := fn(l); err != nil {
+			failed <- err
+			rec.stop()
+		}
+	}
 	for _, l := range lns {
-		go func() { served <- srv.Serve(l) }()
+		go serve(srv.Serve, l)
 	}
 	if probes != nil {
-		go func() { served <- srv.ServeProbes(probes) }()
-	}
-	rec, err := agentRecording(o.trace.record, p.Header())
-	if err != nil {
-		srv.Stop(0)
-		return err
+		go serve(srv.ServeProbes, probes)
 	}
 	fmt.Fprintf(stderr, "tracer: agent of node %s serving on %s\n", p.Header().Node, listenerNames(lns))
 	if o.trace.readyFile != "" {
@@ -87,8 +96,6 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("write ready file: %w", err)
 		}
 	}
-	ctx, rec.stop = context.WithCancel(ctx)
-	defer rec.stop()
 	var writeErr error
 	emit := func(f *trace.Flow) {
 		if !flt.Empty() && !flt.Match(f) {
@@ -101,22 +108,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 	}
-	failed := make(chan error, 1)
-	go func() {
-		// A listener that fails ends the agent: it would be alive and
-		// serve no one.
-		if err := <-served; err != nil {
-			failed <- err
-			rec.stop()
-		}
-	}()
 	p.RecordStates(rec.state)
 	sum, runErr := p.Run(ctx, emit, nil)
 	p.RecordStates(nil)
-	select {
-	case err := <-failed:
-		runErr = errors.Join(runErr, err)
-	default:
+	for len(failed) > 0 {
+		runErr = errors.Join(runErr, <-failed)
 	}
 	// The clients get what their buffers hold and the summary; they have
 	// a moment to read it before the connections close.
