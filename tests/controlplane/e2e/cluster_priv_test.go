@@ -65,6 +65,7 @@ func TestClusterMode(t *testing.T) {
 	}
 
 	agents := map[string]*exec.Cmd{}
+	netnsOf := map[string]string{}  // node -> the namespace that is it
 	forwards := map[string]string{} // pod name -> the agent's address
 	for _, ns := range built.Observe {
 		node := "outside"
@@ -72,7 +73,7 @@ func TestClusterMode(t *testing.T) {
 			node = built.NodeName
 		}
 		cmd, addr := startAgent(t, tracer, ns.Path(), node, metadata)
-		agents[node] = cmd
+		agents[node], netnsOf[node] = cmd, ns.Path()
 		forwards["tracer-agent-"+node] = addr
 	}
 	startKwok(t, c, forwards)
@@ -89,7 +90,7 @@ func TestClusterMode(t *testing.T) {
 	}
 	oncall := c.cp.KubeconfigFor(c.cp.OnCallToken())
 	checkDoctor(t, plugin, oncall, built.NodeName)
-	checkClusterAudit(t, tracer, plugin, oncall, metadata, built)
+	checkClusterAudit(t, tracer, plugin, oncall, metadata, netnsOf)
 	kc := exec.Command(plugin, "--kubeconfig", oncall, "--all-nodes", "-o", "json", "--window", "2s")
 	var out, errb lockedBuffer
 	kc.Stdout, kc.Stderr = &out, &errb
@@ -150,7 +151,7 @@ func checkDoctor(t *testing.T, plugin, kubeconfig, node1 string) {
 // checkClusterAudit: `kubectl tracer audit --all-nodes` has each agent
 // audit its node; each node's findings are what `tracer audit` run in that
 // namespace finds (which the lab tests hold to the live verdicts).
-func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string, built *lab.Built) {
+func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string, netnsOf map[string]string) {
 	t.Helper()
 	out, err := exec.Command(plugin, "audit", "--kubeconfig", kubeconfig, "--all-nodes", "-o", "json").Output()
 	var ee *exec.ExitError
@@ -162,7 +163,7 @@ func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string
 		Report *audit.Report
 		Error  string
 	}
-	if err := json.Unmarshal(out, &audits); err != nil || len(audits) != len(built.Observe) {
+	if err := json.Unmarshal(out, &audits); err != nil || len(audits) != len(netnsOf) {
 		t.Fatalf("kubectl tracer audit -o json (%v):\n%s", err, out)
 	}
 	problems := 0
@@ -172,13 +173,7 @@ func checkClusterAudit(t *testing.T, tracer, plugin, kubeconfig, metadata string
 			continue
 		}
 		problems += a.Report.Problems()
-		netns := built.Node.Path()
-		if a.Node != built.NodeName {
-			netns = built.Observe[0].Path()
-			if netns == built.Node.Path() {
-				netns = built.Observe[1].Path()
-			}
-		}
+		netns := netnsOf[a.Node]
 		local, err := exec.Command(tracer, "audit", "--netns", netns, "--metadata", metadata, "--node", a.Node, "-o", "json").Output()
 		if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
 			t.Fatalf("tracer audit in %s: %v", netns, err)
