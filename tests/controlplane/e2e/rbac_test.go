@@ -123,18 +123,9 @@ func TestRBACLeastPrivilege(t *testing.T) {
 			{"impersonate", "", "users", "", false},
 		}
 		for _, tc := range cases {
-			res, sub, _ := strings.Cut(tc.resource, "/")
-			ssar := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Namespace: tc.ns, Verb: tc.verb, Group: tc.group, Resource: res, Subresource: sub,
-				},
-			}}
-			got, err := c.tracer.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, ssar, metav1.CreateOptions{})
-			if err != nil {
-				t.Fatalf("SelfSubjectAccessReview %s %s: %v", tc.verb, tc.resource, err)
-			}
-			if got.Status.Allowed != tc.allowed {
-				t.Errorf("tracer may %s %s.%s in %q: allowed=%v, want %v (%s)", tc.verb, tc.resource, tc.group, tc.ns, got.Status.Allowed, tc.allowed, got.Status.Reason)
+			got := accessReview(ctx, t, c.tracer, tc.verb, tc.group, tc.resource, tc.ns)
+			if got.Allowed != tc.allowed {
+				t.Errorf("tracer may %s %s.%s in %q: allowed=%v, want %v (%s)", tc.verb, tc.resource, tc.group, tc.ns, got.Allowed, tc.allowed, got.Reason)
 			}
 		}
 	})
@@ -316,4 +307,20 @@ func testPod(ns, name, node string) *corev1.Pod {
 			Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/app:1"}},
 		},
 	}
+}
+
+// accessReview asks the API server's authorizer whether cs's user may verb
+// resource ("pods", or "pods/portforward" for a subresource) of group in
+// namespace ns.
+func accessReview(ctx context.Context, t *testing.T, cs kubernetes.Interface, verb, group, resource, ns string) authorizationv1.SubjectAccessReviewStatus {
+	t.Helper()
+	res, sub, _ := strings.Cut(resource, "/")
+	ssar := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: res, Subresource: sub},
+	}}
+	got, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, ssar, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SelfSubjectAccessReview %s %s: %v", verb, resource, err)
+	}
+	return got.Status
 }
