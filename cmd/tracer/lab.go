@@ -278,7 +278,7 @@ func labConfig(b *lab.Built, o labOptions) (live.Config, error) {
 		return cfg, fmt.Errorf("lab metadata: %w", err)
 	}
 	cfg.Metadata = enrich.NewIndexMetadata(idx)
-	cfg.MetadataSnapshot = idx.Snapshot
+	cfg.MetadataSnapshot, cfg.MetadataOnChange = idx.Snapshot, idx.OnChange
 	return cfg, nil
 }
 

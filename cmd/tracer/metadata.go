@@ -21,7 +21,7 @@ func attachMetadata(ctx context.Context, cfg *live.Config, kubeconfig, file stri
 		return err
 	}
 	cfg.Metadata = enrich.NewIndexMetadata(idx)
-	cfg.MetadataSnapshot = idx.Snapshot
+	cfg.MetadataSnapshot, cfg.MetadataOnChange = idx.Snapshot, idx.OnChange
 	cfg.MetadataWarnings = idx.Warnings
 	return nil
 }

@@ -25,25 +25,24 @@ func init() {
 
 // rediagnose runs on every flow a replay reads, before filtering, so a
 // trace recorded by an older tracer, or on another machine, is shown with
-// today's diagnosis against the node state in force when each flow was
-// decided: the header's snapshot, then each recorded change from its
-// time on.
+// today's diagnosis against the node state and the pods and Services in
+// force when each flow was decided: the header's snapshot, then each
+// recorded change from its time on.
 func rediagnose(tr *trace.File) error {
 	h := tr.Header
-	var pods []trace.Pod
-	var services []trace.Service
-	if h.Snapshot != nil {
-		pods, services = h.Snapshot.Pods, h.Snapshot.Services
-	}
-	meta := enrich.NewSnapshotMetadata(pods, services)
 	timeline := trace.NewTimeline(h.Snapshot)
 	for _, c := range tr.States {
 		timeline.Add(c)
+		if slices.Contains(c.Changed, trace.PartWarnings) {
+			for _, w := range c.Warnings {
+				tr.Header.Warnings = appendNew(tr.Header.Warnings, "from "+c.Time.Format(time.RFC3339)+": "+w)
+			}
+		}
 	}
 	envs := make([]*enrich.NodeEnv, timeline.Len())
 	envOf := func(i int, snap *trace.Snapshot) (*enrich.NodeEnv, error) {
 		if envs[i] == nil {
-			env, err := enrich.NewNodeEnv(h.Node, snap, meta)
+			env, err := enrich.NewSnapshotEnv(h.Node, snap)
 			if err != nil {
 				if i == 0 {
 					return nil, usagef("trace header: %v", err)
@@ -201,7 +200,11 @@ func replayUI(ctx context.Context, path string, tr *trace.File, filterExpr strin
 	for _, f := range tr.Flows {
 		store.Append(f)
 	}
-	src := tui.Source{Header: tr.Header, Title: "replay " + path, Store: store}
+	states := trace.NewStateLog(tr.Header.Snapshot)
+	for _, c := range tr.States {
+		states.Add(c, time.Time{})
+	}
+	src := tui.Source{Header: tr.Header, Title: "replay " + path, Store: store, States: states}
 	if tr.Summary != nil {
 		src.LostEvents = tr.Summary.LostEvents
 	}

@@ -335,7 +335,7 @@ func (o *output) state(c *trace.StateChange) {
 		return
 	}
 	if o.text != nil {
-		_, o.stateErr = fmt.Fprintf(o.text, "# %s node state changed: %s\n", c.Time.Local().Format("15:04:05.000"), strings.Join(c.Changed, " "))
+		_, o.stateErr = fmt.Fprintf(o.text, "# %s %s\n", c.Time.Local().Format("15:04:05.000"), describeState(c))
 	}
 	if err := o.each(func(w *trace.Writer) error { return w.WriteState(c) }); err != nil && o.stateErr == nil {
 		o.stateErr = err
@@ -413,4 +413,30 @@ func eventLine(r trace.Event) string {
 	}
 	b.WriteString("]")
 	return b.String()
+}
+
+// describeState says in a text line what a state line records.
+func describeState(c *trace.StateChange) string {
+	var node, said []string
+	for _, part := range c.Changed {
+		switch part {
+		case trace.PartMetadata:
+			m := c.Metadata
+			said = append(said, fmt.Sprintf("metadata changed: pods %d new or changed, %d gone; services %d new or changed, %d gone",
+				len(m.Pods), len(m.PodsGone), len(m.Services), len(m.ServicesGone)))
+		case trace.PartWarnings:
+			if len(c.Warnings) == 0 {
+				said = append(said, "node state fully readable again")
+			}
+			for _, w := range c.Warnings {
+				said = append(said, "warning: "+w)
+			}
+		default:
+			node = append(node, part)
+		}
+	}
+	if len(node) > 0 {
+		said = append([]string{"node state changed: " + strings.Join(node, " ")}, said...)
+	}
+	return strings.Join(said, "; ")
 }

@@ -82,13 +82,14 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 	var wg sync.WaitGroup
 	var sum trace.Summary
 	var runErr, recErr, stateErr error
-	if rec != nil {
-		p.RecordStates(func(c *trace.StateChange) {
-			if stateErr == nil {
-				stateErr = rec.WriteState(c)
-			}
-		})
-	}
+	header := p.Header()
+	states := trace.NewStateLog(header.Snapshot)
+	p.RecordStates(func(c *trace.StateChange) {
+		states.Add(c, keepStatesFrom(store))
+		if rec != nil && stateErr == nil {
+			stateErr = rec.WriteState(c)
+		}
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -99,12 +100,12 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 			}
 		}, nil)
 	}()
-	src := tui.Source{Header: p.Header(), Title: title, Store: store, Live: true, Stats: rateOf(p)}
+	src := tui.Source{Header: header, Title: title, Store: store, States: states, Live: true, Stats: rateOf(p)}
 	uiErr := tui.Run(ctx, src, tui.Options{Filter: o.filter})
 	cancel()
 	wg.Wait()
+	p.RecordStates(nil)
 	if rec != nil {
-		p.RecordStates(nil)
 		rec.SetLoss(sum)
 		recErr = errors.Join(recErr, stateErr, rec.Close())
 	}
@@ -112,6 +113,17 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 		uiErr = usageError{uiErr}
 	}
 	return errors.Join(uiErr, runErr, recErr)
+}
+
+// keepStatesFrom is from when the UI may still export flows: the oldest it
+// holds, less the slack of flows written when their linger ends, not in
+// the order they began.
+func keepStatesFrom(store *trace.Store) time.Time {
+	oldest, ok := store.Oldest()
+	if !ok {
+		return time.Now().Add(-time.Minute)
+	}
+	return oldest.Add(-time.Minute)
 }
 
 // rateOf turns the pipeline's counters into the header's events per second.

@@ -42,17 +42,31 @@ func NewSnapshotMetadata(pods []trace.Pod, services []trace.Service) *SnapshotMe
 		}
 	}
 	for _, p := range pods {
-		m.pods[trace.PodRef{Namespace: p.Namespace, Name: p.Name}] = p
+		ref := trace.PodRef{Namespace: p.Namespace, Name: p.Name}
+		if was, ok := m.pods[ref]; !ok || newerPod(p, was) {
+			m.pods[ref] = p
+		}
 		if p.HostNetwork {
 			continue
 		}
 		for _, ip := range p.IPs {
 			if a, err := netip.ParseAddr(ip); err == nil {
-				m.podByIP[a] = p
+				if was, ok := m.podByIP[a]; !ok || newerPod(p, was) {
+					m.podByIP[a] = p
+				}
 			}
 		}
 	}
 	return m
+}
+
+// newerPod: of two pods with one name or address, a live one holds it
+// over a deleted one (IP reuse), and of two deleted the later deleted.
+func newerPod(p, than trace.Pod) bool {
+	if p.Deleted.IsZero() != than.Deleted.IsZero() {
+		return p.Deleted.IsZero()
+	}
+	return !p.Deleted.Before(than.Deleted)
 }
 
 func (m *SnapshotMetadata) PodByIP(a netip.Addr, _ time.Time) (trace.PodRef, bool) {

@@ -38,6 +38,9 @@ type Config struct {
 	Metadata enrich.Metadata
 	// MetadataSnapshot records the metadata in the trace header.
 	MetadataSnapshot func() ([]trace.Pod, []trace.Service)
+	// MetadataOnChange has the index tell of each change of what
+	// MetadataSnapshot lists, so the trace records it with its time.
+	MetadataOnChange func(func(time.Time))
 	// MetadataWarnings are shown in the header and the UI (API server
 	// unreachable, ...).
 	MetadataWarnings func() []string
@@ -103,7 +106,11 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	p := &Pipeline{cfg: cfg, tracer: tr}
 	p.watchModulesFromNow()
-	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, keep: 2*cfg.Linger + holdUncertain + 10*time.Second}
+	p.states = &states{node: cfg.NodeName, meta: cfg.Metadata, metadata: cfg.MetadataSnapshot, metaWake: make(chan struct{}, 1),
+		keep: 2*cfg.Linger + holdUncertain + 10*time.Second}
+	if cfg.MetadataOnChange != nil {
+		cfg.MetadataOnChange(p.states.metadataChanged)
+	}
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.
 	ctCtx := context.WithoutCancel(ctx)
@@ -174,8 +181,15 @@ func (p *Pipeline) Names() event.ReasonNamer { return p.tracer.Reasons() }
 func (p *Pipeline) buildHeader() trace.Header {
 	h := trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: p.cfg.NodeName, Kernel: KernelRelease(),
 		Started: time.Now().UTC(), Command: p.cfg.Command, Filter: p.cfg.Filter, Hooks: HookRecords(p.tracer.Plan)}
-	h.Snapshot = p.snapshot()
+	st := p.states.latest()
+	h.Snapshot = p.snapshotOf(st)
+	p.states.recordFrom(st, h.Snapshot)
 	h.Warnings = append(h.Warnings, p.warnings...)
+	// What the node watcher could not read (a tool missing, a table that
+	// does not parse) leaves rules unknown: the reader must be told.
+	if st != nil {
+		h.Warnings = append(h.Warnings, st.Notes()...)
+	}
 	// The env the first flows are diagnosed with has already read the
 	// snapshot's rulesets; its warnings are the header's.
 	if env, ok := p.states.envAt(time.Now()).(interface{ Warnings() []string }); ok {
@@ -185,15 +199,6 @@ func (p *Pipeline) buildHeader() trace.Header {
 		h.Warnings = append(h.Warnings, p.cfg.MetadataWarnings()...)
 	}
 	return h
-}
-
-// snapshot is the header's: the state the recording starts from.
-func (p *Pipeline) snapshot() *trace.Snapshot {
-	st := p.states.latest()
-	if st != nil {
-		p.states.recordFrom(st)
-	}
-	return p.snapshotOf(st)
 }
 
 // State is the node's state as last read, with the pods and Services the
@@ -212,8 +217,9 @@ func (p *Pipeline) snapshotOf(st *node.State) *trace.Snapshot {
 	return snap
 }
 
-// RecordStates hands each change of the node's state, from the header's
-// snapshot on, to fn (the trace writers), on the watcher's goroutine.
+// RecordStates hands each change of the node's state and of the pods and
+// Services, from the header's snapshot on, to fn (the trace writers), one
+// at a time, on the watcher's goroutine or the metadata's.
 func (p *Pipeline) RecordStates(fn func(*trace.StateChange)) { p.states.recordTo(fn) }
 
 // Stats reads the running counters.

@@ -39,6 +39,17 @@ type states struct {
 	// last wrote (the header's snapshot, then each change).
 	sink     func(*trace.StateChange)
 	recorded *node.State
+	// metadata reads the pods and Services now (nil: no metadata);
+	// recordedMeta is what the trace holds of them, and stopMeta ends
+	// the metadata's watch when the sink goes.
+	metadata     func() ([]trace.Pod, []trace.Service)
+	recordedMeta recordedMetadata
+	stopMeta     chan struct{}
+	// metaWake and pendingSince (under pendMu) are the index's notice of
+	// a change and when it took the first one not yet recorded.
+	metaWake     chan struct{}
+	pendMu       sync.Mutex
+	pendingSince time.Time
 }
 
 type stateEnv struct {
@@ -74,19 +85,29 @@ func (s *states) latest() *node.State {
 	return s.list[len(s.list)-1].st
 }
 
-// recordFrom makes st the state the trace starts from (the header's).
-func (s *states) recordFrom(st *node.State) {
+// recordFrom makes snap, read from st (nil without a watcher), the state
+// the trace starts from (the header's).
+func (s *states) recordFrom(st *node.State, snap *trace.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.recorded = st
+	s.recordedMeta = newRecordedMetadata(snap.Pods, snap.Services)
 }
 
-// recordTo sets where changes are written, and writes the change since
-// the header's state if one came in between.
+// recordTo sets where changes are written (nil: nowhere from now on), and
+// writes the change since the header's state if one came in between.
 func (s *states) recordTo(sink func(*trace.StateChange)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sink = sink
+	if s.stopMeta != nil {
+		close(s.stopMeta)
+		s.stopMeta = nil
+	}
+	if sink != nil && s.metadata != nil {
+		s.stopMeta = make(chan struct{})
+		go s.watchMetadata(s.stopMeta)
+	}
 	s.record()
 }
 

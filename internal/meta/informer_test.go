@@ -495,3 +495,45 @@ func TestClientCancelledContext(t *testing.T) {
 		t.Errorf("NewFromClient(cancelled) = %v, want context.Canceled", err)
 	}
 }
+
+// An address reused within a second: the new pod's creationTimestamp has
+// whole seconds, so it looks created before a connection made while the
+// old pod, deleted later, still held the address. The old pod held it.
+// Each change is told to OnChange with the time the index took it.
+func TestPodByIPReuseWithinTheSecond(t *testing.T) {
+	ctx := startOf(t)
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	clk := newClock(t0.Add(800 * time.Millisecond))
+	cs := fake.NewClientset()
+	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var changes []time.Time
+	idx.OnChange(func(at time.Time) { mu.Lock(); changes = append(changes, at); mu.Unlock() })
+	ip := mustAddr("10.244.1.20")
+	pods := cs.CoreV1().Pods("default")
+	if _, err := pods.Create(ctx, testPod("old", "node-2", ip.String(), t0.Add(-time.Hour)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old", func() bool { _, ok := idx.PodByIP(ip, t0); return ok })
+	if err := pods.Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pods.Create(ctx, testPod("new", "node-2", ip.String(), t0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new", func() bool { q, ok := idx.PodByIP(ip, time.Time{}); return ok && q.Name == "new" })
+	if q, ok := idx.PodByIP(ip, t0.Add(500*time.Millisecond)); !ok || q.Name != "old" {
+		t.Errorf("at +0.5s, before old's deletion at +0.8s: %q, %v; want old", q.Name, ok)
+	}
+	if q, ok := idx.PodByIP(ip, t0.Add(900*time.Millisecond)); !ok || q.Name != "new" {
+		t.Errorf("at +0.9s, after old's deletion: %q, %v; want new", q.Name, ok)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(changes) != 3 || !changes[2].Equal(clk.Now()) {
+		t.Errorf("OnChange told %v, want three changes at %s", changes, clk.Now())
+	}
+}

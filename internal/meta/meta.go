@@ -52,6 +52,10 @@ type Index interface {
 	Synced() bool
 	// Warnings says why the metadata may be incomplete or stale.
 	Warnings() []string
+	// OnChange has fn called with the time of each change of what
+	// Snapshot lists, as the index takes it. fn runs under the index's
+	// lock: it must return at once and not call the index.
+	OnChange(fn func(time.Time))
 }
 
 // PodInfo is the part of a pod the tracer uses.

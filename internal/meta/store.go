@@ -38,6 +38,21 @@ type store struct {
 	nodePorts map[protoPort][]svcPort
 	slices    map[string]*sliceInfo                // by namespace/name of the slice
 	bySvc     map[ServiceRef]map[string]*sliceInfo // slices of a Service
+	onChange  func(time.Time)
+}
+
+// OnChange implements Index.
+func (s *store) OnChange(fn func(time.Time)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onChange = fn
+}
+
+// changedLocked tells OnChange's function that what Snapshot lists changed.
+func (s *store) changedLocked() {
+	if s.onChange != nil {
+		s.onChange(s.now())
+	}
 }
 
 type hostPortKey struct {
@@ -94,6 +109,7 @@ func (s *store) upsertPod(p *PodInfo) {
 		s.unindexLivePod(old)
 	}
 	s.pods[key] = p
+	s.changedLocked()
 	if !p.HostNetwork {
 		for _, a := range p.IPs {
 			s.byIP[a] = append(s.byIP[a], p)
@@ -120,6 +136,7 @@ func (s *store) deletePod(namespace, name string) {
 	}
 	s.unindexLivePod(old)
 	delete(s.pods, key)
+	s.changedLocked()
 	tomb := *old
 	tomb.Deleted = s.now()
 	if !tomb.HostNetwork && len(tomb.IPs) > 0 {
@@ -180,6 +197,7 @@ func (s *store) upsertService(svc *ServiceInfo) {
 		s.unindexService(old)
 	}
 	s.services[key] = svc
+	s.changedLocked()
 	for _, a := range serviceIPs(svc) {
 		l := s.svcByIP[a]
 		if slices.Contains(l, svc) {
@@ -207,6 +225,7 @@ func (s *store) deleteService(namespace, name string) {
 	if old := s.services[key]; old != nil {
 		s.unindexService(old)
 		delete(s.services, key)
+		s.changedLocked()
 	}
 }
 
@@ -323,6 +342,13 @@ func (p *PodInfo) gone() time.Time {
 // (which can only match through clock skew, see createdSkew), a running pod beats a finished one whose end is unknown (its IP is
 // free for reuse), and otherwise the newest wins.
 func betterAt(p, q *PodInfo, at time.Time) bool {
+	// Both are alive at at. One since deleted held the address then: IPAM
+	// hands an address on only once its pod is gone, and a newer pod
+	// created in the same second (creationTimestamp has whole seconds)
+	// looks created by at when it was not.
+	if pDel, qDel := !p.Deleted.IsZero(), !q.Deleted.IsZero(); pDel != qDel && !p.Terminal && !q.Terminal {
+		return pDel
+	}
 	pBy, qBy := !p.Created.After(at), !q.Created.After(at)
 	if pBy != qBy {
 		return pBy
@@ -455,7 +481,7 @@ func (s *store) Snapshot() ([]trace.Pod, []trace.Service) {
 }
 
 func tracePod(p *PodInfo) trace.Pod {
-	t := trace.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, HostNetwork: p.HostNetwork}
+	t := trace.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, HostNetwork: p.HostNetwork, Deleted: p.Deleted.UTC()}
 	for _, a := range p.IPs {
 		t.IPs = append(t.IPs, a.String())
 	}

@@ -1,9 +1,11 @@
 package trace
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,6 +25,12 @@ const (
 	PartIPVS        = "ipvs"
 	PartListeners   = "listeners"
 	PartNFTables    = "nftables"
+	// PartMetadata: the change's Metadata says which pods and Services
+	// came, changed or went.
+	PartMetadata = "metadata"
+	// PartWarnings: the change's Warnings replace the node's earlier ones
+	// (none: everything could be read again).
+	PartWarnings = "warnings"
 )
 
 // StateChange records that the node's state changed at Time: the parts
@@ -36,11 +44,49 @@ type StateChange struct {
 	Time     time.Time `json:"time"`
 	Changed  []string  `json:"changed"`
 	Snapshot Snapshot  `json:"snapshot"`
+	// Metadata is set when the cluster's pods or Services changed.
+	Metadata *MetadataChange `json:"metadata,omitempty"`
+	// Warnings, when Changed names them, say what of the node could not
+	// be read from Time on (a tool gone, a table that failed to parse).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
-// Apply returns base with c's parts replaced; base is left as it was.
-// Pods and Services are base's: they come from the cluster's metadata, not
-// the node.
+// MetadataChange is a delta of the pods and Services a trace knows: each
+// pod and Service listed is new or replaces, whole, the one with its
+// namespace and name (and, for a pod, deletion time); the gone ones left
+// the metadata. A deleted pod is first replaced by itself with its
+// deletion time, and leaves only when the tracer stops finding it by IP
+// (its retention period), so a flow joined late still names it.
+type MetadataChange struct {
+	Pods         []Pod       `json:"pods,omitempty"`
+	Services     []Service   `json:"services,omitempty"`
+	PodsGone     []ObjectRef `json:"pods_gone,omitempty"`
+	ServicesGone []ObjectRef `json:"services_gone,omitempty"`
+}
+
+// ObjectRef names a namespaced object. Deleted tells a deleted pod still
+// kept from a live one of the same name (Pod.Deleted); zero otherwise.
+type ObjectRef struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	Deleted   time.Time `json:"deleted,omitzero"`
+}
+
+// Ref is the pod's key in a metadata delta.
+func (p *Pod) Ref() ObjectRef {
+	return ObjectRef{Namespace: p.Namespace, Name: p.Name, Deleted: p.Deleted}
+}
+
+// Ref is the Service's key in a metadata delta.
+func (s *Service) Ref() ObjectRef { return ObjectRef{Namespace: s.Namespace, Name: s.Name} }
+
+// Compare orders by namespace, name, then deletion (live first).
+func (r ObjectRef) Compare(o ObjectRef) int {
+	return cmp.Or(strings.Compare(r.Namespace, o.Namespace), strings.Compare(r.Name, o.Name), r.Deleted.Compare(o.Deleted))
+}
+
+// Apply returns base with c's parts replaced and its metadata delta
+// applied; base is left as it was.
 func (c *StateChange) Apply(base *Snapshot) *Snapshot {
 	out := &Snapshot{}
 	if base != nil {
@@ -74,8 +120,47 @@ func (c *StateChange) Apply(base *Snapshot) *Snapshot {
 			out.Listeners = c.Snapshot.Listeners
 		case part == PartNFTables:
 			out.NFTables = c.Snapshot.NFTables
+		case part == PartMetadata && c.Metadata != nil:
+			out.Pods = c.Metadata.applyPods(out.Pods)
+			out.Services = c.Metadata.applyServices(out.Services)
 		}
 	}
+	return out
+}
+
+func (m *MetadataChange) applyPods(pods []Pod) []Pod {
+	if len(m.Pods) == 0 && len(m.PodsGone) == 0 {
+		return pods
+	}
+	return applyDelta(pods, m.Pods, m.PodsGone, func(p Pod) ObjectRef { return p.Ref() })
+}
+
+func (m *MetadataChange) applyServices(svcs []Service) []Service {
+	if len(m.Services) == 0 && len(m.ServicesGone) == 0 {
+		return svcs
+	}
+	return applyDelta(svcs, m.Services, m.ServicesGone, func(s Service) ObjectRef { return s.Ref() })
+}
+
+// applyDelta returns a new list: base without the gone objects, each
+// changed one replacing its namesake or added, sorted by namespace and
+// name as a header lists them.
+func applyDelta[T any](base, changed []T, gone []ObjectRef, key func(T) ObjectRef) []T {
+	drop := make(map[ObjectRef]bool, len(gone)+len(changed))
+	for _, r := range gone {
+		drop[r] = true
+	}
+	for _, o := range changed {
+		drop[key(o)] = true
+	}
+	out := make([]T, 0, len(base)+len(changed))
+	for _, o := range base {
+		if !drop[key(o)] {
+			out = append(out, o)
+		}
+	}
+	out = append(out, changed...)
+	slices.SortStableFunc(out, func(a, b T) int { return key(a).Compare(key(b)) })
 	return out
 }
 
@@ -89,11 +174,18 @@ func validateState(c *StateChange) error {
 	for _, part := range c.Changed {
 		switch {
 		case part == PartAddresses, part == PartLocalRoutes, part == PartIpsets, part == PartIPVS,
-			part == PartListeners, part == PartNFTables:
+			part == PartListeners, part == PartNFTables, part == PartWarnings:
+		case part == PartMetadata:
+			if c.Metadata == nil {
+				return errors.New(`changed part "metadata" without a metadata delta`)
+			}
 		case strings.HasPrefix(part, PartRules) && len(part) > len(PartRules):
 		default:
-			return fmt.Errorf("changed part %q is not addresses, local_routes, rules:TABLE, ipsets, ipvs, listeners or nftables", part)
+			return fmt.Errorf("changed part %q is not addresses, local_routes, rules:TABLE, ipsets, ipvs, listeners, nftables, metadata or warnings", part)
 		}
+	}
+	if c.Metadata != nil && !slices.Contains(c.Changed, PartMetadata) {
+		return errors.New(`a metadata delta without "metadata" among the changed parts`)
 	}
 	return nil
 }

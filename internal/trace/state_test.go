@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,37 @@ func TestStateChangeApply(t *testing.T) {
 		t.Errorf("pods %v: metadata is the header's", got.Pods)
 	}
 	if base.Rules["nat"] != "A" || len(base.Rules) != 3 || base.Ipsets != "sets" {
+		t.Errorf("Apply changed its base: %+v", base)
+	}
+}
+
+// A metadata delta replaces pods and Services by namespace and name, adds
+// new ones, removes gone ones, keeps the header's order, and leaves the
+// base as it was.
+func TestStateChangeMetadataDelta(t *testing.T) {
+	base := &Snapshot{
+		Pods:     []Pod{{Namespace: "a", Name: "db", IPs: []string{"10.0.0.1"}}, {Namespace: "b", Name: "web", IPs: []string{"10.0.0.2"}}},
+		Services: []Service{{Namespace: "a", Name: "db", ClusterIPs: []string{"10.96.0.1"}}},
+		Ipsets:   "sets",
+	}
+	c := &StateChange{Time: time.Unix(10, 0), Changed: []string{PartMetadata}, Metadata: &MetadataChange{
+		Pods:         []Pod{{Namespace: "b", Name: "web", IPs: []string{"10.0.0.9"}}, {Namespace: "a", Name: "cache", IPs: []string{"10.0.0.3"}}},
+		PodsGone:     []ObjectRef{{Namespace: "a", Name: "db"}},
+		Services:     []Service{{Namespace: "a", Name: "cache", ClusterIPs: []string{"10.96.0.2"}}},
+		ServicesGone: []ObjectRef{{Namespace: "a", Name: "db"}},
+	}}
+	got := c.Apply(base)
+	var pods, svcs []string
+	for _, p := range got.Pods {
+		pods = append(pods, p.Namespace+"/"+p.Name+"="+strings.Join(p.IPs, ","))
+	}
+	for _, s := range got.Services {
+		svcs = append(svcs, s.Namespace+"/"+s.Name)
+	}
+	if strings.Join(pods, " ") != "a/cache=10.0.0.3 b/web=10.0.0.9" || strings.Join(svcs, " ") != "a/cache" || got.Ipsets != "sets" {
+		t.Errorf("after the delta: pods %v, services %v, ipsets %q", pods, svcs, got.Ipsets)
+	}
+	if len(base.Pods) != 2 || base.Pods[1].IPs[0] != "10.0.0.2" || len(base.Services) != 1 {
 		t.Errorf("Apply changed its base: %+v", base)
 	}
 }
@@ -79,11 +111,70 @@ func TestStateLines(t *testing.T) {
 		`{"type":"state","time":"2026-01-01T00:00:00Z","changed":["routes"],"snapshot":{}}`,
 		`{"type":"state","time":"2026-01-01T00:00:00Z","changed":["rules:"],"snapshot":{}}`,
 		`{"type":"state","time":"2026-01-01T00:00:00Z","changed":"ipsets","snapshot":{}}`,
+		`{"type":"state","time":"2026-01-01T00:00:00Z","changed":["metadata"],"snapshot":{}}`,
+		`{"type":"state","time":"2026-01-01T00:00:00Z","changed":["ipsets"],"snapshot":{},"metadata":{"pods_gone":[{"namespace":"a","name":"b"}]}}`,
 	} {
 		_, err := ReadAll(strings.NewReader(header+bad+"\n"), "t")
 		var pe *ParseError
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), ":2:") && !strings.Contains(err.Error(), "line 2") {
 			t.Errorf("%s: %v, want a ParseError at line 2", bad, err)
 		}
+	}
+}
+
+// A pod deleted and recreated under its name (a StatefulSet's) is two
+// entries: the deleted one is kept, then leaves, by its deletion time.
+func TestStateChangePodRecreated(t *testing.T) {
+	gone := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)
+	live := Pod{Namespace: "db", Name: "mysql-0", IPs: []string{"10.0.0.1"}}
+	tomb := live
+	tomb.Deleted = gone
+	again := Pod{Namespace: "db", Name: "mysql-0", IPs: []string{"10.0.0.7"}}
+	tl := NewTimeline(&Snapshot{Pods: []Pod{live}})
+	tl.Add(&StateChange{Time: gone, Changed: []string{PartMetadata}, Metadata: &MetadataChange{Pods: []Pod{tomb, again}}})
+	tl.Add(&StateChange{Time: gone.Add(time.Minute), Changed: []string{PartMetadata}, Metadata: &MetadataChange{PodsGone: []ObjectRef{tomb.Ref()}}})
+	describe := func(i int) string {
+		var out []string
+		for _, p := range tl.Snapshot(i).Pods {
+			out = append(out, fmt.Sprintf("%s deleted=%v", p.IPs[0], !p.Deleted.IsZero()))
+		}
+		return strings.Join(out, ", ")
+	}
+	for i, want := range []string{"10.0.0.1 deleted=false", "10.0.0.7 deleted=false, 10.0.0.1 deleted=true", "10.0.0.7 deleted=false"} {
+		if got := describe(i); got != want {
+			t.Errorf("state %d: %s, want %s", i, got, want)
+		}
+	}
+}
+
+// An export's state log gives the state in force at its first flow and
+// the changes after it, and folds what no kept flow needs.
+func TestStateLog(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	change := func(sec int) *StateChange {
+		return &StateChange{Time: t0.Add(time.Duration(sec) * time.Second), Changed: []string{PartIpsets}, Snapshot: Snapshot{Ipsets: fmt.Sprint(sec)}}
+	}
+	l := NewStateLog(&Snapshot{Ipsets: "header"})
+	l.Add(change(10), time.Time{})
+	l.Add(change(20), time.Time{})
+	l.Add(change(30), time.Time{})
+	for _, tc := range []struct {
+		at      int
+		base    string
+		changes int
+	}{{0, "header", 3}, {10, "10", 2}, {25, "20", 1}, {99, "30", 0}} {
+		base, rest := l.From(t0.Add(time.Duration(tc.at) * time.Second))
+		if base.Ipsets != tc.base || len(rest) != tc.changes {
+			t.Errorf("from +%ds: state %q and %d changes, want %q and %d", tc.at, base.Ipsets, len(rest), tc.base, tc.changes)
+		}
+	}
+	// The store now starts at +25 s: the change at +10 is superseded by
+	// +20's, in force then, so it is folded; +20 must stay.
+	l.Add(change(40), t0.Add(25*time.Second))
+	if base, rest := l.From(time.Time{}); base.Ipsets != "10" || len(rest) != 3 {
+		t.Errorf("after folding: state %q and %d changes, want \"10\" and 3", base.Ipsets, len(rest))
+	}
+	if base, _ := l.From(t0.Add(25 * time.Second)); base.Ipsets != "20" {
+		t.Errorf("the state in force at +25s is %q after folding, want 20", base.Ipsets)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -248,6 +249,17 @@ func (s *Store) At(i int) *Flow {
 		return nil
 	}
 	return &s.chunks[(i-s.base)/storeChunk][(i-s.base)%storeChunk]
+}
+
+// Oldest is the time of the oldest flow the store holds, false when it
+// holds none.
+func (s *Store) Oldest() (time.Time, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.first == s.n {
+		return time.Time{}, false
+	}
+	return s.chunks[(s.first-s.base)/storeChunk][(s.first-s.base)%storeChunk].Time, true
 }
 
 // Snapshot returns a read-only view of the flows retained so far. It

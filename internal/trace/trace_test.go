@@ -244,6 +244,7 @@ func FuzzReader(f *testing.F) {
 	f.Add(append(append([]byte{}, lines[0]...), `{"type":"flow","events":[{"kind":"drop"}]}`...))
 	f.Add([]byte(`{"type":"header","schema":"tracer/v1","hooks":[{}]}`))
 	f.Add(append(append([]byte{}, lines[0]...), `{"type":"state","time":"2026-01-01T00:00:00Z","changed":["rules:nat"],"snapshot":{"rules":{"nat":"x"}}}`...))
+	f.Add(append(append([]byte{}, lines[0]...), `{"type":"state","time":"2026-01-01T00:00:00Z","changed":["metadata","warnings"],"snapshot":{},"metadata":{"pods":[{"namespace":"a","name":"b","ips":["10.0.0.1"]}],"services_gone":[{"namespace":"a","name":"s"}]},"warnings":["x"]}`...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		r, err := NewReader(bytes.NewReader(in), "fuzz")
 		if err != nil {
@@ -262,6 +263,9 @@ func FuzzReader(f *testing.F) {
 			}
 			if rec.Flow == nil && rec.Event == nil && rec.State == nil && rec.Summary == nil {
 				t.Fatal("empty record without error")
+			}
+			if rec.State != nil {
+				NewTimeline(&Snapshot{}).Add(rec.State) // a valid change applies to any state
 			}
 		}
 	})

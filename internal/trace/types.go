@@ -162,6 +162,10 @@ type Pod struct {
 	HostNetwork bool     `json:"host_network,omitempty"`
 	ContainerID string   `json:"container_id,omitempty"`
 	HostPorts   []string `json:"host_ports,omitempty"` // proto/port
+	// Deleted is when a pod the metadata still keeps (a flow may be joined
+	// after its pod went) was deleted; zero while it exists. A pod
+	// recreated under its name is listed twice, the live one and this.
+	Deleted time.Time `json:"deleted,omitzero"`
 }
 
 // Service is the part of a Service's metadata the tracer uses.

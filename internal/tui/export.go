@@ -20,19 +20,38 @@ func (m *Model) export() tea.Cmd {
 	header := m.src.Header
 	header.Filter = m.flows.filter.String()
 	rows := m.flows // a copy: later appends do not touch what it sees
+	states := m.src.States
 	m.status = "exporting to " + path + " …"
 	return func() tea.Msg {
-		n, err := writeTrace(path, header, &rows)
+		n, err := writeTrace(path, header, states, &rows)
 		return exportDoneMsg{path: path, flows: n, err: err}
 	}
 }
 
-func writeTrace(path string, h trace.Header, rows *flowIndex) (int, error) {
+// writeTrace writes the rows, after the state in force when the first of
+// them was decided and the state changes since.
+func writeTrace(path string, h trace.Header, states *trace.StateLog, rows *flowIndex) (int, error) {
+	n := rows.count()
+	var changes []*trace.StateChange
+	if states != nil && n > 0 {
+		first := rows.view.At(rows.at(0)).Time
+		for p := range n {
+			if t := rows.view.At(rows.at(p)).Time; t.Before(first) {
+				first = t
+			}
+		}
+		h.Snapshot, changes = states.From(first)
+	}
 	w, err := trace.Create(path, h)
 	if err != nil {
 		return 0, err
 	}
-	n := rows.count()
+	for _, c := range changes {
+		if err := w.WriteState(c); err != nil {
+			w.Abort()
+			return 0, fmt.Errorf("export to %s: %w", path, err)
+		}
+	}
 	for p := range n {
 		if err := w.WriteFlow(rows.view.At(rows.at(p))); err != nil {
 			w.Abort()

@@ -36,6 +36,11 @@ type Source struct {
 	// LostEvents is the lost-event count when Stats is nil (a replay's
 	// summary).
 	LostEvents uint64
+	// States, when not nil, are the node state changes an export writes
+	// with its flows, so a replay of it diagnoses each flow against the
+	// rules in force at its time. Without them an export has the
+	// header's snapshot alone.
+	States *trace.StateLog
 	// Nodes says the flows come from several nodes (tracer connect,
 	// kubectl tracer): the table shows which node saw each.
 	Nodes bool

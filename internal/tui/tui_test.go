@@ -118,28 +118,74 @@ func checkFits(t *testing.T, screen string, w, h int) {
 func TestExportWritesTheFilteredView(t *testing.T) {
 	dir := t.TempDir()
 	drive(t, incidentSource(t), Options{ExportDir: dir}, 80, 24, keys("/port:3306\ne")...)
-	path := filepath.Join(dir, "tracer-export-20261130-084500.ndjson")
-	// The export runs as a command; the program may quit before it
-	// reports, so wait for the file to be complete: its summary written.
-	deadline := time.Now().Add(5 * time.Second)
-	var got *trace.File
-	var err error
-	for {
-		got, err = trace.ReadFile(path)
-		if err == nil && got.Summary != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("export is not a valid trace: %v", err)
-	}
+	got := waitExport(t, filepath.Join(dir, "tracer-export-20261130-084500.ndjson"))
 	if got.Header.Filter != "port:3306" || got.Header.Snapshot == nil || got.Summary == nil || len(got.Flows) != 2 {
 		t.Fatalf("export: filter %q, snapshot %v, summary %v, %d flows", got.Header.Filter, got.Header.Snapshot != nil, got.Summary, len(got.Flows))
 	}
 	want, _ := trace.ReadFile(incidentTrace)
 	if !reflect.DeepEqual(got.Flows, []*trace.Flow{want.Flows[1], want.Flows[9]}) {
 		t.Error("exported flows differ from the trace's port:3306 flows")
+	}
+}
+
+// An export carries the state changes: its header holds the state in
+// force when its first flow was decided, and each later change follows,
+// so a replay of it finds for each flow the state the live trace had.
+func TestExportCarriesStateChanges(t *testing.T) {
+	src := incidentSource(t)
+	tr, _ := trace.ReadFile(incidentTrace)
+	first, second := tr.Flows[1], tr.Flows[9] // the port:3306 flows
+	if !first.Time.Before(second.Time) {
+		t.Fatalf("fixture: flows at %s and %s", first.Time, second.Time)
+	}
+	mark := func(at time.Time, ipsets string) *trace.StateChange {
+		return &trace.StateChange{Type: trace.TypeState, Time: at, Changed: []string{trace.PartIpsets}, Snapshot: trace.Snapshot{Ipsets: ipsets}}
+	}
+	src.States = trace.NewStateLog(src.Header.Snapshot)
+	for _, c := range []*trace.StateChange{
+		mark(first.Time.Add(-2*time.Second), "before the first"),
+		mark(first.Time.Add(-time.Second), "in force at the first"),
+		mark(second.Time.Add(-time.Millisecond), "in force at the second"),
+	} {
+		src.States.Add(c, time.Time{})
+	}
+	dir := t.TempDir()
+	drive(t, src, Options{ExportDir: dir}, 80, 24, keys("/port:3306\ne")...)
+	got := waitExport(t, filepath.Join(dir, "tracer-export-20261130-084500.ndjson"))
+	if len(got.Flows) != 2 || len(got.States) != 1 {
+		t.Fatalf("export: %d flows, %d state lines; want 2 and the one change after the first flow", len(got.Flows), len(got.States))
+	}
+	tl := trace.NewTimeline(got.Header.Snapshot)
+	for _, c := range got.States {
+		tl.Add(c)
+	}
+	for _, f := range []struct {
+		at   time.Time
+		want string
+	}{{first.Time, "in force at the first"}, {second.Time, "in force at the second"}} {
+		if _, snap := tl.At(f.at); snap.Ipsets != f.want {
+			t.Errorf("replayed export: the state at %s is %q, want %q", f.at, snap.Ipsets, f.want)
+		}
+	}
+	if len(got.Header.Snapshot.Pods) != len(src.Header.Snapshot.Pods) {
+		t.Errorf("the export's header lost the pods: %d, want %d", len(got.Header.Snapshot.Pods), len(src.Header.Snapshot.Pods))
+	}
+}
+
+// waitExport reads an export once it is complete: the export runs as a
+// command, and the program may quit before it reports.
+func waitExport(t *testing.T, path string) *trace.File {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := trace.ReadFile(path)
+		if err == nil && got.Summary != nil {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("export is not a complete trace: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

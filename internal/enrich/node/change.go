@@ -3,14 +3,15 @@ package node
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"sort"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // Change is what a trace records when the node's state went from old to
-// cur: the parts that differ, each whole, at cur's read time; nil when no
-// recorded part differs (a note alone changed, say).
+// cur: the parts that differ, each whole, and the notes on what could not
+// be read when they differ, at cur's read time; nil when nothing differs.
 func Change(old, cur *State) *trace.StateChange {
 	o, n := old.Snapshot(), cur.Snapshot()
 	c := &trace.StateChange{Type: trace.TypeState, Time: cur.read.UTC()}
@@ -59,6 +60,10 @@ func Change(old, cur *State) *trace.StateChange {
 	if !sameRuleset(o.NFTables, n.NFTables) {
 		add(trace.PartNFTables)
 		c.Snapshot.NFTables = n.NFTables
+	}
+	if notes := cur.Notes(); !slices.Equal(old.Notes(), notes) {
+		add(trace.PartWarnings)
+		c.Warnings = notes
 	}
 	if len(c.Changed) == 0 {
 		return nil

@@ -27,12 +27,15 @@ func TestChange(t *testing.T) {
 	cur.rulesText["nat"] += "# rewritten\n"
 	delete(cur.rulesText, "ip6/nat")
 	cur.listeners = old.listeners[:2]
-	cur.notes["ipvs"] = "a note alone is not recorded"
+	cur.notes["ipvs"] = "read IPVS: permission denied"
 
 	c := Change(old, cur)
-	want := []string{trace.PartRules + "ip6/nat", trace.PartRules + "nat", trace.PartListeners}
+	want := []string{trace.PartRules + "ip6/nat", trace.PartRules + "nat", trace.PartListeners, trace.PartWarnings}
 	if c == nil || !slices.Equal(c.Changed, want) || !c.Time.Equal(cur.read) {
 		t.Fatalf("change %+v, want parts %v at %s", c, want, cur.read)
+	}
+	if !slices.Equal(c.Warnings, cur.Notes()) || !slices.Contains(c.Warnings, "read IPVS: permission denied") {
+		t.Errorf("warnings %q, want the watcher's notes %q", c.Warnings, cur.Notes())
 	}
 	if _, ok := c.Snapshot.Rules["ip6/nat"]; ok || c.Snapshot.Ipsets != "" || c.Snapshot.IPVS != nil {
 		t.Errorf("the change carries more than its parts: %+v", c.Snapshot)
