@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -320,5 +322,60 @@ func TestBadInputExitsTwo(t *testing.T) {
 		if len(args) > 2 && args[1] == "--metadata" && !strings.Contains(errb.String(), args[2]) {
 			t.Errorf("%v: the message does not name the file: %q", args, errb.String())
 		}
+	}
+}
+
+// TestWarnsRulesUnreadable: when the node's iptables-save fails, the
+// rules are not known, and the reader must be told: a header warning when
+// it fails from the start, and a state line when that changes mid-trace.
+// The failure is real: an iptables-save first on PATH that exits 1 while
+// a marker file exists, and runs the real one otherwise.
+func TestWarnsRulesUnreadable(t *testing.T) {
+	requireRootHost(t)
+	real, err := exec.LookPath("iptables-save")
+	if err != nil {
+		t.Fatalf("iptables-save: %v", err)
+	}
+	dir := t.TempDir()
+	mark := filepath.Join(dir, "broken")
+	script := fmt.Sprintf("#!/bin/sh\nif [ -e %s ]; then echo 'iptables-save: cannot open table' >&2; exit 1; fi\nexec %s \"$@\"\n", mark, real)
+	if err := os.WriteFile(filepath.Join(dir, "iptables-save"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mark, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	bin := buildTracer(t)
+	ns := dnatNamespace(t, "trwarn")
+	cmd, out, stderr := startTrace(t, bin, ns, "-o", "json", "--filter", "port:80")
+	if err := os.Remove(mark); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // two polls of the rules
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("tracer: %v; stderr: %s", err, stderr.String())
+	}
+	tr, err := trace.ReadAll(bytes.NewReader(out.Bytes()), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := func(ws []string) bool {
+		return slices.ContainsFunc(ws, func(w string) bool {
+			return strings.Contains(w, "iptables-save") && strings.Contains(w, "cannot open table")
+		})
+	}
+	if !warned(tr.Header.Warnings) {
+		t.Errorf("header warnings %q do not say iptables-save failed", tr.Header.Warnings)
+	}
+	var fixed *trace.StateChange
+	for _, c := range tr.States {
+		if slices.Contains(c.Changed, trace.PartWarnings) && !warned(c.Warnings) {
+			fixed = c
+		}
+	}
+	if fixed == nil || !slices.ContainsFunc(fixed.Changed, func(p string) bool { return strings.HasPrefix(p, trace.PartRules) }) {
+		t.Fatalf("no state line with the rules read again and the warning gone: %+v", tr.States)
 	}
 }
