@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -83,7 +84,7 @@ func (n *soakNode) restore() error {
 }
 
 // churn changes one Service and rewrites the chain.
-func (n *soakNode) churn() error {
+func (n *soakNode) churn() (soakChange, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.gen++
@@ -104,11 +105,11 @@ func (n *soakNode) churn() error {
 		c.after = soakRule(s, be)
 	}
 	if err := n.ns.Do(n.restore); err != nil {
-		return err
+		return c, err
 	}
 	c.at = time.Now()
 	n.changes = append(n.changes, c)
-	return nil
+	return c, nil
 }
 
 // pick is a Service that has a rule now.
@@ -217,17 +218,21 @@ type soakSample struct {
 	flows, stored, changes int
 }
 
-// TestSoak runs `tracer trace -o json --record` on a node whose rules are
-// rewritten every 2 s while clients make 40 new DNAT'd connections a
-// second, and feeds its flows to the UI's store and model (headless), for
-// TRACER_SOAK (default 40 s; make soak: an hour). It samples the tracer's
-// resident memory, open files and threads, and the UI side's goroutines
-// and heap, and checks: no event lost, one flow per connection a backend
-// accepted, each attributed to the rule in force when the kernel decided
-// (the backend confirms it), except decisions in the poll's lag after a
-// change, which must carry the rule before the change and say that it
-// disagrees with the kernel's NAT; open files and
-// goroutines flat after the first quarter; the tracer's memory bounded.
+// TestSoak runs `tracer trace -o json --record --kubeconfig` on a node
+// whose rules are rewritten every 2 s, and whose pods and Services change
+// on a real API server as often (a backend's pod replaced by a new one on
+// the same IP, a Service created or deleted with its rule), while clients
+// make 40 new DNAT'd connections a second; it feeds the flows to the UI's
+// store and model (headless), for TRACER_SOAK (default 30 s; make soak:
+// an hour). It samples the tracer's resident memory, open files and
+// threads, and the UI side's goroutines and heap, and checks: no event
+// lost, one flow per connection a backend accepted, each attributed to the
+// rule in force when the kernel decided (the backend confirms it) and
+// naming the pod and Service the API server had when it was made, live
+// and replayed from the recording; except decisions in a change's window
+// (the rules' poll, the watch's delivery), which must carry the state
+// before or after it; open files and goroutines flat after the first
+// quarter; the tracer's memory bounded.
 func TestSoak(t *testing.T) {
 	requirePriv(t)
 	skipInVM(t)
@@ -275,10 +280,17 @@ func TestSoak(t *testing.T) {
 	if err := ns.Do(node.restore); err != nil {
 		t.Fatal(err)
 	}
+	cluster := startSoakCluster(t)
+	for i := 0; i < soakServices; i++ {
+		if err := cluster.setService(context.Background(), i, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	dir := t.TempDir()
 	ready, rec := filepath.Join(dir, "ready"), filepath.Join(dir, "soak.ndjson")
-	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--record", rec, "--linger", "300ms", "--filter", "port:80")
+	cmd := exec.Command(exe, "trace", "-o", "json", "--netns", ns.Path(), "--ready-file", ready, "--record", rec, "--linger", "300ms", "--filter", "port:80",
+		"--kubeconfig", cluster.kubeconfig, "--node", soakNodeName)
 	cmd.Env = append(os.Environ(), asTracerEnv+"=1")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -317,7 +329,11 @@ func TestSoak(t *testing.T) {
 			case <-stop:
 				return
 			case <-tick.C:
-				if err := node.churn(); err != nil {
+				c, err := node.churn()
+				if err == nil {
+					err = cluster.churn(c, node.gen)
+				}
+				if err != nil {
 					t.Error(err)
 					return
 				}
@@ -393,45 +409,39 @@ func TestSoak(t *testing.T) {
 	}
 
 	// Every connection a backend accepted has its flow, with the rule in
-	// force at its decision.
-	var conns, missing, right, lag, wrong int
-	var examples []string
+	// force at its decision and the pod and Service the API server had
+	// then; the recording, replayed, says the same.
+	replayed := replaySoak(t, exe, rec)
+	live, again := &soakTally{}, &soakTally{}
 	dialed.each(func(client string, at time.Time, s int) {
 		be, ok := accepted.near(client, at)
 		if !ok {
 			return // the connection never reached a backend
 		}
-		conns++
-		f, ok := flows.near(client, at)
-		switch {
-		case !ok:
-			missing++
-			if len(examples) < 5 {
-				examples = append(examples, "no flow for "+client+" to "+soakVIP(s)+" at "+at.Format("15:04:05.000"))
-			}
-		case f.to == be && f.rule == soakRule(s, backendIndex(be)):
-			right++
-		case f.to == be && (f.uncertain || f.rule == "") && node.inLag(s, f.time, f.rule):
-			lag++
-		default:
-			wrong++
-			if len(examples) < 5 {
-				examples = append(examples, fmt.Sprintf("%s to %s accepted by %s at %s: dnat to %s, rule %q", client, soakVIP(s), be, f.time.Format("15:04:05.000"), f.to, f.rule))
-			}
-		}
+		live.check(node, cluster, &flows, client, at, s, be)
+		again.check(node, cluster, replayed, client, at, s, be)
 	})
-	report := soakReport(dur, samples, conns, missing, right, lag, wrong, int(refused.Load()), sum, stderr.String())
+	report := soakReport(dur, samples, live, again, int(refused.Load()), sum, stderr.String())
 	t.Log(report)
 	if path := os.Getenv("TRACER_SOAK_REPORT"); path != "" {
 		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
 			t.Error(err)
 		}
 	}
-	if conns < int(dur.Seconds())*soakRate/2 {
-		t.Errorf("only %d connections reached a backend in %s", conns, dur)
+	for _, tl := range []struct {
+		what string
+		t    *soakTally
+	}{{"live", live}, {"replayed", again}} {
+		if tl.t.missing != 0 || tl.t.rules.wrong+tl.t.pods.wrong+tl.t.services.wrong != 0 {
+			t.Errorf("%s: %d connections without a flow; wrong: %d rules, %d pods, %d Services: %q", tl.what, tl.t.missing,
+				tl.t.rules.wrong, tl.t.pods.wrong, tl.t.services.wrong, tl.t.examples)
+		}
 	}
-	if missing != 0 || wrong != 0 {
-		t.Errorf("%d connections without a flow, %d attributed to a rule not in force: %q", missing, wrong, examples)
+	if live.pods.right == 0 || live.services.right == 0 {
+		t.Errorf("no flow named its pod (%d) or Service (%d) right: the metadata is not checked", live.pods.right, live.services.right)
+	}
+	if live.conns < int(dur.Seconds())*soakRate/2 {
+		t.Errorf("only %d connections reached a backend in %s", live.conns, dur)
 	}
 	if sum.LostEvents != 0 || sum.StateChanges == 0 {
 		t.Errorf("summary %+v: want no lost event and the rewrites recorded", sum)
@@ -459,6 +469,8 @@ type soakFlow struct {
 	// found disagrees with the kernel's NAT.
 	uncertain bool
 	time      time.Time
+	// pod and service are the names the flow gives where it went.
+	pod, service string
 }
 
 // readSoakStream reads the NDJSON stream of the tracer: each flow to the
@@ -479,15 +491,7 @@ func readSoakStream(r interface{ Read([]byte) (int, error) }, store *trace.Store
 			}
 			store.Append(f)
 			sf := soakFlow{client: f.Orig.Src, time: f.Time}
-			for _, e := range f.Events {
-				if e.Kind == trace.KindDNAT {
-					sf.to = e.To
-					break
-				}
-			}
-			if f.Rule != nil {
-				sf.rule, sf.uncertain = f.Rule.Text, f.Rule.Uncertain != ""
-			}
+			sf.fill(f)
 			flows.add(sf.client, sf.time, sf)
 			n.Add(1)
 		case trace.TypeSummary:
@@ -555,10 +559,23 @@ func slope(samples []soakSample, y func(soakSample) int) float64 {
 	return 0
 }
 
-func soakReport(dur time.Duration, samples []soakSample, conns, missing, right, lag, wrong, refused int, sum trace.Summary, stderr string) string {
+func soakReport(dur time.Duration, samples []soakSample, live, replayed *soakTally, refused int, sum trace.Summary, stderr string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Soak: %s, %d new DNAT'd connections/s, a Service rewritten every %s\n\n", dur, soakRate, soakChurn)
-	fmt.Fprintf(&b, "connections accepted by a backend: %d (refused: %d, their Service removed as they dialed); flows missing: %d; rule in force: %d; in the poll's lag after a change (the rule before it): %d; wrong: %d\n", conns, refused, missing, right, lag, wrong)
+	fmt.Fprintf(&b, "# Soak: %s, %d new DNAT'd connections/s; every %s a Service's rule rewritten (its Service object created or deleted with it) and a backend's pod replaced by a new pod on the same IP, on a real API server\n\n", dur, soakRate, soakChurn)
+	fmt.Fprintf(&b, "connections accepted by a backend: %d (refused: %d, their Service removed as they dialed)\n\n", live.conns, refused)
+	b.WriteString("| checked against the truth | flows missing | right | in a change's window (the state before or after it) | wrong |\n|---|---|---|---|---|\n")
+	for _, row := range []struct {
+		what string
+		t    *soakTally
+	}{{"live", live}, {"replayed from --record", replayed}} {
+		for _, c := range []struct {
+			what string
+			n    soakCount
+		}{{"rule (the backend that accepted)", row.t.rules}, {"pod (the API server's, by IP)", row.t.pods}, {"Service (the API server's, by ClusterIP)", row.t.services}} {
+			fmt.Fprintf(&b, "| %s: %s | %d | %d | %d | %d |\n", row.what, c.what, row.t.missing, c.n.right, c.n.lag, c.n.wrong)
+		}
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "summary: %d flows, %d events, %d lost, %d state changes, %d conntrack overruns\n", sum.Flows, sum.Events, sum.LostEvents, sum.StateChanges, sum.ConntrackOverruns)
 	fmt.Fprintf(&b, "slopes after the first quarter (per hour): tracer RSS %+.1f MiB, fds %+.1f, threads %+.1f; UI store %+.1f MiB; test process goroutines %+.1f\n",
 		slope(samples, func(s soakSample) int { return s.rssKiB })/1024, slope(samples, func(s soakSample) int { return s.fds }),

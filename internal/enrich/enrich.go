@@ -61,7 +61,7 @@ func names(f *trace.Flow, env Env) {
 	if p, ok := env.PodByIP(went.Addr(), f.Time); ok {
 		f.DstPod = &p
 	}
-	if s, ok := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto); ok {
+	if s, ok := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time); ok {
 		f.Service = &s
 	}
 	if r := f.Rule; r != nil && r.Owner != nil {

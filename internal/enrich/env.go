@@ -35,5 +35,5 @@ type Env interface {
 	PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool)
 	// ServiceByAddr names the Service a client addressed at a:port
 	// (ClusterIP, externalIP, LB IP, or a NodePort on a node address).
-	ServiceByAddr(a netip.Addr, port uint16, proto string) (trace.ServiceRef, bool)
+	ServiceByAddr(a netip.Addr, port uint16, proto string, at time.Time) (trace.ServiceRef, bool)
 }

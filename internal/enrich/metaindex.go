@@ -76,12 +76,12 @@ func (m *IndexMetadata) PodNode(p trace.PodRef) string {
 	return node
 }
 
-func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool) {
-	s, sp, ok := m.idx.ServiceByAddr(a, port, proto, nodeAddr)
+func (m *IndexMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (trace.ServiceRef, bool) {
+	s, sp, ok := m.idx.ServiceByAddr(a, port, proto, nodeAddr, at)
 	var ref trace.ServiceRef
 	if ok {
 		ref = s.Ref(sp)
-	} else if s, ok = m.idx.ServiceByIP(a); ok {
+	} else if s, ok = m.idx.ServiceByIP(a, at); ok {
 		// The address is the Service's even where the port is not one of
 		// its own (a ping to a ClusterIP, an LB port that belongs elsewhere).
 		ref = trace.ServiceRef{Namespace: s.Namespace, Name: s.Name}

@@ -20,7 +20,7 @@ type Metadata interface {
 	PodNode(p trace.PodRef) string
 	// ServiceByAddr: nodeAddr says a is one of the node's own addresses
 	// (so NodePorts apply).
-	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool)
+	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (trace.ServiceRef, bool)
 	Service(ref trace.ServiceRef) (trace.Service, bool)
 	// HostNetworkPod is the hostNetwork pod on node declaring the port.
 	HostNetworkPod(proto string, port uint16, node string) (trace.PodRef, bool)
@@ -307,9 +307,9 @@ func (e *NodeEnv) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool) {
 	return e.meta.PodByIP(a, at)
 }
 
-func (e *NodeEnv) ServiceByAddr(a netip.Addr, port uint16, proto string) (trace.ServiceRef, bool) {
+func (e *NodeEnv) ServiceByAddr(a netip.Addr, port uint16, proto string, at time.Time) (trace.ServiceRef, bool) {
 	local, _ := e.node.IsLocal(a)
-	return e.meta.ServiceByAddr(a, port, proto, local && !e.kubeIPVS[a])
+	return e.meta.ServiceByAddr(a, port, proto, local && !e.kubeIPVS[a], at)
 }
 
 // noMetadata is the Metadata of a trace without pods and Services.
@@ -317,7 +317,7 @@ type noMetadata struct{}
 
 func (noMetadata) PodByIP(netip.Addr, time.Time) (trace.PodRef, bool) { return trace.PodRef{}, false }
 func (noMetadata) PodNode(trace.PodRef) string                        { return "" }
-func (noMetadata) ServiceByAddr(netip.Addr, uint16, string, bool) (trace.ServiceRef, bool) {
+func (noMetadata) ServiceByAddr(netip.Addr, uint16, string, bool, time.Time) (trace.ServiceRef, bool) {
 	return trace.ServiceRef{}, false
 }
 func (noMetadata) Service(trace.ServiceRef) (trace.Service, bool) { return trace.Service{}, false }

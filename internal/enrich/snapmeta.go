@@ -86,8 +86,9 @@ func (m *SnapshotMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 }
 
 // ServiceByAddr finds the Service whose ClusterIP, externalIP or LB IP is a
-// with that port (or, for a node address, whose NodePort it is).
-func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (trace.ServiceRef, bool) {
+// with that port (or, for a node address, whose NodePort it is). It
+// ignores the time: a snapshot is the state at one time.
+func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, _ time.Time) (trace.ServiceRef, bool) {
 	ip := a.String()
 	// Only Services with the address, or the NodePort, can match; they
 	// are asked in the recorded order, as a scan of all would.

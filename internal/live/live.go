@@ -40,7 +40,7 @@ type Config struct {
 	MetadataSnapshot func() ([]trace.Pod, []trace.Service)
 	// MetadataOnChange has the index tell of each change of what
 	// MetadataSnapshot lists, so the trace records it with its time.
-	MetadataOnChange func(func(time.Time))
+	MetadataOnChange func(func(time.Time, *trace.MetadataChange))
 	// MetadataWarnings are shown in the header and the UI (API server
 	// unreachable, ...).
 	MetadataWarnings func() []string

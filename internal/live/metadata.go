@@ -56,20 +56,47 @@ func diffObjects[T any](old, next map[trace.ObjectRef]T, cur []T, key func(T) tr
 	return changed, gone
 }
 
-// metadataSettle lets a burst of changes (a rollout, a namespace deleted)
-// settle into one delta; metadataPoll catches what changes without a
-// notice (a deleted pod's retention ending).
-const (
-	metadataSettle = 100 * time.Millisecond
-	metadataPoll   = 10 * time.Second
-)
+// take keeps of d what r does not already hold, and applies it to r; nil
+// when r held all of it (a resync, or a change the header already had).
+func (r recordedMetadata) take(d *trace.MetadataChange) *trace.MetadataChange {
+	out := &trace.MetadataChange{}
+	out.Pods, out.PodsGone = takeObjects(r.pods, d.Pods, d.PodsGone, func(p trace.Pod) trace.ObjectRef { return p.Ref() })
+	out.Services, out.ServicesGone = takeObjects(r.services, d.Services, d.ServicesGone, func(s trace.Service) trace.ObjectRef { return s.Ref() })
+	if len(out.Pods)+len(out.PodsGone)+len(out.Services)+len(out.ServicesGone) == 0 {
+		return nil
+	}
+	return out
+}
+
+func takeObjects[T any](held map[trace.ObjectRef]T, changed []T, gone []trace.ObjectRef, key func(T) trace.ObjectRef) (newer []T, left []trace.ObjectRef) {
+	for _, k := range gone {
+		if _, ok := held[k]; ok {
+			delete(held, k)
+			left = append(left, k)
+		}
+	}
+	for _, o := range changed {
+		if was, ok := held[key(o)]; !ok || !reflect.DeepEqual(was, o) {
+			held[key(o)] = o
+			newer = append(newer, o)
+		}
+	}
+	return newer, left
+}
+
+// pendingMetadata is a change the index told of, not yet recorded.
+type pendingMetadata struct {
+	at time.Time
+	d  *trace.MetadataChange
+}
 
 // metadataChanged is the index's OnChange: it runs under the index's
-// lock, so it only notes the time and wakes the watch.
-func (s *states) metadataChanged(at time.Time) {
+// lock, so it only queues the change, while the trace is recorded, and
+// wakes the watch.
+func (s *states) metadataChanged(at time.Time, d *trace.MetadataChange) {
 	s.pendMu.Lock()
-	if s.pendingSince.IsZero() {
-		s.pendingSince = at
+	if s.recording {
+		s.pending = append(s.pending, pendingMetadata{at, d})
 	}
 	s.pendMu.Unlock()
 	select {
@@ -78,47 +105,34 @@ func (s *states) metadataChanged(at time.Time) {
 	}
 }
 
-// watchMetadata writes a metadata delta whenever the pods or Services
-// differ from what the trace holds, until stop closes.
+// watchMetadata records each change the index tells of, at the time the
+// index took it, until stop closes.
 func (s *states) watchMetadata(stop <-chan struct{}) {
-	t := time.NewTicker(metadataPoll)
-	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
 		case <-s.metaWake:
-			select {
-			case <-stop:
-				return
-			case <-time.After(metadataSettle):
-			}
+			s.recordMetadata()
 		}
-		s.recordMetadata()
 	}
 }
 
-// recordMetadata writes the delta from the metadata the trace holds to
-// the index's now, stamped with when the index took its first change.
+// recordMetadata writes the queued changes, each as a state line, less
+// what the trace already holds.
 func (s *states) recordMetadata() {
 	s.pendMu.Lock()
-	at := s.pendingSince
-	s.pendingSince = time.Time{}
+	queued := s.pending
+	s.pending = nil
 	s.pendMu.Unlock()
-	if at.IsZero() {
-		at = time.Now()
-	}
-	pods, services := s.metadata() // outside mu: it takes the index's lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.sink == nil || s.recordedMeta.pods == nil {
-		return
+	for _, p := range queued {
+		if s.sink == nil || s.recordedMeta.pods == nil {
+			return
+		}
+		if d := s.recordedMeta.take(p.d); d != nil {
+			s.sink(&trace.StateChange{Type: trace.TypeState, Time: p.at.UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
+		}
 	}
-	d, next := s.recordedMeta.delta(pods, services)
-	if d == nil {
-		return
-	}
-	s.recordedMeta = next
-	s.sink(&trace.StateChange{Type: trace.TypeState, Time: at.UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
 }

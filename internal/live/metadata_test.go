@@ -1,7 +1,6 @@
 package live
 
 import (
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,86 +8,78 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// The trace records what changed in the pods and Services since what it
-// holds, one delta at a time, and nothing when nothing changed.
-func TestRecordMetadataDeltas(t *testing.T) {
+// The trace records each change the index tells of, stamped with the time
+// the index took it, less what it already holds; and, when recording
+// starts, what changed since the header's snapshot.
+func TestRecordMetadataChanges(t *testing.T) {
 	var mu sync.Mutex
 	pods := []trace.Pod{{Namespace: "a", Name: "db", IPs: []string{"10.0.0.1"}}, {Namespace: "a", Name: "web", IPs: []string{"10.0.0.2"}}}
 	svcs := []trace.Service{{Namespace: "a", Name: "db", ClusterIPs: []string{"10.96.0.1"}}}
-	s := &states{metadata: func() ([]trace.Pod, []trace.Service) {
+	list := func() ([]trace.Pod, []trace.Service) {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]trace.Pod(nil), pods...), append([]trace.Service(nil), svcs...)
-	}}
+	}
+	s := &states{metadata: list, metaWake: make(chan struct{}, 1)}
 	header := &trace.Snapshot{}
-	header.Pods, header.Services = s.metadata()
+	header.Pods, header.Services = list()
 	s.recordFrom(nil, header)
+
+	// Between the header and the recording: web's IP changes.
+	mu.Lock()
+	pods[1].IPs = []string{"10.0.0.3"}
+	mu.Unlock()
 	var got []*trace.StateChange
 	s.recordTo(func(c *trace.StateChange) { got = append(got, c) })
 	defer s.recordTo(nil)
-
-	s.recordMetadata()
-	if len(got) != 0 {
-		t.Fatalf("nothing changed, yet %d changes were recorded", len(got))
-	}
-	deleted := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	mu.Lock()
-	pods[0].Deleted = deleted                                                             // db deleted, kept for late joins
-	pods = append(pods, trace.Pod{Namespace: "a", Name: "db", IPs: []string{"10.0.0.9"}}) // and recreated
-	svcs = nil
-	mu.Unlock()
-	s.recordMetadata()
-	s.recordMetadata()
-	if len(got) != 1 {
-		t.Fatalf("one change, recorded %d times", len(got))
-	}
-	m := got[0].Metadata
-	// The live db is replaced by the recreated one; the deleted one is new.
-	if len(m.Pods) != 2 || len(m.PodsGone) != 0 || len(m.Services) != 0 || len(m.ServicesGone) != 1 || got[0].Changed[0] != trace.PartMetadata {
-		t.Fatalf("delta %+v", m)
-	}
-	// Replayed, the header and the delta give the index's pods now.
-	after := trace.NewTimeline(header)
-	after.Add(got[0])
-	_, snap := after.At(got[0].Time)
-	wantPods, wantSvcs := s.metadata()
-	if len(snap.Pods) != len(wantPods) || len(snap.Services) != len(wantSvcs) {
-		t.Fatalf("replayed: %d pods, %d services; the index has %d, %d", len(snap.Pods), len(snap.Services), len(wantPods), len(wantSvcs))
-	}
-	for _, p := range wantPods {
-		found := false
-		for _, q := range snap.Pods {
-			found = found || q.Ref() == p.Ref() && q.IPs[0] == p.IPs[0]
-		}
-		if !found {
-			t.Errorf("replayed state lacks %+v", p)
-		}
+	if len(got) != 1 || len(got[0].Metadata.Pods) != 1 || got[0].Metadata.Pods[0].IPs[0] != "10.0.0.3" {
+		t.Fatalf("the change since the header: %d lines, first %+v", len(got), got)
 	}
 
-	// The deleted db's retention ends: it leaves, by its deletion time.
-	mu.Lock()
-	pods = pods[1:]
-	mu.Unlock()
+	// db is deleted, kept for late joins, and recreated on its IP; the
+	// index tells of each change. A resync of web changes nothing.
+	t0 := time.Now().UTC().Add(time.Hour) // after the line above, stamped now
+	tomb := trace.Pod{Namespace: "a", Name: "db", IPs: []string{"10.0.0.1"}, Deleted: t0}
+	again := trace.Pod{Namespace: "a", Name: "db", IPs: []string{"10.0.0.1"}}
+	s.metadataChanged(t0, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "a", Name: "db"}}, Pods: []trace.Pod{tomb}})
+	s.metadataChanged(t0.Add(time.Second), &trace.MetadataChange{Pods: []trace.Pod{again}})
+	s.metadataChanged(t0.Add(2*time.Second), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "web", IPs: []string{"10.0.0.3"}}}})
+	s.metadataChanged(t0.Add(3*time.Second), &trace.MetadataChange{ServicesGone: []trace.ObjectRef{{Namespace: "a", Name: "db"}}})
 	s.recordMetadata()
-	if len(got) != 2 || len(got[1].Metadata.PodsGone) != 1 || got[1].Metadata.PodsGone[0] != (trace.ObjectRef{Namespace: "a", Name: "db", Deleted: deleted}) || len(got[1].Metadata.Pods) != 0 {
-		t.Fatalf("retention over: changes %d, last %+v", len(got), got[len(got)-1].Metadata)
+	if len(got) != 4 {
+		t.Fatalf("%d state lines, want 4: the header's delta, the deletion, the recreation, the Service gone (the resync none)", len(got))
+	}
+	for i, want := range []time.Time{t0, t0.Add(time.Second), t0.Add(3 * time.Second)} {
+		if !got[i+1].Time.Equal(want) {
+			t.Errorf("line %d at %s, want the index's time %s", i+2, got[i+1].Time, want)
+		}
+	}
+	tl := trace.NewTimeline(header)
+	for _, c := range got {
+		tl.Add(c)
+	}
+	_, snap := tl.At(t0.Add(time.Hour))
+	if len(snap.Pods) != 3 || len(snap.Services) != 0 {
+		t.Errorf("replayed: pods %+v, services %+v; want db recreated, db deleted, web, and no Service", snap.Pods, snap.Services)
+	}
+	_, before := tl.At(t0.Add(500 * time.Millisecond))
+	if len(before.Pods) != 2 || !before.Pods[0].Deleted.Equal(t0) {
+		t.Errorf("between the deletion and the recreation: %+v", before.Pods)
 	}
 }
 
-// Once the writers are gone nothing more is handed to them.
+// Once the writers are gone nothing more is queued or handed on.
 func TestRecordMetadataStops(t *testing.T) {
-	gen := 0
-	s := &states{metadata: func() ([]trace.Pod, []trace.Service) {
-		gen++
-		return []trace.Pod{{Namespace: "a", Name: "p", IPs: []string{fmt.Sprintf("10.0.0.%d", gen)}}}, nil
-	}}
+	s := &states{metadata: func() ([]trace.Pod, []trace.Service) { return nil, nil }, metaWake: make(chan struct{}, 1)}
 	s.recordFrom(nil, &trace.Snapshot{})
 	calls := 0
 	s.recordTo(func(*trace.StateChange) { calls++ })
+	s.metadataChanged(time.Now(), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "p"}}})
 	s.recordMetadata()
 	s.recordTo(nil)
+	s.metadataChanged(time.Now(), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "q"}}})
 	s.recordMetadata()
-	if calls != 1 {
-		t.Errorf("%d changes handed on, want 1 (none after the writers went)", calls)
+	if calls != 1 || len(s.pending) != 0 {
+		t.Errorf("%d changes handed on, %d queued; want 1 and none after the writers went", calls, len(s.pending))
 	}
 }

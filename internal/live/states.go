@@ -39,17 +39,18 @@ type states struct {
 	// last wrote (the header's snapshot, then each change).
 	sink     func(*trace.StateChange)
 	recorded *node.State
-	// metadata reads the pods and Services now (nil: no metadata);
-	// recordedMeta is what the trace holds of them, and stopMeta ends
-	// the metadata's watch when the sink goes.
+	// metadata lists the pods and Services now (nil: no metadata);
+	// recordedMeta is what the trace holds of them, and stopMeta ends the
+	// watch of their changes when the sink goes.
 	metadata     func() ([]trace.Pod, []trace.Service)
 	recordedMeta recordedMetadata
 	stopMeta     chan struct{}
-	// metaWake and pendingSince (under pendMu) are the index's notice of
-	// a change and when it took the first one not yet recorded.
-	metaWake     chan struct{}
-	pendMu       sync.Mutex
-	pendingSince time.Time
+	// metaWake, and under pendMu pending and recording, are the index's
+	// changes not yet recorded, queued while a trace is recorded.
+	metaWake  chan struct{}
+	pendMu    sync.Mutex
+	pending   []pendingMetadata
+	recording bool
 }
 
 type stateEnv struct {
@@ -104,11 +105,28 @@ func (s *states) recordTo(sink func(*trace.StateChange)) {
 		close(s.stopMeta)
 		s.stopMeta = nil
 	}
+	s.pendMu.Lock()
+	s.recording, s.pending = sink != nil && s.metadata != nil, nil
+	s.pendMu.Unlock()
+	s.record()
 	if sink != nil && s.metadata != nil {
+		s.recordMetadataSince()
 		s.stopMeta = make(chan struct{})
 		go s.watchMetadata(s.stopMeta)
 	}
-	s.record()
+}
+
+// recordMetadataSince writes what changed in the pods and Services since
+// the header's, from before changes were queued. The caller holds mu.
+func (s *states) recordMetadataSince() {
+	if s.recordedMeta.pods == nil {
+		return
+	}
+	pods, services := s.metadata()
+	if d, next := s.recordedMeta.delta(pods, services); d != nil {
+		s.recordedMeta = next
+		s.sink(&trace.StateChange{Type: trace.TypeState, Time: time.Now().UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
+	}
 }
 
 // record writes the change from the recorded state to the newest. The

@@ -217,7 +217,7 @@ func BenchmarkServiceByAddr(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				if _, _, ok := idx.ServiceByAddr(addrs[i%len(addrs)], c.port, "tcp", c.nodeAddr); ok != c.hit {
+				if _, _, ok := idx.ServiceByAddr(addrs[i%len(addrs)], c.port, "tcp", c.nodeAddr, time.Time{}); ok != c.hit {
 					b.Fatalf("%s: ok %v", c.name, ok)
 				}
 			}

@@ -42,7 +42,7 @@ func TestLoadFileTypedListAndSingleObject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, sp, ok := idx.ServiceByAddr(mustAddr("10.96.3.3"), 8125, "udp", false); !ok || s.Name != "s" || sp.Port != 8125 {
+	if s, sp, ok := idx.ServiceByAddr(mustAddr("10.96.3.3"), 8125, "udp", false, time.Time{}); !ok || s.Name != "s" || sp.Port != 8125 {
 		t.Errorf("ServiceByAddr from a single Service = %+v %+v %v", s, sp, ok)
 	}
 }
@@ -117,7 +117,7 @@ func TestLoadFileAPIServer(t *testing.T) {
 	}
 	checkIncidents(t, idx, time.Now(), false)
 	eps := idx.EndpointsOf(ServiceRef{Namespace: "default", Name: "kubernetes"})
-	if s, sp, ok := idx.ServiceByAddr(mustAddr("10.96.0.1"), 443, "tcp", false); !ok || s.Name != "kubernetes" || sp.TargetPort != "26443" || len(eps) != 1 {
+	if s, sp, ok := idx.ServiceByAddr(mustAddr("10.96.0.1"), 443, "tcp", false, time.Time{}); !ok || s.Name != "kubernetes" || sp.TargetPort != "26443" || len(eps) != 1 {
 		t.Errorf("the API server's own Service = %+v %+v %v, endpoints %+v", s, sp, ok, eps)
 	}
 }

@@ -76,7 +76,7 @@ func checkIncidents(t *testing.T, idx Index, now time.Time, history bool) {
 		{"192.168.1.11", 30081, "tcp", true, "default/web:http"},
 	}
 	for _, c := range svcCases {
-		s, sp, ok := idx.ServiceByAddr(ip(c.addr), c.port, c.proto, c.nodeAddr)
+		s, sp, ok := idx.ServiceByAddr(ip(c.addr), c.port, c.proto, c.nodeAddr, time.Time{})
 		got := ""
 		if ok {
 			got = s.Namespace + "/" + s.Name + ":" + sp.Name
@@ -85,7 +85,7 @@ func checkIncidents(t *testing.T, idx Index, now time.Time, history bool) {
 			t.Errorf("ServiceByAddr(%s, %d, %s, %v) = %q, want %q", c.addr, c.port, c.proto, c.nodeAddr, got, c.want)
 		}
 	}
-	web, sp, ok := idx.ServiceByAddr(ip("192.168.1.200"), 80, "tcp", false)
+	web, sp, ok := idx.ServiceByAddr(ip("192.168.1.200"), 80, "tcp", false, time.Time{})
 	if !ok || web.Type != "LoadBalancer" || web.ExternalTrafficPolicy != "Local" || len(web.LBIngress) != 1 ||
 		web.LBIngress[0].IPMode != "VIP" || sp.NodePort != 30081 || sp.TargetPort != "8080" {
 		t.Errorf("web = %+v port %+v; want an ETP=Local LoadBalancer with VIP ingress, nodePort 30081, target 8080", web, sp)
@@ -95,11 +95,11 @@ func checkIncidents(t *testing.T, idx Index, now time.Time, history bool) {
 	}
 	// Incident 3 and 4: the Service is named even when the port is not its.
 	for a, want := range map[string]string{"10.96.0.20": "mysql-a", "192.168.1.200": "web", "192.168.1.250": "legacy-api"} {
-		if s, ok := idx.ServiceByIP(ip(a)); !ok || s.Name != want {
+		if s, ok := idx.ServiceByIP(ip(a), time.Time{}); !ok || s.Name != want {
 			t.Errorf("ServiceByIP(%s) = %s, %v; want %s", a, s.Name, ok, want)
 		}
 	}
-	if s, ok := idx.ServiceByIP(ip("10.244.2.7")); ok {
+	if s, ok := idx.ServiceByIP(ip("10.244.2.7"), time.Time{}); ok {
 		t.Errorf("ServiceByIP(pod IP) = %s, want none", s.Name)
 	}
 

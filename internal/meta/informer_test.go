@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // fixtureObjects decodes the kubectl fixture into typed objects, to feed the
@@ -237,15 +239,15 @@ func TestClientServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	vip := mustAddr("10.96.5.5")
-	eventually(t, "front", func() bool { _, _, ok := idx.ServiceByAddr(vip, 443, "tcp", false); return ok })
+	eventually(t, "front", func() bool { _, _, ok := idx.ServiceByAddr(vip, 443, "tcp", false, time.Time{}); return ok })
 	proxy := corev1.LoadBalancerIPModeProxy
 	s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.9", IPMode: &proxy}}
 	if _, err := svcs.UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	lb := mustAddr("198.51.100.9")
-	eventually(t, "front's LB IP", func() bool { _, _, ok := idx.ServiceByAddr(lb, 443, "tcp", false); return ok })
-	got, sp, _ := idx.ServiceByAddr(lb, 443, "tcp", false)
+	eventually(t, "front's LB IP", func() bool { _, _, ok := idx.ServiceByAddr(lb, 443, "tcp", false, time.Time{}); return ok })
+	got, sp, _ := idx.ServiceByAddr(lb, 443, "tcp", false, time.Time{})
 	if got.LBIngress[0].IPMode != "Proxy" || sp.TargetPort != "https" || got.ExternalTrafficPolicy != "Local" {
 		t.Errorf("front = %+v %+v", got, sp)
 	}
@@ -262,7 +264,7 @@ func TestClientServices(t *testing.T) {
 		{node, 443, true, false},
 		{vip, 31443, false, false},
 	} {
-		if _, _, ok := idx.ServiceByAddr(c.a, c.port, "tcp", c.nodeAddr); ok != c.want {
+		if _, _, ok := idx.ServiceByAddr(c.a, c.port, "tcp", c.nodeAddr, time.Time{}); ok != c.want {
 			t.Errorf("ServiceByAddr(%s, %d, nodeAddr %v) = %v, want %v", c.a, c.port, c.nodeAddr, ok, c.want)
 		}
 	}
@@ -272,11 +274,11 @@ func TestClientServices(t *testing.T) {
 	if _, err := svcs.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "front's new port", func() bool { _, _, ok := idx.ServiceByAddr(vip, 8443, "tcp", false); return ok })
-	if _, _, ok := idx.ServiceByAddr(vip, 443, "tcp", false); ok {
+	eventually(t, "front's new port", func() bool { _, _, ok := idx.ServiceByAddr(vip, 8443, "tcp", false, time.Time{}); return ok })
+	if _, _, ok := idx.ServiceByAddr(vip, 443, "tcp", false, time.Time{}); ok {
 		t.Error("old port still matches")
 	}
-	if _, _, ok := idx.ServiceByAddr(node, 31443, "tcp", true); ok {
+	if _, _, ok := idx.ServiceByAddr(node, 31443, "tcp", true, time.Time{}); ok {
 		t.Error("old NodePort still matches")
 	}
 
@@ -308,8 +310,8 @@ func TestClientServices(t *testing.T) {
 	if err := svcs.Delete(ctx, "front", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "front gone", func() bool { _, ok := idx.ServiceByIP(vip); return !ok })
-	if _, _, ok := idx.ServiceByAddr(node, 31444, "tcp", true); ok {
+	eventually(t, "front gone", func() bool { _, ok := idx.ServiceByIP(vip, time.Time{}); return !ok })
+	if _, _, ok := idx.ServiceByAddr(node, 31444, "tcp", true, time.Time{}); ok {
 		t.Error("deleted Service's NodePort still matches")
 	}
 }
@@ -359,7 +361,7 @@ func TestClientTransformStrips(t *testing.T) {
 	if p, ok := idx.PodByIP(mustAddr("10.244.1.21"), time.Time{}); !ok || len(p.ContainerIDs) != 2 || p.ContainerIDs[1] != "bbbb" || len(p.HostPorts) != 1 {
 		t.Errorf("local pod = %+v, %v", p, ok)
 	}
-	if _, sp, ok := idx.ServiceByAddr(mustAddr("10.96.9.9"), 80, "TCP", false); !ok || sp.TargetPort != "8080" || sp.Proto != "tcp" {
+	if _, sp, ok := idx.ServiceByAddr(mustAddr("10.96.9.9"), 80, "TCP", false, time.Time{}); !ok || sp.TargetPort != "8080" || sp.Proto != "tcp" {
 		t.Errorf("service port = %+v, %v", sp, ok)
 	}
 	// The transform is idempotent, as informers require, and its copies
@@ -511,7 +513,12 @@ func TestPodByIPReuseWithinTheSecond(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var changes []time.Time
-	idx.OnChange(func(at time.Time) { mu.Lock(); changes = append(changes, at); mu.Unlock() })
+	var deltas []*trace.MetadataChange
+	idx.OnChange(func(at time.Time, d *trace.MetadataChange) {
+		mu.Lock()
+		changes, deltas = append(changes, at), append(deltas, d)
+		mu.Unlock()
+	})
 	ip := mustAddr("10.244.1.20")
 	pods := cs.CoreV1().Pods("default")
 	if _, err := pods.Create(ctx, testPod("old", "node-2", ip.String(), t0.Add(-time.Hour)), metav1.CreateOptions{}); err != nil {
@@ -534,6 +541,64 @@ func TestPodByIPReuseWithinTheSecond(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if len(changes) != 3 || !changes[2].Equal(clk.Now()) {
-		t.Errorf("OnChange told %v, want three changes at %s", changes, clk.Now())
+		t.Fatalf("OnChange told %v, want three changes at %s", changes, clk.Now())
+	}
+	// The deletion: the live old gone, its tombstone, deleted now, new.
+	if d := deltas[1]; len(d.PodsGone) != 1 || d.PodsGone[0] != (trace.ObjectRef{Namespace: "default", Name: "old"}) ||
+		len(d.Pods) != 1 || !d.Pods[0].Deleted.Equal(clk.Now()) || d.Pods[0].IPs[0] != ip.String() {
+		t.Errorf("the deletion told as %+v", d)
+	}
+	if d := deltas[2]; len(d.Pods) != 1 || d.Pods[0].Name != "new" || !d.Pods[0].Deleted.IsZero() {
+		t.Errorf("the creation told as %+v", d)
+	}
+}
+
+// A Service deleted after a connection was made still names it, as a
+// flow is named when its linger ends; a connection made after the
+// deletion finds none, and a Service that took the address since is found
+// from then on.
+func TestServiceDeletedAfterTheConnection(t *testing.T) {
+	ctx := startOf(t)
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	clk := newClock(t0)
+	cs := fake.NewClientset()
+	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := mustAddr("10.96.50.1")
+	svc := func(name string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.ServiceSpec{ClusterIP: vip.String(), ClusterIPs: []string{vip.String()}, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}}}
+	}
+	services := cs.CoreV1().Services("default")
+	if _, err := services.Create(ctx, svc("old"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old", func() bool { _, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, time.Time{}); return ok })
+	clk.Add(time.Second)
+	if err := services.Delete(ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old deleted", func() bool { _, ok := idx.ServiceByIP(vip, time.Time{}); return !ok })
+	if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(500*time.Millisecond)); !ok || s.Name != "old" {
+		t.Errorf("a connection before the deletion: %q, %v; want old", s.Name, ok)
+	}
+	if s, ok := idx.ServiceByIP(vip, t0.Add(500*time.Millisecond)); !ok || s.Name != "old" {
+		t.Errorf("ServiceByIP before the deletion: %q, %v; want old", s.Name, ok)
+	}
+	if _, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(2*time.Second)); ok {
+		t.Error("a connection after the deletion found the deleted Service")
+	}
+	clk.Add(time.Second)
+	if _, err := services.Create(ctx, svc("new"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new", func() bool { _, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, time.Time{}); return ok })
+	if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(3*time.Second)); !ok || s.Name != "new" {
+		t.Errorf("after the new Service took the address: %q, %v; want new", s.Name, ok)
+	}
+	if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(500*time.Millisecond)); !ok || s.Name != "old" {
+		t.Errorf("before the old one's deletion, with the new one live: %q, %v; want old", s.Name, ok)
 	}
 }

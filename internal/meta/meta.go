@@ -27,13 +27,16 @@ type Index interface {
 	PodByIP(a netip.Addr, at time.Time) (PodInfo, bool)
 	// ServiceByAddr returns the Service and port a client addressed by
 	// a:port (ClusterIP, externalIP or LoadBalancer ingress IP), or, when
-	// nodeAddr is true (a is one of this node's own addresses), by NodePort.
-	// proto is "tcp", "udp" or "sctp", in any case.
-	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (ServiceInfo, ServicePortInfo, bool)
+	// nodeAddr is true (a is one of this node's own addresses), by NodePort,
+	// at time at: a Service deleted after at is still found during the
+	// retention period (zero at: now). proto is "tcp", "udp" or "sctp", in
+	// any case.
+	ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (ServiceInfo, ServicePortInfo, bool)
 	// ServiceByIP returns the Service owning a as a ClusterIP, externalIP or
-	// LoadBalancer ingress IP, whatever the port: it names the Service of a
-	// ping to a ClusterIP or of a port the Service does not have.
-	ServiceByIP(a netip.Addr) (ServiceInfo, bool)
+	// LoadBalancer ingress IP at time at, whatever the port: it names the
+	// Service of a ping to a ClusterIP or of a port the Service does not
+	// have.
+	ServiceByIP(a netip.Addr, at time.Time) (ServiceInfo, bool)
 	// PodByHostPort returns the pod on node declaring hostPort port/proto,
 	// the pod whose portmap rule DNATs it. hostNetwork pods are not
 	// considered: portmap writes no rules for them (see HostNetworkPod).
@@ -52,10 +55,11 @@ type Index interface {
 	Synced() bool
 	// Warnings says why the metadata may be incomplete or stale.
 	Warnings() []string
-	// OnChange has fn called with the time of each change of what
-	// Snapshot lists, as the index takes it. fn runs under the index's
-	// lock: it must return at once and not call the index.
-	OnChange(fn func(time.Time))
+	// OnChange has fn told of each change of what Snapshot lists, with
+	// the time the index took it, as a delta of Snapshot's lists. fn runs
+	// under the index's lock: it must return at once and not call the
+	// index.
+	OnChange(fn func(time.Time, *trace.MetadataChange))
 }
 
 // PodInfo is the part of a pod the tracer uses.

@@ -35,23 +35,33 @@ type store struct {
 	hostPorts map[hostPortKey][]*PodInfo  // live pods only
 	services  map[ServiceRef]*ServiceInfo // by namespace/name
 	svcByIP   map[netip.Addr][]*ServiceInfo
+	// svcTombs are deleted Services, oldest deletion first, kept for
+	// lookups of connections made before their deletion.
+	svcTombs []deletedService
 	nodePorts map[protoPort][]svcPort
 	slices    map[string]*sliceInfo                // by namespace/name of the slice
 	bySvc     map[ServiceRef]map[string]*sliceInfo // slices of a Service
-	onChange  func(time.Time)
+	onChange  func(time.Time, *trace.MetadataChange)
+}
+
+// deletedService is a Service and when the index saw it deleted.
+type deletedService struct {
+	svc     *ServiceInfo
+	deleted time.Time
 }
 
 // OnChange implements Index.
-func (s *store) OnChange(fn func(time.Time)) {
+func (s *store) OnChange(fn func(time.Time, *trace.MetadataChange)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onChange = fn
 }
 
-// changedLocked tells OnChange's function that what Snapshot lists changed.
-func (s *store) changedLocked() {
+// changedLocked tells OnChange's function what changed in what Snapshot
+// lists.
+func (s *store) changedLocked(d *trace.MetadataChange) {
 	if s.onChange != nil {
-		s.onChange(s.now())
+		s.onChange(s.now(), d)
 	}
 }
 
@@ -109,7 +119,7 @@ func (s *store) upsertPod(p *PodInfo) {
 		s.unindexLivePod(old)
 	}
 	s.pods[key] = p
-	s.changedLocked()
+	s.changedLocked(&trace.MetadataChange{Pods: []trace.Pod{tracePod(p)}})
 	if !p.HostNetwork {
 		for _, a := range p.IPs {
 			s.byIP[a] = append(s.byIP[a], p)
@@ -136,7 +146,7 @@ func (s *store) deletePod(namespace, name string) {
 	}
 	s.unindexLivePod(old)
 	delete(s.pods, key)
-	s.changedLocked()
+	d := &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: namespace, Name: name}}}
 	tomb := *old
 	tomb.Deleted = s.now()
 	if !tomb.HostNetwork && len(tomb.IPs) > 0 {
@@ -144,7 +154,9 @@ func (s *store) deletePod(namespace, name string) {
 			s.byIP[a] = append(s.byIP[a], &tomb)
 		}
 		s.tombs = append(s.tombs, &tomb)
+		d.Pods = []trace.Pod{tracePod(&tomb)}
 	}
+	s.changedLocked(d)
 	s.pruneLocked()
 }
 
@@ -178,14 +190,17 @@ func (s *store) removeIP(a netip.Addr, p *PodInfo) {
 func (s *store) pruneLocked() {
 	cut := s.now().Add(-s.retention)
 	n := 0
+	var gone []trace.ObjectRef
 	for n < len(s.tombs) && s.tombs[n].Deleted.Before(cut) {
 		for _, a := range s.tombs[n].IPs {
 			s.removeIP(a, s.tombs[n])
 		}
+		gone = append(gone, trace.ObjectRef{Namespace: s.tombs[n].Namespace, Name: s.tombs[n].Name, Deleted: s.tombs[n].Deleted.UTC()})
 		n++
 	}
 	if n > 0 {
 		s.tombs = slices.Delete(s.tombs, 0, n)
+		s.changedLocked(&trace.MetadataChange{PodsGone: gone})
 	}
 }
 
@@ -197,7 +212,7 @@ func (s *store) upsertService(svc *ServiceInfo) {
 		s.unindexService(old)
 	}
 	s.services[key] = svc
-	s.changedLocked()
+	s.changedLocked(&trace.MetadataChange{Services: []trace.Service{traceService(svc)}})
 	for _, a := range serviceIPs(svc) {
 		l := s.svcByIP[a]
 		if slices.Contains(l, svc) {
@@ -225,7 +240,14 @@ func (s *store) deleteService(namespace, name string) {
 	if old := s.services[key]; old != nil {
 		s.unindexService(old)
 		delete(s.services, key)
-		s.changedLocked()
+		now := s.now()
+		s.svcTombs = append(s.svcTombs, deletedService{svc: old, deleted: now})
+		n := 0
+		for n < len(s.svcTombs) && s.svcTombs[n].deleted.Before(now.Add(-s.retention)) {
+			n++
+		}
+		s.svcTombs = slices.Delete(s.svcTombs, 0, n)
+		s.changedLocked(&trace.MetadataChange{ServicesGone: []trace.ObjectRef{{Namespace: namespace, Name: name}}})
 	}
 }
 
@@ -363,11 +385,18 @@ func betterAt(p, q *PodInfo, at time.Time) bool {
 }
 
 // ServiceByAddr implements Index.
-func (s *store) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool) (ServiceInfo, ServicePortInfo, bool) {
+func (s *store) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (ServiceInfo, ServicePortInfo, bool) {
 	a = a.Unmap()
 	proto = strings.ToLower(proto)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	// A Service deleted since at held its addresses then: the API server
+	// hands an address on only once its Service is gone.
+	for _, svc := range s.deletedSince(at) {
+		if p, ok := servicePort(svc, a, port, proto, nodeAddr); ok {
+			return *svc, p, true
+		}
+	}
 	// An address that is a Service's own IP wins over a NodePort: in IPVS
 	// mode the VIPs are local addresses too, but the client addressed the
 	// VIP.
@@ -387,11 +416,41 @@ func (s *store) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr 
 	return ServiceInfo{}, ServicePortInfo{}, false
 }
 
+// deletedSince lists the Services deleted after at, newest first; none
+// for a zero at (now).
+func (s *store) deletedSince(at time.Time) []*ServiceInfo {
+	if at.IsZero() {
+		return nil
+	}
+	var out []*ServiceInfo
+	for i := len(s.svcTombs) - 1; i >= 0 && s.svcTombs[i].deleted.After(at); i-- {
+		out = append(out, s.svcTombs[i].svc)
+	}
+	return out
+}
+
+// servicePort is svc's port a client reached at a:port, by one of its
+// IPs or, on a node address, its NodePort.
+func servicePort(svc *ServiceInfo, a netip.Addr, port uint16, proto string, nodeAddr bool) (ServicePortInfo, bool) {
+	ownIP := slices.Contains(serviceIPs(svc), a)
+	for _, p := range svc.Ports {
+		if p.Proto == proto && (ownIP && p.Port == port || nodeAddr && p.NodePort == port) {
+			return p, true
+		}
+	}
+	return ServicePortInfo{}, false
+}
+
 // ServiceByIP implements Index.
-func (s *store) ServiceByIP(a netip.Addr) (ServiceInfo, bool) {
+func (s *store) ServiceByIP(a netip.Addr, at time.Time) (ServiceInfo, bool) {
 	a = a.Unmap()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	for _, svc := range s.deletedSince(at) {
+		if slices.Contains(serviceIPs(svc), a) {
+			return *svc, true
+		}
+	}
 	if l := s.svcByIP[a]; len(l) > 0 {
 		return *l[0], true
 	}

@@ -117,19 +117,19 @@ func TestMetadata(t *testing.T) {
 			{"LoadBalancer ingress IP", netip.MustParseAddr("203.0.113.10"), 443, "tcp", false, "web-lb", "https"},
 			{"the API server's own Service", netip.MustParseAddr("10.96.0.1"), 443, "tcp", false, "kubernetes", "https"},
 		} {
-			s, p, ok := idx.ServiceByAddr(tc.addr, tc.port, tc.proto, tc.nodeAddr)
+			s, p, ok := idx.ServiceByAddr(tc.addr, tc.port, tc.proto, tc.nodeAddr, time.Time{})
 			if !ok || s.Name != tc.svc || p.Name != tc.portName {
 				t.Errorf("%s: ServiceByAddr(%s, %d, %s, %v) = %s port %q (found %v), want %s port %q",
 					tc.what, tc.addr, tc.port, tc.proto, tc.nodeAddr, s.Name, p.Name, ok, tc.svc, tc.portName)
 			}
 		}
-		if s, _, ok := idx.ServiceByAddr(clusterIP, 81, "tcp", false); ok {
+		if s, _, ok := idx.ServiceByAddr(clusterIP, 81, "tcp", false, time.Time{}); ok {
 			t.Errorf("ServiceByAddr(ClusterIP, unused port 81) = %s, want none", s.Name)
 		}
-		if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(nodeIP), 30080, "tcp", false); ok {
+		if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(nodeIP), 30080, "tcp", false, time.Time{}); ok {
 			t.Errorf("NodePort on an address that is not the node's = %s, want none", s.Name)
 		}
-		if s, ok := idx.ServiceByIP(clusterIP); !ok || s.Name != "web" {
+		if s, ok := idx.ServiceByIP(clusterIP, time.Time{}); !ok || s.Name != "web" {
 			t.Errorf("ServiceByIP(ClusterIP of web) = %s (found %v), want web", s.Name, ok)
 		}
 		eps := idx.EndpointsOf(meta.ServiceRef{Namespace: ns, Name: "web"})
@@ -206,7 +206,7 @@ func TestMetadata(t *testing.T) {
 		if p, ok := idx.PodByIP(netip.MustParseAddr("10.244.1.11"), time.Now()); !ok || p.Key() != "shop/web-1" {
 			t.Errorf("during the outage PodByIP(10.244.1.11) = %s (found %v), want shop/web-1", p.Key(), ok)
 		}
-		if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr("203.0.113.10"), 443, "tcp", false); !ok || s.Name != "web-lb" {
+		if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr("203.0.113.10"), 443, "tcp", false, time.Time{}); !ok || s.Name != "web-lb" {
 			t.Errorf("during the outage the LoadBalancer IP = %s (found %v), want web-lb", s.Name, ok)
 		}
 		late, err := runPod(ctx, admin2, ns, "late", "node-b", "172.18.0.11", "10.244.2.99")
@@ -241,7 +241,7 @@ func TestMetadata(t *testing.T) {
 		t.Logf("outage: pod created during the outage resolved %s after the restart", caughtUp.Round(time.Millisecond))
 		lateIP := netip.MustParseAddr(mustService(ctx, t, admin2, ns, "late").Spec.ClusterIP)
 		eventually(t, 2*time.Minute, "Service created during the outage resolved", func() string {
-			if s, ok := idx.ServiceByIP(lateIP); !ok || s.Name != "late" {
+			if s, ok := idx.ServiceByIP(lateIP, time.Time{}); !ok || s.Name != "late" {
 				return "ServiceByIP(ClusterIP of late) not found"
 			}
 			return ""

@@ -129,17 +129,17 @@ func TestScale(t *testing.T) {
 	nodeAddr := netip.MustParseAddr("172.19.0.1")
 	for j := range scaleServices {
 		want := fmt.Sprintf("svc-%d", j)
-		s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(svcs[j].Spec.ClusterIP), 80, "tcp", false)
+		s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(svcs[j].Spec.ClusterIP), 80, "tcp", false, time.Time{})
 		if !ok || s.Name != want {
 			t.Fatalf("ServiceByAddr(ClusterIP of %s) = %s (found %v)", want, s.Name, ok)
 		}
 		if j%10 == 0 {
-			if s, _, ok := idx.ServiceByAddr(nodeAddr, uint16(scaleNodePort(j)), "tcp", true); !ok || s.Name != want {
+			if s, _, ok := idx.ServiceByAddr(nodeAddr, uint16(scaleNodePort(j)), "tcp", true, time.Time{}); !ok || s.Name != want {
 				t.Fatalf("ServiceByAddr(NodePort %d) = %s (found %v), want %s", scaleNodePort(j), s.Name, ok, want)
 			}
 		}
 		if j%50 == 0 {
-			if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(scaleLBIP(j)), 80, "tcp", false); !ok || s.Name != want {
+			if s, _, ok := idx.ServiceByAddr(netip.MustParseAddr(scaleLBIP(j)), 80, "tcp", false, time.Time{}); !ok || s.Name != want {
 				t.Fatalf("ServiceByAddr(LB %s) = %s (found %v), want %s", scaleLBIP(j), s.Name, ok, want)
 			}
 		}

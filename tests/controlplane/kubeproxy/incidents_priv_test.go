@@ -602,7 +602,7 @@ func (c *incCluster) metadata(t *testing.T, cp *cphelper.ControlPlane) livetest.
 	last := netip.MustParseAddr(c.ip(incPods[len(incPods)-1].key()))
 	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
 		_, found := idx.PodByIP(last, time.Now())
-		_, _, lb := idx.ServiceByAddr(netip.MustParseAddr(incLocalLBIP), 80, "tcp", false)
+		_, _, lb := idx.ServiceByAddr(netip.MustParseAddr(incLocalLBIP), 80, "tcp", false, time.Time{})
 		_, hostNet := idx.HostNetworkPod("tcp", agentPort, DefaultNodeName)
 		if idx.Synced() && found && lb && hostNet {
 			break

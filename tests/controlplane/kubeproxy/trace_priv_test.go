@@ -811,7 +811,7 @@ func waitMetadata(t *testing.T, cp *cphelper.ControlPlane, families []traceFamil
 	}
 	known := func(f traceFamily) bool {
 		_, found := idx.PodByIP(netip.MustParseAddr(f.podIP(e2ePods[2])), time.Now())
-		_, svc, hasSvc := idx.ServiceByAddr(netip.MustParseAddr(f.emptyIP), echoPort, "tcp", false)
+		_, svc, hasSvc := idx.ServiceByAddr(netip.MustParseAddr(f.emptyIP), echoPort, "tcp", false, time.Time{})
 		return found && hasSvc && svc.Name == "http"
 	}
 	for start := time.Now(); !idx.Synced() || !all(families, known); time.Sleep(100 * time.Millisecond) {
