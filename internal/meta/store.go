@@ -37,7 +37,7 @@ type store struct {
 	svcByIP   map[netip.Addr][]*ServiceInfo
 	// svcTombs are deleted Services, oldest deletion first, kept for
 	// lookups of connections made before their deletion.
-	svcTombs []deletedService
+	svcTombs  []deletedService
 	nodePorts map[protoPort][]svcPort
 	slices    map[string]*sliceInfo                // by namespace/name of the slice
 	bySvc     map[ServiceRef]map[string]*sliceInfo // slices of a Service
