@@ -163,6 +163,10 @@ static __always_inline bool family_wanted(__u8 family)
  * hook says which one saw it. */
 static __always_inline __u8 family_hook(__u8 hook, __u8 family)
 {
+	/* A packet that could not be read still came to the IPv6 function
+	 * when this instance serves IPv6 alone. */
+	if (!family && cfg_families == FAMILY_V6)
+		family = AF_INET6;
 	if (family != AF_INET6)
 		return hook;
 	switch (hook) {
@@ -647,6 +651,14 @@ int BPF_KPROBE(tr_nfrst_kprobe, struct net *net, struct sock *sk, struct sk_buff
 /* ---- the stack's RSTs: tcp_v4_send_reset, tcp_v6_send_reset,
  * tcp:tcp_send_reset ---- */
 
+static __always_inline bool is_v4_mapped(const __u8 *a)
+{
+	for (int i = 0; i < 10; i++)
+		if (a[i])
+			return false;
+	return a[10] == 0xff && a[11] == 0xff;
+}
+
 /* The packet a RST answers: the incoming skb, or for an active reset the
  * socket's connection as the peer sends it. */
 static __always_inline void read_rst_packet(struct tuple *t, const struct sock *sk, struct sk_buff *skb)
@@ -656,15 +668,22 @@ static __always_inline void read_rst_packet(struct tuple *t, const struct sock *
 	if (!sk)
 		return;
 	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
-	t->family = family;
 	t->proto = IPPROTO_TCP;
-	if (family == AF_INET) {
-		bpf_core_read(t->src, 4, &sk->__sk_common.skc_daddr);
-		bpf_core_read(t->dst, 4, &sk->__sk_common.skc_rcv_saddr);
-	} else {
+	if (family == AF_INET6) {
 		bpf_core_read(t->src, 16, &sk->__sk_common.skc_v6_daddr);
 		bpf_core_read(t->dst, 16, &sk->__sk_common.skc_v6_rcv_saddr);
 	}
+	/* An IPv4 connection of a dual-stack ([::]) socket has an AF_INET6
+	 * socket whose addresses are v4-mapped: its packets are IPv4, and so
+	 * is its reset. */
+	if (family == AF_INET || is_v4_mapped(t->src)) {
+		family = AF_INET;
+		__builtin_memset(t->src, 0, sizeof(t->src));
+		__builtin_memset(t->dst, 0, sizeof(t->dst));
+		bpf_core_read(t->src, 4, &sk->__sk_common.skc_daddr);
+		bpf_core_read(t->dst, 4, &sk->__sk_common.skc_rcv_saddr);
+	}
+	t->family = family;
 	t->sport = BPF_CORE_READ(sk, __sk_common.skc_dport);
 	t->dport = bpf_htons(BPF_CORE_READ(sk, __sk_common.skc_num));
 }

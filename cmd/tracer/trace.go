@@ -385,14 +385,14 @@ func flowLine(f *trace.Flow) string {
 	if f.Reply != nil && f.Reply.Src != f.Orig.Dst {
 		went = " => " + f.Reply.Src
 	}
-	return fmt.Sprintf("%s %-5s %s -> %s%s  [%s] %s", f.Time.Local().Format("15:04:05.000"), f.Proto,
+	return fmt.Sprintf("%s %-6s %s -> %s%s  [%s] %s", f.Time.Local().Format("15:04:05.000"), f.Proto,
 		f.Orig.Src, f.Orig.Dst, went, f.Verdict, f.Explanation)
 }
 
 // eventLine is the text form of a raw event.
 func eventLine(r trace.Event) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %-12s %-5s", r.Time.Local().Format("15:04:05.000000"), r.Kind, r.Proto)
+	fmt.Fprintf(&b, "%s %-12s %-6s", r.Time.Local().Format("15:04:05.000000"), r.Kind, r.Proto)
 	// NAT and IPVS read best from the connection as the client made it.
 	t := r.Orig
 	if t == nil || r.Packet != nil && r.To == "" {

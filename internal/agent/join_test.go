@@ -130,3 +130,47 @@ func TestMergerJoinsStrayAnswers(t *testing.T) {
 		t.Errorf("two connections of one tuple on one node: %d flows out, want 2", len(out))
 	}
 }
+
+// The IPv6 twin of seed 004's return path: endpoints in brackets join as
+// IPv4 ones do.
+func TestMergerJoinsIPv6ReturnPath(t *testing.T) {
+	v6 := strings.NewReplacer("172.18.0.99:", "[fd00:18::99]:", "192.168.1.200:", "[fd00:1::200]:", "10.244.2.7:", "[fd44:2::7]:")
+	tuple := func(tu *trace.Tuple) *trace.Tuple {
+		if tu == nil {
+			return nil
+		}
+		return &trace.Tuple{Src: v6.Replace(tu.Src), Dst: v6.Replace(tu.Dst)}
+	}
+	twin := func(f *trace.Flow) *trace.Flow {
+		g := *f
+		g.Orig, g.Reply = *tuple(&f.Orig), tuple(f.Reply)
+		g.Events = nil
+		for _, e := range f.Events {
+			e.Packet, e.To = tuple(e.Packet), v6.Replace(e.To)
+			g.Events = append(g.Events, e)
+		}
+		if f.Rule != nil {
+			r := *f.Rule
+			r.Family, r.Text = "ip6", v6.Replace(r.Text)
+			g.Rule = &r
+		}
+		g.Explanation = v6.Replace(f.Explanation)
+		return &g
+	}
+	client, dnat := returnPathParts(t0)
+	client, dnat = twin(client), twin(dnat)
+	m := &Merger{Window: time.Second}
+	m.Add(dnat, t0.Add(1500*time.Millisecond))
+	m.Add(client, t0.Add(1600*time.Millisecond))
+	out := m.Drain(nil)
+	if len(out) != 1 || m.Joined != 1 {
+		t.Fatalf("%d flows out, %d joined: want the two joined into one", len(out), m.Joined)
+	}
+	f := out[0]
+	if f.Verdict != trace.VerdictReturnPathMismatch || !strings.Contains(f.Explanation, "node node-1 sent [fd00:1::200]:80 from [fd00:18::99]:40000 to [fd44:2::7]:8080 without SNAT") {
+		t.Errorf("verdict %s: %s", f.Verdict, f.Explanation)
+	}
+	if _, err := trace.ParseFlow(mustAppend(t, f)); err != nil {
+		t.Errorf("the joined flow does not read back: %v", err)
+	}
+}

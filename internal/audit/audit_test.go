@@ -244,3 +244,27 @@ func TestAuditLabRecordings(t *testing.T) {
 		})
 	}
 }
+
+// An IPv6 hostPort rule portmap left behind is named as ip6tables lists
+// it, and the fix says to look with ip6tables-save.
+func TestAuditStaleHostPortIPv6(t *testing.T) {
+	const dn = "CNI-DN-0123456789abcdef01234"
+	snap := &trace.Snapshot{Rules: map[string]string{"ip6/nat": "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:CNI-HOSTPORT-DNAT - [0:0]\n:" + dn + " - [0:0]\n" +
+		"-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n-A CNI-HOSTPORT-DNAT -p tcp -m multiport --dports 3306 -j " + dn + "\n" +
+		"-A " + dn + " -p tcp -m tcp --dport 3306 -j DNAT --to-destination [fd44::5]:3306\nCOMMIT\n"},
+		// Pod metadata, without the pod the rule was written for.
+		Pods: []trace.Pod{{Namespace: "db", Name: "mysql-a", IPs: []string{"10.244.1.4", "fd44::4"}, Node: "node"}}}
+	r := auditSnap(t, "node", snap)
+	var found *Finding
+	for i, f := range r.Findings {
+		if f.Verdict == VerdictStaleHostPort {
+			found = &r.Findings[i]
+		}
+	}
+	if found == nil {
+		t.Fatal("no stale hostPort finding for the IPv6 rule")
+	}
+	if found.Rule.Family != "ip6" || !strings.Contains(found.Explanation, "no pod holds fd44::5") || !strings.Contains(found.Explanation, "`ip6tables-save -t nat | grep "+dn+"`") {
+		t.Errorf("finding: rule %+v, explanation %q", found.Rule, found.Explanation)
+	}
+}

@@ -69,10 +69,11 @@ func staleIPTables(rs *rules.Ruleset, r *rules.Rule, fam rules.Family, pods podA
 		return Finding{}, false
 	}
 	rule := &trace.Rule{Table: "nat", Chain: r.Chain, Text: r.Text}
+	save := "iptables-save"
 	if fam == rules.IPv6 {
-		rule.Family = "ip6"
+		rule.Family, save = "ip6", "ip6tables-save"
 	}
-	fix := fmt.Sprintf("delete the chain and its jump: `iptables-save -t nat | grep %s` lists them", r.Chain)
+	fix := fmt.Sprintf("delete the chain and its jump: `%s -t nat | grep %s` lists them", save, r.Chain)
 	if o, ok := rs.PortmapOwnerOf(r); ok {
 		rule.EntryChain = rules.PortmapDNATChain
 		rule.Owner = &trace.Owner{ContainerID: o.ContainerID}

@@ -59,6 +59,9 @@ func (d *diagnosis) clusterIPReject() (Result, bool) {
 		accepted = "only " + strings.Join(ports, ", ")
 	}
 	how := "an ICMP port unreachable"
+	if dst.Addr().Is6() {
+		how = "an ICMPv6 port unreachable"
+	}
 	if ev := d.event(trace.KindReject); ev != nil && ev.Reason != "" {
 		how = ev.Reason
 	}

@@ -23,6 +23,9 @@ func (d *diagnosis) ipvsNoEndpoint() (Result, bool) {
 		virtual = leave.Virtual
 	}
 	how := "ICMP port unreachable"
+	if d.dst().Addr().Is6() {
+		how = "ICMPv6 port unreachable"
+	}
 	if r := d.event(trace.KindReject); r != nil && r.Reason != "" {
 		how = r.Reason
 	}

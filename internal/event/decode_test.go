@@ -139,6 +139,14 @@ func TestRangeString(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(record(KindDNAT, HookNFNat, ViaFentry))
 	f.Add(make([]byte, 3))
+	dnat6 := record(KindDNAT, HookNFNat, ViaKprobe)
+	putTuple(dnat6, OffOrig, "fd00::2", "fd96::20", 40000, 3306, 6)
+	putTuple(dnat6, OffReply, "fd44::5", "fd00::2", 3306, 40000, 6)
+	putTuple(dnat6, OffTo, "fd44::5", "fd44::5", 3306, 3306, 6)
+	f.Add(dnat6)
+	reject6 := record(KindReject, HookICMP6Send, ViaTracepoint)
+	putTuple(reject6, OffPkt, "fd00::2", "fd96::20", 128, 0, 58)
+	f.Add(reject6)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := Decode(b, Clock{})
 		if err == nil {

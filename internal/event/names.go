@@ -76,8 +76,19 @@ func ICMPName(v4 bool, typ, code uint8) string {
 			return "icmp6-reject-route"
 		}
 	}
+	if !v4 && typ == 1 && code == 2 {
+		return "icmp6-beyond-scope" // RFC 4443: not a REJECT type
+	}
 	if !v4 && typ == 3 {
 		return "icmp6-time-exceeded"
+	}
+	// IPv6 routers do not fragment: packet too big is how an MTU fault
+	// shows, as icmp-frag-needed does for IPv4.
+	if !v4 && typ == 2 {
+		return "icmp6-packet-too-big"
+	}
+	if !v4 && typ == 4 {
+		return "icmp6-parameter-problem"
 	}
 	return fmt.Sprintf("icmp type %d code %d", typ, code)
 }

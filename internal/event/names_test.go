@@ -21,7 +21,10 @@ func TestICMPName(t *testing.T) {
 		{false, 1, 6, "icmp6-reject-route"},
 		{false, 3, 0, "icmp6-time-exceeded"},
 		{false, 3, 1, "icmp6-time-exceeded"},
-		{false, 1, 2, "icmp type 1 code 2"},
+		{false, 1, 2, "icmp6-beyond-scope"},
+		{false, 2, 0, "icmp6-packet-too-big"},
+		{false, 4, 1, "icmp6-parameter-problem"},
+		{true, 3, 4, "icmp-frag-needed"},
 		{false, 11, 0, "icmp type 11 code 0"},
 	}
 	for _, tt := range tests {

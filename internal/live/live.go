@@ -188,7 +188,7 @@ func (p *Pipeline) buildHeader() trace.Header {
 	// What the node watcher could not read (a tool missing, a table that
 	// does not parse) leaves rules unknown: the reader must be told.
 	if st != nil {
-		h.Warnings = append(h.Warnings, st.Notes()...)
+		h.Warnings = append(h.Warnings, st.Warnings()...)
 	}
 	// The env the first flows are diagnosed with has already read the
 	// snapshot's rulesets; its warnings are the header's.

@@ -161,6 +161,28 @@ func serve(t *testing.T, ns netlab.Namespace, addr string) {
 	}()
 }
 
+// serveAndAbort accepts on addr in ns and aborts each connection (linger
+// 0): the server's own reset.
+func serveAndAbort(t *testing.T, ns netlab.Namespace, addr string) {
+	t.Helper()
+	var ln net.Listener
+	must(t, ns.Do(func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+}
+
 // dialTCP connects from ns and reads the server's byte; it returns the
 // local address and the dial or read error.
 func dialTCP(ns netlab.Namespace, addr string) (string, error) {
@@ -333,6 +355,9 @@ type scenario struct {
 	traffic func(t *testing.T, tp *topology) string
 	kinds   []event.Kind
 	check   func(t *testing.T, client string, evs map[event.Kind]event.Event)
+	// needs, when set, says why the plan cannot show the scenario ("":
+	// it can).
+	needs func(Plan) string
 }
 
 func router(tp *topology) netlab.Namespace { return tp.r }
@@ -439,6 +464,33 @@ func scenarios() []scenario {
 				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset")
 				checkTuple(t, "reset packet", e.Packet, client, sAddr+":81")
 				checkDrop(t, evs[event.KindDrop], client, sAddr+":81", "NETFILTER_DROP")
+			},
+		},
+		{
+			// A server on a dual-stack socket ([::], as most Go and Java
+			// servers listen) aborts an IPv4 connection: its socket is
+			// AF_INET6 with v4-mapped addresses, its reset IPv4.
+			name:    "active-reset-dual-stack-socket",
+			observe: func(tp *topology) netlab.Namespace { return tp.s },
+			setup:   func(t *testing.T, tp *topology) {},
+			needs: func(p Plan) string {
+				if viaOf(p, event.HookTCPSendReset) != event.ViaTracepoint {
+					return "a socket's own reset (tcp_send_active_reset) is reported by the tcp_send_reset tracepoint only"
+				}
+				return ""
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				client, err := dialTCP(tp.c, sAddr+":7070")
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("connect to the aborting server: want connection reset, got %v", err)
+				}
+				return client
+			},
+			kinds: []event.Kind{event.KindReset},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "tcp_send_reset")
+				checkTuple(t, "reset connection", e.Packet, client, sAddr+":7070")
 			},
 		},
 		{
@@ -785,6 +837,7 @@ func TestCapture(t *testing.T) {
 	tp := newTopology(t)
 	serve(t, tp.s, sAddr+":8080")
 	serve(t, tp.s, hostPort(sAddr6, 8080))
+	serveAndAbort(t, tp.s, "[::]:7070")
 	all := append(scenarios(), scenarios6()...)
 	if haveIPVS(t) {
 		run(t, tp.r, "ip", "addr", "add", ipvsIP+"/32", "dev", "lo")
@@ -814,6 +867,11 @@ func TestCapture(t *testing.T) {
 				t.Run(sc.name, func(t *testing.T) {
 					if usesIPVS(sc) && tr.name != "best" && viaOf(trc.Plan, event.HookIPVSConnNew) == event.ViaNone {
 						t.Skipf("IPVS has no %s-tier hook: its ladder is fentry and kprobe only", tr.name)
+					}
+					if sc.needs != nil {
+						if why := sc.needs(trc.Plan); why != "" {
+							t.Skip(why)
+						}
 					}
 					tp.flush(t)
 					sc.setup(t, tp)

@@ -49,7 +49,8 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 	case event.KindReject:
 		t, c := e.ICMPType, e.ICMPCode
 		r.ICMPType, r.ICMPCode = &t, &c
-		r.Reason = event.ICMPName(e.Packet.Src.Is4() || !e.Packet.Valid(), t, c)
+		// The hook says the family of a packet that could not be read.
+		r.Reason = event.ICMPName(e.Hook != event.HookICMP6Send, t, c)
 	case event.KindReset:
 		r.By = ResetByStack
 		if e.Hook == event.HookNFSendReset || e.Hook == event.HookNFSendReset6 {

@@ -47,6 +47,11 @@ func TestEventOfICMPAndIPv6(t *testing.T) {
 	if r.Reason != "icmp-port-unreachable" || r.Packet.Dst != "10.96.0.10" || r.Proto != "icmp" || r.NFHook != "" {
 		t.Errorf("icmp record %+v packet %+v", r, r.Packet)
 	}
+	// An ICMPv6 error whose packet could not be read is named by its hook.
+	unread6 := event.Event{Kind: event.KindReject, Hook: event.HookICMP6Send, Via: event.ViaFentry, NFHook: event.NFHookNone, ICMPType: 1, ICMPCode: 4}
+	if r := trace.EventOf(unread6, nil); r.Reason != "icmp6-port-unreachable" {
+		t.Errorf("an unread packet's ICMPv6 error named %q", r.Reason)
+	}
 	udp6 := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
 		Packet: tuple(17, "[fd00::1]:53", "[fd00::2]:5353")}
 	if r := trace.EventOf(udp6, nil); r.Packet.Src != "[fd00::1]:53" || r.Proto != "udp" {

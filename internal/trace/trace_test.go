@@ -276,6 +276,7 @@ func TestParseEndpoint(t *testing.T) {
 		"10.96.0.20:3306":   "10.96.0.20:3306",
 		"[fd00::1]:443":     "[fd00::1]:443",
 		"10.96.0.10":        "10.96.0.10:0", // ICMP
+		"fd96::10":          "[fd96::10]:0", // ICMPv6
 		"10.0.0.1-10.0.0.9": "invalid AddrPort",
 		"":                  "invalid AddrPort",
 	} {

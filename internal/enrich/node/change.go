@@ -10,8 +10,9 @@ import (
 )
 
 // Change is what a trace records when the node's state went from old to
-// cur: the parts that differ, each whole, and the notes on what could not
-// be read when they differ, at cur's read time; nil when nothing differs.
+// cur: the parts that differ, each whole, and the warnings on what could
+// not be read when they differ, at cur's read time; nil when nothing
+// differs.
 func Change(old, cur *State) *trace.StateChange {
 	o, n := old.Snapshot(), cur.Snapshot()
 	c := &trace.StateChange{Type: trace.TypeState, Time: cur.read.UTC()}
@@ -61,7 +62,7 @@ func Change(old, cur *State) *trace.StateChange {
 		add(trace.PartNFTables)
 		c.Snapshot.NFTables = n.NFTables
 	}
-	if notes := cur.Notes(); !slices.Equal(old.Notes(), notes) {
+	if notes := cur.Warnings(); !slices.Equal(old.Warnings(), notes) {
 		add(trace.PartWarnings)
 		c.Warnings = notes
 	}

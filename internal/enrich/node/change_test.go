@@ -18,6 +18,13 @@ func TestChange(t *testing.T) {
 	if c := Change(old, old.clone()); c != nil {
 		t.Fatalf("no part changed, yet %+v", c)
 	}
+	// A fact (no ip_vs loaded: no virtual servers) leaves nothing unknown:
+	// no warning, so no change.
+	fact := old.clone()
+	(&Watcher{}).setNoteAs(fact, "ipvs", "IPVS: the kernel has no ip_vs module loaded", true)
+	if c := Change(old, fact); c != nil || len(fact.Warnings()) != len(old.Warnings()) || len(fact.Notes()) != len(old.Notes())+1 {
+		t.Fatalf("a fact alone: change %+v, warnings %q, notes %q", c, fact.Warnings(), fact.Notes())
+	}
 	cur := old.clone()
 	cur.read = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	cur.rulesText = map[string]string{}
@@ -34,8 +41,8 @@ func TestChange(t *testing.T) {
 	if c == nil || !slices.Equal(c.Changed, want) || !c.Time.Equal(cur.read) {
 		t.Fatalf("change %+v, want parts %v at %s", c, want, cur.read)
 	}
-	if !slices.Equal(c.Warnings, cur.Notes()) || !slices.Contains(c.Warnings, "read IPVS: permission denied") {
-		t.Errorf("warnings %q, want the watcher's notes %q", c.Warnings, cur.Notes())
+	if !slices.Equal(c.Warnings, cur.Warnings()) || !slices.Contains(c.Warnings, "read IPVS: permission denied") {
+		t.Errorf("warnings %q, want the watcher's %q", c.Warnings, cur.Warnings())
 	}
 	if _, ok := c.Snapshot.Rules["ip6/nat"]; ok || c.Snapshot.Ipsets != "" || c.Snapshot.IPVS != nil {
 		t.Errorf("the change carries more than its parts: %+v", c.Snapshot)

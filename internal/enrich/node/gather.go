@@ -155,9 +155,10 @@ func compactPrefixes(p []netip.Prefix) []netip.Prefix {
 // reading them would) and returns the text per table. iptables-save with no
 // -t lists only the tables that exist, on legacy and nft alike, so it never
 // instantiates a table.
-func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool, ready func(string) bool) (texts map[string]string, notes map[string]string) {
+func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool, ready func(string) bool) (texts, notes map[string]string, facts map[string]bool) {
 	texts = map[string]string{}
 	notes = map[string]string{}
+	facts = map[string]bool{}
 	for _, c := range []struct{ cmd, prefix, part, legacyMod string }{
 		{"iptables-save", "", "rules", "ip_tables"}, {"ip6tables-save", "ip6/", "rules6", "ip6_tables"},
 	} {
@@ -172,6 +173,7 @@ func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool
 		if !ready(mod) {
 			// Nothing can be in a table whose module is not loaded.
 			notes[c.part] = fmt.Sprintf("%s: module %s is not loaded, so there are no rules (not loading it)", c.cmd, mod)
+			facts[c.part] = true
 			continue
 		}
 		out, err := run(ctx, c.cmd)
@@ -188,7 +190,7 @@ func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool
 			notes[c.part+"-legacy"] = fmt.Sprintf("%s says iptables-legacy tables are also present: those rules run too but are not shown or attributed (see %s-legacy-save)", c.cmd, strings.TrimSuffix(c.cmd, "-save"))
 		}
 	}
-	return texts, notes
+	return texts, notes, facts
 }
 
 // iptablesIsNFT asks iptables-save which backend it is: iptables-nft

@@ -11,6 +11,7 @@
 package node
 
 import (
+	"maps"
 	"time"
 
 	"fmt"
@@ -87,8 +88,11 @@ type State struct {
 	nftRuleset     *trace.NFTRuleset
 	listeners      []Listener
 	// notes say what could not be read and why (a missing tool, no IPVS
-	// in the kernel), keyed by part so a refresh replaces its own note.
+	// in the kernel), keyed by part so a refresh replaces its own note;
+	// facts are the parts whose note leaves nothing unknown (a module not
+	// loaded holds no rules).
 	notes map[string]string
+	facts map[string]bool
 	mem   *rules.MemNode
 	// read is when the reading of this state began: what it holds was in
 	// force from then on, until the next state's read.
@@ -111,9 +115,12 @@ func (s *State) finish() {
 // parts themselves are never modified after being built.
 func (s *State) clone() *State {
 	c := *s
-	c.notes = make(map[string]string, len(s.notes))
-	for k, v := range s.notes {
-		c.notes[k] = v
+	c.notes, c.facts = maps.Clone(s.notes), maps.Clone(s.facts)
+	if c.notes == nil {
+		c.notes = map[string]string{}
+	}
+	if c.facts == nil {
+		c.facts = map[string]bool{}
 	}
 	return &c
 }
@@ -179,10 +186,20 @@ func (s *State) NFTables() []NFTable { return s.nft }
 func (s *State) Listeners() []Listener { return s.listeners }
 
 // Notes say which parts could not be read and why.
-func (s *State) Notes() []string {
+func (s *State) Notes() []string { return s.notesWhere(func(string) bool { return true }) }
+
+// Warnings are the notes that leave part of the node unknown: what a
+// reader of the trace must be told.
+func (s *State) Warnings() []string {
+	return s.notesWhere(func(part string) bool { return !s.facts[part] })
+}
+
+func (s *State) notesWhere(keep func(part string) bool) []string {
 	keys := make([]string, 0, len(s.notes))
 	for k := range s.notes {
-		keys = append(keys, k)
+		if keep(k) {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	out := make([]string, 0, len(keys))

@@ -134,7 +134,7 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 		w.closeHandles()
 		return nil, fmt.Errorf("watch node state: %w", err)
 	}
-	st := &State{notes: map[string]string{}, read: time.Now()}
+	st := &State{notes: map[string]string{}, facts: map[string]bool{}, read: time.Now()}
 	if err := w.refreshLinks(st); err != nil {
 		w.closeHandles()
 		return nil, fmt.Errorf("watch node state: %w", err)
@@ -342,14 +342,21 @@ func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
 	return changed
 }
 
-func (w *Watcher) setNote(st *State, part, note string) bool {
-	if st.notes[part] == note {
+func (w *Watcher) setNote(st *State, part, note string) bool { return w.setNoteAs(st, part, note, false) }
+
+// setNoteAs sets part's note; fact says it leaves nothing unknown.
+func (w *Watcher) setNoteAs(st *State, part, note string, fact bool) bool {
+	if st.notes[part] == note && st.facts[part] == fact {
 		return false
 	}
+	delete(st.facts, part)
 	if note == "" {
 		delete(st.notes, part)
-	} else {
-		st.notes[part] = note
+		return true
+	}
+	st.notes[part] = note
+	if fact {
+		st.facts[part] = true
 	}
 	return true
 }
@@ -358,9 +365,9 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 	if !w.backendKnown {
 		w.nftBackend, w.backendKnown = iptablesIsNFT(ctx, w.run, w.tools)
 	}
-	texts, notes := readRules(ctx, w.run, w.tools, w.nftBackend, w.ready)
-	noteChanged := w.setNote(st, "rules", notes["rules"])
-	if w.setNote(st, "rules6", notes["rules6"]) {
+	texts, notes, facts := readRules(ctx, w.run, w.tools, w.nftBackend, w.ready)
+	noteChanged := w.setNoteAs(st, "rules", notes["rules"], facts["rules"])
+	if w.setNoteAs(st, "rules6", notes["rules6"], facts["rules6"]) {
 		noteChanged = true
 	}
 	for _, k := range []string{"rules-legacy", "rules6-legacy"} {
@@ -397,7 +404,8 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
 	var text string
 	var err error
-	if w.ready("ip_set") {
+	loaded := w.ready("ip_set")
+	if loaded {
 		text, err = readIPSets(ctx, w.run, w.tools)
 	} else {
 		err = errors.New("module ip_set is not loaded, so there are no ipsets (not loading it)")
@@ -407,7 +415,7 @@ func (w *Watcher) pollIPSets(ctx context.Context, st *State) bool {
 		if errors.Is(err, errNoTool) {
 			note = fmt.Sprintf("%v: ipset members are not known", err)
 		}
-		ch := w.setNote(st, "ipsets", note)
+		ch := w.setNoteAs(st, "ipsets", note, !loaded)
 		if w.changedHash("ipsets", "") {
 			st.ipsetText, st.sets = "", nil
 			ch = true
@@ -441,7 +449,8 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 			}
 		}
 	}
-	if w.ready("nf_tables") {
+	loaded := w.ready("nf_tables")
+	if loaded {
 		tables, ruleset, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
 	} else {
 		err = errors.New("module nf_tables is not loaded, so there are no nftables tables (not loading it)")
@@ -451,7 +460,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 		if errors.Is(err, errNoTool) {
 			note = fmt.Sprintf("%v: native nftables tables (e.g. portmap's cni_hostport) are not shown", err)
 		}
-		ch := w.setNote(st, "nft", note)
+		ch := w.setNoteAs(st, "nft", note, !loaded)
 		if w.changedHash("nft", "") {
 			st.nft, st.nftRuleset = nil, nil
 			ch = true
@@ -475,7 +484,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 
 func (w *Watcher) pollIPVS(_ context.Context, st *State) bool {
 	if !ipvsLoaded() {
-		ch := w.setNote(st, "ipvs", "IPVS: the kernel has no ip_vs module loaded, so there are no IPVS virtual servers (not loading it: the tracer changes nothing)")
+		ch := w.setNoteAs(st, "ipvs", "IPVS: the kernel has no ip_vs module loaded, so there are no IPVS virtual servers (not loading it: the tracer changes nothing)", true)
 		if w.changedHash("ipvs", "") {
 			st.ipvs = nil
 			ch = true

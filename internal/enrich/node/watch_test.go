@@ -143,7 +143,7 @@ func TestLegacyTablesPresentIsANote(t *testing.T) {
 		"iptables-save":  natSave + "# Warning: iptables-legacy tables present, use iptables-legacy-save to see them\n",
 		"ip6tables-save": "",
 	}, calls: map[string]int{}}
-	texts, notes := readRules(context.Background(), f.run, nil, true, func(string) bool { return true })
+	texts, notes, _ := readRules(context.Background(), f.run, nil, true, func(string) bool { return true })
 	if len(texts) != 2 || !strings.Contains(notes["rules-legacy"], "iptables-legacy-save") {
 		t.Errorf("texts %d notes %v", len(texts), notes)
 	}
