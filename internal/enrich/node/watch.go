@@ -342,7 +342,9 @@ func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
 	return changed
 }
 
-func (w *Watcher) setNote(st *State, part, note string) bool { return w.setNoteAs(st, part, note, false) }
+func (w *Watcher) setNote(st *State, part, note string) bool {
+	return w.setNoteAs(st, part, note, false)
+}
 
 // setNoteAs sets part's note; fact says it leaves nothing unknown.
 func (w *Watcher) setNoteAs(st *State, part, note string, fact bool) bool {
