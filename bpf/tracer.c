@@ -685,7 +685,10 @@ static __always_inline void read_rst_packet(struct tuple *t, const struct sock *
 	}
 	t->family = family;
 	t->sport = BPF_CORE_READ(sk, __sk_common.skc_dport);
-	t->dport = bpf_htons(BPF_CORE_READ(sk, __sk_common.skc_num));
+	/* Not skc_num: an abort (SO_LINGER 0, tcp_disconnect) moves the
+	 * socket to CLOSE, which unbinds it and zeroes skc_num, before the
+	 * reset goes out from inet_sport. */
+	t->dport = BPF_CORE_READ((const struct inet_sock *)sk, inet_sport);
 }
 
 static __always_inline int on_tcp_reset(const struct sock *sk, struct sk_buff *skb, __u32 reason,
