@@ -134,3 +134,17 @@ func FuzzAppendFlow(f *testing.F) {
 		checkAppendFlow(t, &fl)
 	})
 }
+
+// FuzzAppendString: the fast quoting writes what encoding/json writes,
+// whatever the string, on either side of its eight-byte steps.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain ascii rule text -A KUBE-SEP", "12345678\"", "1234567<", "tab\there", "ünïcode and more", "\u2028", "\xff\xfe", "abcdefgh&ijklmnop", "A\x7fB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, _ := json.Marshal(s)
+		if got := appendString(nil, s); string(got) != string(want) {
+			t.Errorf("appendString(%q) = %s, encoding/json writes %s", s, got, want)
+		}
+	})
+}
