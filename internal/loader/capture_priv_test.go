@@ -142,6 +142,12 @@ func (tp *topology) flush(t *testing.T) {
 
 // serve accepts TCP connections in ns on addr and writes one byte to each.
 func serve(t *testing.T, ns netlab.Namespace, addr string) {
+	acceptEach(t, ns, addr, func(c *net.TCPConn) { c.Write([]byte{'x'}) })
+}
+
+// acceptEach listens on addr in ns and hands each connection to do
+// before closing it.
+func acceptEach(t *testing.T, ns netlab.Namespace, addr string, do func(*net.TCPConn)) {
 	t.Helper()
 	var ln net.Listener
 	must(t, ns.Do(func() (err error) {
@@ -155,7 +161,7 @@ func serve(t *testing.T, ns netlab.Namespace, addr string) {
 			if err != nil {
 				return
 			}
-			c.Write([]byte{'x'})
+			do(c.(*net.TCPConn))
 			c.Close()
 		}
 	}()
@@ -164,23 +170,7 @@ func serve(t *testing.T, ns netlab.Namespace, addr string) {
 // serveAndAbort accepts on addr in ns and aborts each connection (linger
 // 0): the server's own reset.
 func serveAndAbort(t *testing.T, ns netlab.Namespace, addr string) {
-	t.Helper()
-	var ln net.Listener
-	must(t, ns.Do(func() (err error) {
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}))
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.(*net.TCPConn).SetLinger(0)
-			c.Close()
-		}
-	}()
+	acceptEach(t, ns, addr, func(c *net.TCPConn) { c.SetLinger(0) })
 }
 
 // dialTCP connects from ns and reads the server's byte; it returns the

@@ -140,14 +140,7 @@ func testPod(name, node, ip string, created time.Time) *corev1.Pod {
 }
 
 func TestClientPodLifecycle(t *testing.T) {
-	ctx := startOf(t)
-	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
-	clk := newClock(t0)
-	cs := fake.NewClientset()
-	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, t0, clk, cs, idx := clockedIndex(t, 0)
 	ip := mustAddr("10.244.1.20")
 	pods := cs.CoreV1().Pods("default")
 
@@ -503,14 +496,7 @@ func TestClientCancelledContext(t *testing.T) {
 // old pod, deleted later, still held the address. The old pod held it.
 // Each change is told to OnChange with the time the index took it.
 func TestPodByIPReuseWithinTheSecond(t *testing.T) {
-	ctx := startOf(t)
-	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
-	clk := newClock(t0.Add(800 * time.Millisecond))
-	cs := fake.NewClientset()
-	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, t0, clk, cs, idx := clockedIndex(t, 800*time.Millisecond)
 	var mu sync.Mutex
 	var changes []time.Time
 	var deltas []*trace.MetadataChange
@@ -558,14 +544,7 @@ func TestPodByIPReuseWithinTheSecond(t *testing.T) {
 // deletion finds none, and a Service that took the address since is found
 // from then on.
 func TestServiceDeletedAfterTheConnection(t *testing.T) {
-	ctx := startOf(t)
-	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
-	clk := newClock(t0)
-	cs := fake.NewClientset()
-	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, t0, clk, cs, idx := clockedIndex(t, 0)
 	vip := mustAddr("10.96.50.1")
 	svc := func(name string) *corev1.Service {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
@@ -601,4 +580,20 @@ func TestServiceDeletedAfterTheConnection(t *testing.T) {
 	if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(500*time.Millisecond)); !ok || s.Name != "old" {
 		t.Errorf("before the old one's deletion, with the new one live: %q, %v; want old", s.Name, ok)
 	}
+}
+
+// clockedIndex is an index of a fake clientset on node-2, with a clock
+// that starts at t0 plus start and moves only when the test moves it,
+// and a 10-minute retention.
+func clockedIndex(t *testing.T, start time.Duration) (context.Context, time.Time, *clock, *fake.Clientset, Index) {
+	t.Helper()
+	ctx := startOf(t)
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	clk := newClock(t0.Add(start))
+	cs := fake.NewClientset()
+	idx, err := NewFromClient(ctx, cs, "node-2", Options{Now: clk.Now, Retention: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, t0, clk, cs, idx
 }

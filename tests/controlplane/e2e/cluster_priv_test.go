@@ -43,12 +43,7 @@ import (
 // agents' own: one agent killed mid-stream is that node's error while the
 // other's flows still come.
 func TestClusterMode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agents attach BPF programs and the lab makes network namespaces")
-	}
-	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
-		t.Skipf("runs on the host tier, not in the %s VM (it builds and runs the binaries)", k)
-	}
+	requireRootHost(t)
 	c := startCluster(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -298,6 +293,18 @@ func connectTwice(t *testing.T, built *lab.Built) []string {
 		}
 	}
 	return srcs
+}
+
+// requireRootHost skips without root, and in the VM tier: these tests
+// build and run the tracer's binaries beside a control plane.
+func requireRootHost(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the tracer attaches BPF programs and the test makes network namespaces")
+	}
+	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
+		t.Skipf("runs on the host tier, not in the %s VM (it builds and runs the binaries)", k)
+	}
 }
 
 func buildScenario(t *testing.T, ctx context.Context, name string) *lab.Built {

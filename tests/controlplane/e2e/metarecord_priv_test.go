@@ -31,12 +31,7 @@ import (
 // trace) must still replay, and then names the header's pods, which is
 // wrong for the later connections: the check can fail.
 func TestRecordedMetadataChanges(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the tracer attaches BPF programs and the test makes a network namespace")
-	}
-	if k := os.Getenv("TRACER_VM_KERNEL"); k != "" {
-		t.Skipf("runs on the host tier, not in the %s VM (it builds and runs the binaries)", k)
-	}
+	requireRootHost(t)
 	c := startCluster(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
