@@ -31,18 +31,38 @@ func init() {
 func rediagnose(tr *trace.File) error {
 	h := tr.Header
 	timeline := trace.NewTimeline(h.Snapshot)
-	for _, c := range tr.States {
+	// nodeState[i] is the last state at or before i whose node parts
+	// changed: a metadata change needs no node state of its own.
+	nodeState := []int{0}
+	for i, c := range tr.States {
 		timeline.Add(c)
+		ns := nodeState[i]
+		if slices.ContainsFunc(c.Changed, func(p string) bool { return p != trace.PartMetadata && p != trace.PartWarnings }) {
+			ns = i + 1
+		}
+		nodeState = append(nodeState, ns)
 		if slices.Contains(c.Changed, trace.PartWarnings) {
 			for _, w := range c.Warnings {
 				tr.Header.Warnings = appendNew(tr.Header.Warnings, "from "+c.Time.Format(time.RFC3339)+": "+w)
 			}
 		}
 	}
+	// nextNode[i] is the first state from i on whose node parts changed
+	// (-1: none).
+	nextNode := make([]int, len(nodeState)+1)
+	nextNode[len(nodeState)] = -1
+	for i := len(nodeState) - 1; i >= 0; i-- {
+		nextNode[i] = nextNode[i+1]
+		if i > 0 && nodeState[i] == i {
+			nextNode[i] = i
+		}
+	}
+	meta := enrich.NewTimelineMetadata(h.Snapshot, tr.States)
 	envs := make([]*enrich.NodeEnv, timeline.Len())
-	envOf := func(i int, snap *trace.Snapshot) (*enrich.NodeEnv, error) {
+	envOf := func(i int) (*enrich.NodeEnv, error) {
+		i = nodeState[i]
 		if envs[i] == nil {
-			env, err := enrich.NewSnapshotEnv(h.Node, snap)
+			env, err := enrich.NewNodeEnv(h.Node, timeline.Snapshot(i), meta)
 			if err != nil {
 				if i == 0 {
 					return nil, usagef("trace header: %v", err)
@@ -54,19 +74,20 @@ func rediagnose(tr *trace.File) error {
 		}
 		return envs[i], nil
 	}
-	if _, err := envOf(timeline.At(time.Time{})); err != nil {
+	if _, err := envOf(0); err != nil {
 		return err
 	}
 	for _, f := range tr.Flows {
-		env, err := envOf(timeline.At(f.Time))
+		at, _ := timeline.At(f.Time)
+		env, err := envOf(at)
 		if err != nil {
 			return err
 		}
-		// The state read next settles a flow decided while the rules were
-		// being rewritten, as it did live (enrich.EnrichBetween).
+		// The node state read next settles a flow decided while the rules
+		// were being rewritten, as it did live (enrich.EnrichBetween).
 		var next enrich.Env
-		if i := timeline.After(f.Time); i > 0 {
-			n, err := envOf(i, timeline.Snapshot(i))
+		if i := timeline.After(f.Time); i > 0 && nextNode[i] > 0 {
+			n, err := envOf(nextNode[i])
 			if err != nil {
 				return err
 			}

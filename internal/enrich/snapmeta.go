@@ -101,14 +101,9 @@ func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string
 	var onIP *trace.Service
 	for _, i := range cands {
 		s := &m.services[i]
-		vip := slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.External, ip) || slices.Contains(s.LBIPs, ip)
-		for _, sp := range s.Ports {
-			if !strings.EqualFold(sp.Proto, proto) && proto != "icmp" {
-				continue
-			}
-			if vip && sp.Port == port || nodeAddr && sp.NodePort != 0 && sp.NodePort == port {
-				return trace.ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: portName(sp)}, true
-			}
+		ref, vip, ok := servicePortRef(s, ip, port, proto, nodeAddr)
+		if ok {
+			return ref, true
 		}
 		if vip && onIP == nil {
 			onIP = s
@@ -120,6 +115,21 @@ func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string
 		return trace.ServiceRef{Namespace: onIP.Namespace, Name: onIP.Name}, true
 	}
 	return trace.ServiceRef{}, false
+}
+
+// servicePortRef matches a client's ip:port against s: the port's
+// reference when one matches, and whether ip is one of s's own addresses.
+func servicePortRef(s *trace.Service, ip string, port uint16, proto string, nodeAddr bool) (ref trace.ServiceRef, vip, ok bool) {
+	vip = slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.External, ip) || slices.Contains(s.LBIPs, ip)
+	for _, sp := range s.Ports {
+		if !strings.EqualFold(sp.Proto, proto) && proto != "icmp" {
+			continue
+		}
+		if vip && sp.Port == port || nodeAddr && sp.NodePort != 0 && sp.NodePort == port {
+			return trace.ServiceRef{Namespace: s.Namespace, Name: s.Name, Port: portName(sp)}, vip, true
+		}
+	}
+	return trace.ServiceRef{}, vip, false
 }
 
 func portName(sp trace.ServicePort) string {

@@ -1,0 +1,62 @@
+package enrich
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// A trace's pods and Services over time: a lookup answers with what was
+// in force at its time, as the live index did.
+func TestTimelineMetadata(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	at := func(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+	ip := netip.MustParseAddr("10.244.1.5")
+	vip := netip.MustParseAddr("10.96.50.1")
+	dbA := trace.Pod{Namespace: "db", Name: "db-a", IPs: []string{"10.244.1.5"}, Node: "n1"}
+	gone := dbA
+	gone.Deleted = at(10)
+	dbB := trace.Pod{Namespace: "db", Name: "db-b", IPs: []string{"10.244.1.5"}, Node: "n2"}
+	svc := trace.Service{Namespace: "db", Name: "db", ClusterIPs: []string{"10.96.50.1"}, Ports: []trace.ServicePort{{Name: "mysql", Proto: "tcp", Port: 3306}}}
+	header := &trace.Snapshot{Pods: []trace.Pod{dbA}, Services: []trace.Service{svc}}
+	change := func(sec float64, d *trace.MetadataChange) *trace.StateChange {
+		return &trace.StateChange{Time: at(sec), Changed: []string{trace.PartMetadata}, Metadata: d}
+	}
+	m := NewTimelineMetadata(header, []*trace.StateChange{
+		change(10, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-a"}}, Pods: []trace.Pod{gone}}),
+		change(10.2, &trace.MetadataChange{Pods: []trace.Pod{dbB}}),
+		change(20, &trace.MetadataChange{ServicesGone: []trace.ObjectRef{{Namespace: "db", Name: "db"}}}),
+		change(25, &trace.MetadataChange{PodsGone: []trace.ObjectRef{gone.Ref()}}), // retention over
+	})
+	for _, tc := range []struct {
+		sec  float64
+		want string
+	}{{-100, "db-a"}, {9.9, "db-a"}, {10.1, "db-b"}, {30, "db-b"}} {
+		if p, ok := m.PodByIP(ip, at(tc.sec)); !ok || p.Name != tc.want {
+			t.Errorf("PodByIP at +%vs = %v (found %v), want %s", tc.sec, p, ok, tc.want)
+		}
+	}
+	// A connection made just before the pod was taken (it had its IP
+	// before the API server said so) names it.
+	if p, ok := m.PodByIP(ip, at(10.05)); !ok || p.Name != "db-b" {
+		t.Errorf("between db-a's deletion and db-b's arrival: %v, %v; want db-b", p, ok)
+	}
+	for _, tc := range []struct {
+		sec  float64
+		want bool
+	}{{5, true}, {19.9, true}, {20, false}, {30, false}} {
+		s, ok := m.ServiceByAddr(vip, 3306, "tcp", false, at(tc.sec))
+		if ok != tc.want || ok && (s.Name != "db" || s.Port != "mysql") {
+			t.Errorf("ServiceByAddr at +%vs = %+v, %v; want found %v", tc.sec, s, ok, tc.want)
+		}
+	}
+	if m.PodNode(trace.PodRef{Namespace: "db", Name: "db-b"}) != "n2" {
+		t.Error("PodNode of db-b")
+	}
+	// The same trace replayed against its header alone names the old pod.
+	if p, _ := NewSnapshotMetadata(header.Pods, header.Services).PodByIP(ip, at(30)); p.Name != "db-a" {
+		t.Errorf("the header alone: %v", p)
+	}
+}
