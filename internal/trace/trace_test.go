@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -284,6 +285,25 @@ func TestParseEndpoint(t *testing.T) {
 			t.Errorf("ParseEndpoint(%q) = %s, want %s", in, got, want)
 		}
 	}
+}
+
+// FuzzParseEndpoint: the bare-IP shortcut reads every string as reading
+// IP:PORT first, then a bare IP, does.
+func FuzzParseEndpoint(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:80", "10.0.0.1", "[fd00::1]:53", "fd00::1", "fd00::1:80", "[fd00::1]", "::", ":80", "1.2.3.4:", "a:b:c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want := netip.AddrPort{}
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			want = ap
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			want = netip.AddrPortFrom(a, 0)
+		}
+		if got := ParseEndpoint(s); got != want {
+			t.Errorf("ParseEndpoint(%q) = %v, want %v", s, got, want)
+		}
+	})
 }
 
 // ICMP has no ports: the tracer writes its tuples as bare IPs, and a

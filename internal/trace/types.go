@@ -7,6 +7,7 @@ package trace
 import (
 	"encoding/json"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -199,11 +200,16 @@ type Tuple struct {
 // ParseEndpoint reads one side of a Tuple: "IP:PORT", or a bare IP (ICMP)
 // as port 0. Anything else gives the zero AddrPort.
 func ParseEndpoint(s string) netip.AddrPort {
+	// A bare IP (ICMP) is told apart first: netip's failure to read it as
+	// IP:PORT allocates an error, once per ICMP flow on the hot path.
+	if i := strings.LastIndexByte(s, ':'); i < 0 || strings.IndexByte(s, ':') != i && !strings.HasPrefix(s, "[") {
+		if a, err := netip.ParseAddr(s); err == nil {
+			return netip.AddrPortFrom(a, 0)
+		}
+		return netip.AddrPort{}
+	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return netip.AddrPortFrom(a, 0)
 	}
 	return netip.AddrPort{}
 }
