@@ -98,6 +98,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var writeErr error
 	emit := func(f *trace.Flow) {
+		// Each flow names its node, so a client's node: term matches
+		// in the agent.
+		f.Node = p.Header().Node
 		if !flt.Empty() && !flt.Match(f) {
 			return
 		}

@@ -133,6 +133,8 @@ func TestAgentsMerged(t *testing.T) {
 	}
 
 	conn, out, connErr := startConnect(t, bin, "--window", "1s", "unix:"+sock, addrB)
+	// A second client asks both agents for node-a's flows alone.
+	onlyA, outA, _ := startConnect(t, bin, "--window", "1s", "--filter", "node:node-a", "unix:"+sock, addrB)
 
 	a.connect(t, 20)
 	b.connect(t, 20)
@@ -163,6 +165,23 @@ func TestAgentsMerged(t *testing.T) {
 		t.Fatalf("the merged trace: %v\n%s", err, out.String())
 	}
 	checkMerged(t, f, a, b)
+
+	onlyA.Wait()
+	fa, err := trace.ReadAll(outA, "connect --filter node:node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var srcs []string
+	for _, fl := range fa.Flows {
+		if fl.Node != "node-a" {
+			t.Errorf("node:node-a let through a flow of %q", fl.Node)
+		}
+		srcs = append(srcs, fl.Orig.Src)
+	}
+	slices.Sort(srcs)
+	if want := slices.Sorted(slices.Values(a.made)); !slices.Equal(srcs, want) {
+		t.Errorf("node:node-a gave flows from %v; node-a's client made %v", srcs, want)
+	}
 }
 
 func checkMerged(t *testing.T, f *trace.File, nodes ...*agentNode) {

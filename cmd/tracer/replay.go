@@ -101,7 +101,7 @@ func rediagnose(tr *trace.File) error {
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("replay", stderr)
 	output := fs.String("o", "ui", "output: ui (the terminal UI) or json (NDJSON on stdout)")
-	filterExpr := fs.String("filter", "", "show only flows matching `EXPR` (pod:, ns:, port:, ip:, verdict:, proto:, words, !term)")
+	filterExpr := fs.String("filter", "", "show only flows matching `EXPR` (pod:, ns:, port:, ip:, verdict:, proto:, node:, words, !term)")
 	var sc storeCaps
 	sc.register(fs)
 	fs.Usage = func() {

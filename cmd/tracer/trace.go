@@ -46,7 +46,7 @@ type traceOptions struct {
 }
 
 func (o *traceOptions) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.filter, "filter", "", "filter `EXPR`: pod:NS/NAME, ns:NS, port:N, ip:ADDR|CIDR, verdict:ID, proto:P, words; terms AND, !term negates")
+	fs.StringVar(&o.filter, "filter", "", "filter `EXPR`: pod:NS/NAME, ns:NS, port:N, ip:ADDR|CIDR, verdict:ID, proto:P, node:NAME (agents, connect), words; terms AND, !term negates")
 	fs.StringVar(&o.netns, "netns", "", "observe the network namespace at `PATH` (e.g. /run/netns/NAME) instead of the caller's")
 	fs.BoolVar(&o.allNetns, "all-netns", false, "report kernel decisions from every network namespace")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (e.g. 30s); 0 runs until interrupted")

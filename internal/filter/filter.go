@@ -1,6 +1,7 @@
 // Package filter is the filter language shared by the UI's filter bar and
 // the --filter flag (SPEC.md): pod:NS/NAME or pod:NAME, ns:NS, port:N,
-// ip:ADDR or ip:CIDR, verdict:ID, proto:P and free words; an IPv6 address
+// ip:ADDR or ip:CIDR, verdict:ID, proto:P, node:NAME (the node that saw
+// the flow, in a merged trace) and free words; an IPv6 address
 // or prefix alone is an ip: term. Terms AND together; !term negates one.
 // A filter is compiled once by Parse so that Match over a million stored
 // flows allocates nothing.
@@ -35,12 +36,13 @@ const (
 	kindIP
 	kindVerdict
 	kindProto
+	kindNode
 )
 
 // fieldKinds maps a term's "field:" to its kind.
 var fieldKinds = map[string]kind{
 	"pod": kindPod, "ns": kindNS, "port": kindPort, "ip": kindIP,
-	"verdict": kindVerdict, "proto": kindProto,
+	"verdict": kindVerdict, "proto": kindProto, "node": kindNode,
 }
 
 // protoNumbers are the protocols proto: accepts, with their IP numbers for
@@ -205,7 +207,7 @@ func parseTerm(tok token) (term, error) {
 			ns, name = "", value
 		}
 		t.text, t.name = ns, name
-	case kindNS:
+	case kindNS, kindNode:
 		t.text = value
 	case kindPort:
 		n, err := strconv.ParseUint(value, 10, 16)

@@ -242,3 +242,26 @@ func TestMatchNFTablesRule(t *testing.T) {
 		}
 	}
 }
+
+// node: matches the node that saw a flow, or any of the nodes a merged
+// flow was joined from.
+func TestNodeTerm(t *testing.T) {
+	one := &trace.Flow{Node: "node-1"}
+	joined := &trace.Flow{Nodes: []string{"outside", "node-2"}}
+	for _, tc := range []struct {
+		expr string
+		f    *trace.Flow
+		want bool
+	}{{"node:node-1", one, true}, {"node:node-2", one, false}, {"node:node-2", joined, true}, {"!node:outside", joined, false}, {"node:node-1", &trace.Flow{}, false}} {
+		flt, err := Parse(tc.expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := flt.Match(tc.f); got != tc.want {
+			t.Errorf("%s on node %q nodes %v: %v, want %v", tc.expr, tc.f.Node, tc.f.Nodes, got, tc.want)
+		}
+	}
+	if _, err := Parse("node:"); err == nil {
+		t.Error("node: with no name parsed")
+	}
+}

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -27,6 +28,8 @@ func (t *term) match(f *trace.Flow) bool {
 		return f.Proto == t.text
 	case kindNS:
 		return matchNS(f, t.text)
+	case kindNode:
+		return f.Node == t.text || slices.Contains(f.Nodes, t.text)
 	case kindPod:
 		return t.matchPod(f.SrcPod) || t.matchPod(f.DstPod) ||
 			(f.Rule != nil && f.Rule.Owner != nil && t.matchPod(f.Rule.Owner.Pod))
