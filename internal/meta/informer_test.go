@@ -597,3 +597,40 @@ func clockedIndex(t *testing.T, start time.Duration) (context.Context, time.Time
 	}
 	return ctx, t0, clk, cs, idx
 }
+
+// A dual-stack pod is found by either of its addresses, and a dual-stack
+// Service by either ClusterIP, on its port, as the flows of each family
+// address them.
+func TestDualStackPodAndService(t *testing.T) {
+	ctx, t0, _, cs, idx := clockedIndex(t, 0)
+	p := testPod("web", "node-2", "10.244.1.30", t0.Add(-time.Hour))
+	p.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.30"}, {IP: "fd44:1::30"}}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.7.7", ClusterIPs: []string{"10.96.7.7", "fd96::7"},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			Ports:      []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}}}
+	if _, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "web", func() bool {
+		_, ok := idx.PodByIP(mustAddr("fd44:1::30"), t0)
+		_, _, sok := idx.ServiceByAddr(mustAddr("fd96::7"), 80, "tcp", false, time.Time{})
+		return ok && sok
+	})
+	for _, a := range []string{"10.244.1.30", "fd44:1::30", "::ffff:10.244.1.30"} {
+		if q, ok := idx.PodByIP(mustAddr(a), t0); !ok || q.Name != "web" {
+			t.Errorf("PodByIP(%s) = %q, %v; want web", a, q.Name, ok)
+		}
+	}
+	for _, a := range []string{"10.96.7.7", "fd96::7"} {
+		if s, sp, ok := idx.ServiceByAddr(mustAddr(a), 80, "tcp", false, time.Time{}); !ok || s.Name != "web" || sp.Name != "http" {
+			t.Errorf("ServiceByAddr(%s, 80) = %q port %q, %v; want web http", a, s.Name, sp.Name, ok)
+		}
+	}
+	if _, ok := idx.ServiceByIP(mustAddr("fd96::8"), time.Time{}); ok {
+		t.Error("ServiceByIP found a Service at an address it does not have")
+	}
+}
