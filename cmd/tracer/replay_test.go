@@ -129,3 +129,30 @@ func TestReplayCutOffTraceWarns(t *testing.T) {
 		t.Errorf("exit %d, stderr %q, output:\n%s", code, stderr, out)
 	}
 }
+
+// An IPv6 recording (the lab's dual-stack hostPort hijack, recorded live)
+// replays with the verdicts, pods and Services the live tracer gave.
+func TestReplayIPv6Recording(t *testing.T) {
+	const path = "../../internal/audit/testdata/lab-dualstack-hostport-hijack-clusterip.ndjson"
+	rec, err := trace.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runTracer("replay", "-o", "json", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	got, err := trace.ReadAll(strings.NewReader(out), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Flows) != len(rec.Flows) || len(got.Flows) == 0 {
+		t.Fatalf("%d flows replayed, %d recorded", len(got.Flows), len(rec.Flows))
+	}
+	for i, f := range got.Flows {
+		r := rec.Flows[i]
+		if !strings.HasPrefix(f.Orig.Src, "[") || f.Verdict != r.Verdict || f.DstPod.Key() != r.DstPod.Key() || f.Service.Name != r.Service.Name {
+			t.Errorf("%s -> %s: replayed %s, pod %s, Service %v; live %s, %s, %v", f.Orig.Src, f.Orig.Dst, f.Verdict, f.DstPod.Key(), f.Service, r.Verdict, r.DstPod.Key(), r.Service)
+		}
+	}
+}

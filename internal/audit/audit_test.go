@@ -204,6 +204,10 @@ func TestAuditLabRecordings(t *testing.T) {
 		{"lab-hostport-hijack-clusterip.ndjson", []string{"hostport-hijack 10.96.0.10:3306", "hostport-hijack 10.96.0.11:3306"}},
 		{"lab-nft-hostport-hijack-clusterip-v1.8.ndjson", []string{"hostport-hijack? 10.96.0.10:3306", "hostport-hijack? 10.96.0.11:3306"}},
 		{"lab-nft-healthy-service.ndjson", nil},
+		// The dual-stack node: the live flows are IPv6; the audit finds
+		// the hijack in each family's rules.
+		{"lab-dualstack-hostport-hijack-clusterip.ndjson", []string{"hostport-hijack 10.96.0.10:3306", "hostport-hijack 10.96.0.11:3306",
+			"hostport-hijack [fd96::10]:3306", "hostport-hijack [fd96::11]:3306"}},
 	} {
 		t.Run(c.file, func(t *testing.T) {
 			tr, err := trace.ReadFile("testdata/" + c.file)
