@@ -332,3 +332,27 @@ func TestSentences(t *testing.T) {
 		}
 	}
 }
+
+// The IPv6 twins of verdicts whose tests above are IPv4: the same events
+// with bracketed endpoints give the same verdicts and name the addresses.
+func TestVerdictsIPv6(t *testing.T) {
+	f := flow("tcp", "[fd00:18::9]:40000", "[fd00:1::200]:80", "", trace.KindIPVSNoDest, trace.KindReject)
+	f.Events[0].Virtual = "[fd00:1::200]:80"
+	f.Service = &trace.ServiceRef{Namespace: "web", Name: "web"}
+	check(t, f, trace.VerdictIPVSNoEndpoint, "no real server", "[fd00:1::200]:80")
+
+	f = flow("tcp", "[fd00:18::99]:40000", "[fd00:1::200]:80", "[fd44:2::7]:8080", trace.KindIPVS)
+	f.Events[0].To = "[fd44:2::7]:8080"
+	f.Conntrack = &trace.Conntrack{Replied: false, State: "SYN_SENT"}
+	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
+	check(t, f, trace.VerdictReturnPathMismatch, "without SNAT", "[fd44:2::7]:8080")
+
+	f = flow("tcp", "[fd00:18::99]:40000", "[fd00:1::200]:80", "[fd00:1::200]:80", trace.KindReset)
+	f.Events[0].Packet = &trace.Tuple{Src: "[fd44:2::7]:8080", Dst: "[fd00:18::99]:40000"}
+	f.Conntrack = &trace.Conntrack{Replied: false}
+	check(t, f, trace.VerdictReturnPathMismatch, "[fd44:2::7]:8080", "different five-tuple")
+
+	f = flow("tcp", "[fd00::1]:40000", "[fd00::2]:9999", "[fd00::2]:9999", trace.KindReset)
+	f.Events[0].Packet = &trace.Tuple{Src: "[fd00::1]:40000", Dst: "[fd00::2]:9999"}
+	check(t, f, trace.VerdictReset, "no socket listens on [fd00::2]:9999")
+}
