@@ -323,7 +323,8 @@ func expectedVia() map[event.Hook]event.Via {
 			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
 	case "6.12":
 		return map[event.Hook]event.Via{event.HookNFNat: event.ViaFentry, event.HookIPVSConnNew: event.ViaFentry,
-			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint}
+			event.HookICMPSend: event.ViaFentry, event.HookICMP6Send: event.ViaFentry, event.HookKfreeSkb: event.ViaTracepoint,
+			event.HookTCPSendReset: event.ViaTracepoint, event.HookTCPSendReset6: event.ViaTracepoint}
 	case "":
 		if !hasKprobes() {
 			// This project's build machine: no kprobes, no fentry.

@@ -97,18 +97,24 @@ var ladders = map[event.Hook][]rung{
 		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset6", attach: kprobe},
 		{via: event.ViaNetfilter, target: "related IPv6 RST at OUTPUT", nfRole: nfRoleReset6},
 	},
+	// From 6.10 the tcp_send_reset tracepoint fires for every reset, a
+	// socket's own (tcp_send_active_reset: an abort, SO_LINGER 0) as
+	// well as an answer to a packet, with the reason: it comes first.
+	// Before, it skips resets without a full socket (a closed port), and
+	// tcp_v4_send_reset, which the function rungs see, skips a socket's
+	// own.
 	event.HookTCPSendReset: {
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV4, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v4_send_reset", attach: fentry, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v4_send_reset", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v4_send_reset", attach: kprobe},
-		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV4, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint, families: familyV4},
 	},
 	event.HookTCPSendReset6: {
+		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry3", target: "tcp_v6_send_reset", attach: fentry, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaFentry, prog: "tr_rst_fentry", target: "tcp_v6_send_reset", attach: fentry},
 		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v6_send_reset", attach: kprobe},
-		{via: event.ViaTracepoint, prog: "tr_rst_tp3", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6, needs: "the RST reason argument (kernel 6.10+)"},
 		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6},
 	},
 	event.HookKfreeSkb: {
