@@ -685,10 +685,15 @@ static __always_inline void read_rst_packet(struct tuple *t, const struct sock *
 	}
 	t->family = family;
 	t->sport = BPF_CORE_READ(sk, __sk_common.skc_dport);
-	/* Not skc_num: an abort (SO_LINGER 0, tcp_disconnect) moves the
-	 * socket to CLOSE, which unbinds it and zeroes skc_num, before the
-	 * reset goes out from inet_sport. */
-	t->dport = BPF_CORE_READ((const struct inet_sock *)sk, inet_sport);
+	/* A full socket's reset goes out from inet_sport: an abort
+	 * (SO_LINGER 0, tcp_disconnect) moves it to CLOSE, which unbinds it
+	 * and zeroes skc_num first. A timewait or request socket has no
+	 * inet_sock around its common part: skc_num it is. */
+	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	if (state == 6 /* TCP_TIME_WAIT */ || state == 12 /* TCP_NEW_SYN_RECV */)
+		t->dport = bpf_htons(BPF_CORE_READ(sk, __sk_common.skc_num));
+	else
+		t->dport = BPF_CORE_READ((const struct inet_sock *)sk, inet_sport);
 }
 
 static __always_inline int on_tcp_reset(const struct sock *sk, struct sk_buff *skb, __u32 reason,
@@ -697,8 +702,9 @@ static __always_inline int on_tcp_reset(const struct sock *sk, struct sk_buff *s
 	struct tuple t = {};
 	read_rst_packet(&t, sk, skb);
 	/* The tracepoint fires for both families; each family's hook has
-	 * its own instance of the program. */
-	if (t.family && !family_wanted(t.family))
+	 * its own instance of the program. A reset of no known family is the
+	 * IPv4 instance's, so it is reported once. */
+	if (t.family ? !family_wanted(t.family) : via == VIA_TRACEPOINT && !(cfg_families & FAMILY_V4))
 		return 0;
 	struct event *e = reserve(KIND_RESET, family_hook(HOOK_TCP_SEND_RESET, t.family), via);
 	if (!e)

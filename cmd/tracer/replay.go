@@ -30,44 +30,33 @@ func init() {
 // recorded change from its time on.
 func rediagnose(tr *trace.File) error {
 	h := tr.Header
+	// The node's states: the header's, then each line that changed a node
+	// part. Pods and Services come from one time-aware index of the whole
+	// trace instead, so a busy cluster's metadata lines neither copy the
+	// pods into a state each nor rebuild the rules.
 	timeline := trace.NewTimeline(h.Snapshot)
-	// nodeState[i] is the last state at or before i whose node parts
-	// changed: a metadata change needs no node state of its own.
-	nodeState := []int{0}
+	lineOf := []int{0} // the state line of each node state, for errors
 	for i, c := range tr.States {
-		timeline.Add(c)
-		ns := nodeState[i]
-		if slices.ContainsFunc(c.Changed, func(p string) bool { return p != trace.PartMetadata && p != trace.PartWarnings }) {
-			ns = i + 1
-		}
-		nodeState = append(nodeState, ns)
 		if slices.Contains(c.Changed, trace.PartWarnings) {
 			for _, w := range c.Warnings {
 				tr.Header.Warnings = appendNew(tr.Header.Warnings, "from "+c.Time.Format(time.RFC3339)+": "+w)
 			}
 		}
-	}
-	// nextNode[i] is the first state from i on whose node parts changed
-	// (-1: none).
-	nextNode := make([]int, len(nodeState)+1)
-	nextNode[len(nodeState)] = -1
-	for i := len(nodeState) - 1; i >= 0; i-- {
-		nextNode[i] = nextNode[i+1]
-		if i > 0 && nodeState[i] == i {
-			nextNode[i] = i
+		if node := c.NodeParts(); node != nil {
+			timeline.Add(node)
+			lineOf = append(lineOf, i+1)
 		}
 	}
 	meta := enrich.NewTimelineMetadata(h.Snapshot, tr.States)
 	envs := make([]*enrich.NodeEnv, timeline.Len())
 	envOf := func(i int) (*enrich.NodeEnv, error) {
-		i = nodeState[i]
 		if envs[i] == nil {
 			env, err := enrich.NewNodeEnv(h.Node, timeline.Snapshot(i), meta)
 			if err != nil {
 				if i == 0 {
 					return nil, usagef("trace header: %v", err)
 				}
-				return nil, usagef("node state from %s (state line %d): %v", tr.States[i-1].Time.Format(time.RFC3339Nano), i, err)
+				return nil, usagef("node state from %s (state line %d): %v", tr.States[lineOf[i]-1].Time.Format(time.RFC3339Nano), lineOf[i], err)
 			}
 			envs[i] = env
 			tr.Header.Warnings = appendNew(tr.Header.Warnings, env.Warnings()...)
@@ -86,8 +75,8 @@ func rediagnose(tr *trace.File) error {
 		// The node state read next settles a flow decided while the rules
 		// were being rewritten, as it did live (enrich.EnrichBetween).
 		var next enrich.Env
-		if i := timeline.After(f.Time); i > 0 && nextNode[i] > 0 {
-			n, err := envOf(nextNode[i])
+		if i := timeline.After(f.Time); i > 0 {
+			n, err := envOf(i)
 			if err != nil {
 				return err
 			}

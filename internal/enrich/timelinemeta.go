@@ -93,15 +93,17 @@ func NewTimelineMetadata(header *trace.Snapshot, changes []*trace.StateChange) *
 // deletion; a live one replaces its open span unless nothing changed.
 func (m *TimelineMetadata) addPod(open map[trace.ObjectRef]int, p trace.Pod, at time.Time) {
 	live := trace.ObjectRef{Namespace: p.Namespace, Name: p.Name}
+	if !p.Deleted.IsZero() && at.IsZero() {
+		// A deleted pod the header still kept, beside a live one of its
+		// name if it was recreated: a span of its own.
+		m.indexPod(podSpan{span{until: p.Deleted}, p})
+		return
+	}
 	i, isOpen := open[live]
 	if !p.Deleted.IsZero() {
 		if isOpen {
 			m.pods[i].until = p.Deleted
 			delete(open, live)
-			return
-		}
-		if at.IsZero() { // a deleted pod the header still kept
-			m.indexPod(podSpan{span{until: p.Deleted}, p})
 		}
 		return
 	}

@@ -55,6 +55,19 @@ func TestTimelineMetadata(t *testing.T) {
 	if m.PodNode(trace.PodRef{Namespace: "db", Name: "db-b"}) != "n2" {
 		t.Error("PodNode of db-b")
 	}
+	// A header that keeps a recreated pod's deleted self beside it (as
+	// the live index's snapshot lists them: live first) names each on its
+	// own address and time.
+	old := trace.Pod{Namespace: "db", Name: "db-0", IPs: []string{"10.244.1.9"}, Deleted: at(5)}
+	again := trace.Pod{Namespace: "db", Name: "db-0", IPs: []string{"10.244.1.10"}}
+	hm := NewTimelineMetadata(&trace.Snapshot{Pods: []trace.Pod{again, old}}, nil)
+	if p, ok := hm.PodByIP(netip.MustParseAddr("10.244.1.9"), at(1)); !ok || p.Name != "db-0" {
+		t.Errorf("the recreated pod's old address before its deletion: %v, %v", p, ok)
+	}
+	if p, ok := hm.PodByIP(netip.MustParseAddr("10.244.1.10"), at(9)); !ok || p.Name != "db-0" {
+		t.Errorf("the recreated pod's new address: %v, %v", p, ok)
+	}
+
 	// The same trace replayed against its header alone names the old pod.
 	if p, _ := NewSnapshotMetadata(header.Pods, header.Services).PodByIP(ip, at(30)); p.Name != "db-a" {
 		t.Errorf("the header alone: %v", p)

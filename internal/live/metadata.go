@@ -121,15 +121,24 @@ func (s *states) watchMetadata(stop <-chan struct{}) {
 // recordMetadata writes the queued changes, each as a state line, less
 // what the trace already holds.
 func (s *states) recordMetadata() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writePendingLocked()
+}
+
+// writePendingLocked takes the queue and writes it. The caller holds mu,
+// so the sink cannot go while a taken batch is written.
+func (s *states) writePendingLocked() {
 	s.pendMu.Lock()
 	queued := s.pending
 	s.pending = nil
 	s.pendMu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if s.sink == nil || s.recordedMeta.pods == nil {
+		return
+	}
 	for _, p := range queued {
-		if s.sink == nil || s.recordedMeta.pods == nil {
-			return
+		if !p.at.After(s.metaSince) {
+			continue // already in the line written when recording began
 		}
 		if d := s.recordedMeta.take(p.d); d != nil {
 			s.sink(&trace.StateChange{Type: trace.TypeState, Time: p.at.UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})

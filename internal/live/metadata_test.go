@@ -20,7 +20,9 @@ func TestRecordMetadataChanges(t *testing.T) {
 		defer mu.Unlock()
 		return append([]trace.Pod(nil), pods...), append([]trace.Service(nil), svcs...)
 	}
-	s := &states{metadata: list, metaWake: make(chan struct{}, 1)}
+	// No wake channel: the test drains the queue itself, no goroutine
+	// races it.
+	s := &states{metadata: list}
 	header := &trace.Snapshot{}
 	header.Pods, header.Services = list()
 	s.recordFrom(nil, header)
@@ -68,15 +70,14 @@ func TestRecordMetadataChanges(t *testing.T) {
 	}
 }
 
-// Once the writers are gone nothing more is queued or handed on.
+// The writers get what was queued before they go, and nothing after.
 func TestRecordMetadataStops(t *testing.T) {
-	s := &states{metadata: func() ([]trace.Pod, []trace.Service) { return nil, nil }, metaWake: make(chan struct{}, 1)}
+	s := &states{metadata: func() ([]trace.Pod, []trace.Service) { return nil, nil }}
 	s.recordFrom(nil, &trace.Snapshot{})
 	calls := 0
 	s.recordTo(func(*trace.StateChange) { calls++ })
-	s.metadataChanged(time.Now(), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "p"}}})
-	s.recordMetadata()
-	s.recordTo(nil)
+	s.metadataChanged(time.Now().Add(time.Second), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "p"}}})
+	s.recordTo(nil) // still owed the queued change: written before the sink goes
 	s.metadataChanged(time.Now(), &trace.MetadataChange{Pods: []trace.Pod{{Namespace: "a", Name: "q"}}})
 	s.recordMetadata()
 	if calls != 1 || len(s.pending) != 0 {

@@ -51,6 +51,9 @@ type states struct {
 	pendMu    sync.Mutex
 	pending   []pendingMetadata
 	recording bool
+	// metaSince is when the pods and Services were read as recording
+	// began: a queued change taken by then is in that reading.
+	metaSince time.Time
 }
 
 type stateEnv struct {
@@ -100,6 +103,7 @@ func (s *states) recordFrom(st *node.State, snap *trace.Snapshot) {
 func (s *states) recordTo(sink func(*trace.StateChange)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.writePendingLocked() // what the old sink was owed
 	s.sink = sink
 	if s.stopMeta != nil {
 		close(s.stopMeta)
@@ -122,10 +126,13 @@ func (s *states) recordMetadataSince() {
 	if s.recordedMeta.pods == nil {
 		return
 	}
+	// A change the index took by now is in what it lists next: it holds
+	// its lock from taking the time to applying the change.
+	s.metaSince = time.Now()
 	pods, services := s.metadata()
 	if d, next := s.recordedMeta.delta(pods, services); d != nil {
 		s.recordedMeta = next
-		s.sink(&trace.StateChange{Type: trace.TypeState, Time: time.Now().UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
+		s.sink(&trace.StateChange{Type: trace.TypeState, Time: s.metaSince.UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
 	}
 }
 

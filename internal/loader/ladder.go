@@ -20,7 +20,8 @@ type rung struct {
 	nfRole uint32
 	// families, when set, is what the program reports (cfg_families):
 	// a tracepoint both families pass through serves each family's hook
-	// with an instance of its own.
+	// with an instance of its own, and an IPv6 function's instance files
+	// a packet it could not read under the IPv6 hook.
 	families uint32
 	// needs says what this rung needs that the next one does not, for
 	// the explanation when it fails for lack of it.
@@ -83,8 +84,8 @@ var ladders = map[event.Hook][]rung{
 	// The IPv4 programs, attached to the IPv6 functions: the arguments
 	// they read are the same, and the packet's family picks the hook.
 	event.HookICMP6Send: {
-		{via: event.ViaFentry, prog: "tr_icmp_fentry", target: "icmp6_send", attach: fentry},
-		{via: event.ViaKprobe, prog: "tr_icmp_kprobe", target: "icmp6_send", attach: kprobe},
+		{via: event.ViaFentry, prog: "tr_icmp_fentry", target: "icmp6_send", attach: fentry, families: familyV6},
+		{via: event.ViaKprobe, prog: "tr_icmp_kprobe", target: "icmp6_send", attach: kprobe, families: familyV6},
 		{via: event.ViaNetfilter, target: "related ICMPv6 at OUTPUT", nfRole: nfRoleICMP6},
 	},
 	event.HookNFSendReset: {
@@ -93,8 +94,8 @@ var ladders = map[event.Hook][]rung{
 		{via: event.ViaNetfilter, target: "related RST at OUTPUT", nfRole: nfRoleReset},
 	},
 	event.HookNFSendReset6: {
-		{via: event.ViaFentry, prog: "tr_nfrst_fentry", target: "nf_send_reset6", attach: fentry},
-		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset6", attach: kprobe},
+		{via: event.ViaFentry, prog: "tr_nfrst_fentry", target: "nf_send_reset6", attach: fentry, families: familyV6},
+		{via: event.ViaKprobe, prog: "tr_nfrst_kprobe", target: "nf_send_reset6", attach: kprobe, families: familyV6},
 		{via: event.ViaNetfilter, target: "related IPv6 RST at OUTPUT", nfRole: nfRoleReset6},
 	},
 	// From 6.10 the tcp_send_reset tracepoint fires for every reset, a

@@ -128,6 +128,18 @@ func (c *StateChange) Apply(base *Snapshot) *Snapshot {
 	return out
 }
 
+// NodeParts is c without its metadata delta and warnings, the change of
+// the node alone; nil when c changed nothing of the node.
+func (c *StateChange) NodeParts() *StateChange {
+	node := slices.DeleteFunc(slices.Clone(c.Changed), func(p string) bool { return p == PartMetadata || p == PartWarnings })
+	if len(node) == 0 {
+		return nil
+	}
+	out := *c
+	out.Changed, out.Metadata, out.Warnings = node, nil, nil
+	return &out
+}
+
 func (m *MetadataChange) applyPods(pods []Pod) []Pod {
 	if len(m.Pods) == 0 && len(m.PodsGone) == 0 {
 		return pods

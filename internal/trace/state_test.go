@@ -178,3 +178,17 @@ func TestStateLog(t *testing.T) {
 		t.Errorf("the state in force at +25s is %q after folding, want 20", base.Ipsets)
 	}
 }
+
+// A line's node change alone: replay keeps the node's states apart from
+// the pods and Services.
+func TestNodeParts(t *testing.T) {
+	meta := &StateChange{Time: time.Unix(1, 0), Changed: []string{PartMetadata, PartWarnings}, Metadata: &MetadataChange{}, Warnings: []string{"w"}}
+	if meta.NodeParts() != nil {
+		t.Error("a metadata and warnings line changed the node")
+	}
+	mixed := &StateChange{Time: time.Unix(1, 0), Changed: []string{"rules:nat", PartMetadata}, Metadata: &MetadataChange{}, Snapshot: Snapshot{Rules: map[string]string{"nat": "x"}}}
+	n := mixed.NodeParts()
+	if n == nil || len(n.Changed) != 1 || n.Changed[0] != "rules:nat" || n.Metadata != nil || n.Snapshot.Rules["nat"] != "x" || len(mixed.Changed) != 2 {
+		t.Errorf("node parts %+v of %+v", n, mixed)
+	}
+}
