@@ -580,6 +580,20 @@ func TestServiceDeletedAfterTheConnection(t *testing.T) {
 	if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(500*time.Millisecond)); !ok || s.Name != "old" {
 		t.Errorf("before the old one's deletion, with the new one live: %q, %v; want old", s.Name, ok)
 	}
+	// Both deleted now: each still names the connections of its time.
+	clk.Add(time.Second)
+	if err := services.Delete(ctx, "new", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new deleted", func() bool { _, ok := idx.ServiceByIP(vip, time.Time{}); return !ok })
+	for _, c := range []struct {
+		at   time.Duration
+		want string
+	}{{500 * time.Millisecond, "old"}, {2500 * time.Millisecond, "new"}} {
+		if s, _, ok := idx.ServiceByAddr(vip, 80, "tcp", false, t0.Add(c.at)); !ok || s.Name != c.want {
+			t.Errorf("at +%s, both deleted since: %q, %v; want %s", c.at, s.Name, ok, c.want)
+		}
+	}
 }
 
 // clockedIndex is an index of a fake clientset on node-2, with a clock

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -369,7 +370,15 @@ func betterAt(p, q *PodInfo, at time.Time) bool {
 	// created in the same second (creationTimestamp has whole seconds)
 	// looks created by at when it was not.
 	if pDel, qDel := !p.Deleted.IsZero(), !q.Deleted.IsZero(); pDel != qDel && !p.Terminal && !q.Terminal {
-		return pDel
+		live := p
+		if pDel {
+			live = q
+		}
+		// A live pod created well before at had the address then: the
+		// deletion reached the index late.
+		if !live.Created.Before(at.Add(-time.Second)) {
+			return pDel
+		}
 	}
 	pBy, qBy := !p.Created.After(at), !q.Created.After(at)
 	if pBy != qBy {
@@ -416,15 +425,17 @@ func (s *store) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr 
 	return ServiceInfo{}, ServicePortInfo{}, false
 }
 
-// deletedSince lists the Services deleted after at, newest first; none
-// for a zero at (now).
+// deletedSince lists the Services deleted after at, the first deleted
+// first: of two that held an address one after the other, that one held
+// it at at. None for a zero at (now).
 func (s *store) deletedSince(at time.Time) []*ServiceInfo {
 	if at.IsZero() {
 		return nil
 	}
-	var out []*ServiceInfo
-	for i := len(s.svcTombs) - 1; i >= 0 && s.svcTombs[i].deleted.After(at); i-- {
-		out = append(out, s.svcTombs[i].svc)
+	i := sort.Search(len(s.svcTombs), func(i int) bool { return s.svcTombs[i].deleted.After(at) })
+	out := make([]*ServiceInfo, 0, len(s.svcTombs)-i)
+	for _, d := range s.svcTombs[i:] {
+		out = append(out, d.svc)
 	}
 	return out
 }
