@@ -122,6 +122,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := rediagnose(tr); err != nil {
 		return err
 	}
+	flt = flt.OnNode(tr.Header.Node)
 	if *output == "json" {
 		return emitJSON(stdout, tr, flt)
 	}

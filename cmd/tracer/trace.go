@@ -76,7 +76,7 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer p.Close()
-	return streamFlows(ctx, p, o, flt, stdout, stderr)
+	return streamFlows(ctx, p, o, flt.OnNode(p.Header().Node), stdout, stderr)
 }
 
 // start validates the flags, checks privileges and attaches the pipeline.

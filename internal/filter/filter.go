@@ -24,6 +24,15 @@ import (
 type Filter struct {
 	text  string
 	terms []term
+	// node is whose flows name no node: a single node's trace names it
+	// in its header only.
+	node string
+}
+
+// OnNode says that flows naming no node are node's, for node: terms.
+func (f Filter) OnNode(node string) Filter {
+	f.node = node
+	return f
 }
 
 type kind uint8

@@ -264,4 +264,9 @@ func TestNodeTerm(t *testing.T) {
 	if _, err := Parse("node:"); err == nil {
 		t.Error("node: with no name parsed")
 	}
+	// A single node's trace names its node in the header alone.
+	flt, _ := Parse("node:node-1")
+	if !flt.OnNode("node-1").Match(&trace.Flow{}) || flt.OnNode("node-2").Match(&trace.Flow{}) || !flt.OnNode("node-2").Match(one) {
+		t.Error("a flow naming no node is the trace's node's; one naming its node is that node's")
+	}
 }

@@ -13,14 +13,14 @@ import (
 func (f Filter) Match(fl *trace.Flow) bool {
 	for i := range f.terms {
 		t := &f.terms[i]
-		if t.match(fl) == t.neg {
+		if t.match(fl, f.node) == t.neg {
 			return false
 		}
 	}
 	return true
 }
 
-func (t *term) match(f *trace.Flow) bool {
+func (t *term) match(f *trace.Flow, node string) bool {
 	switch t.kind {
 	case kindVerdict:
 		return f.Verdict == t.text
@@ -29,6 +29,9 @@ func (t *term) match(f *trace.Flow) bool {
 	case kindNS:
 		return matchNS(f, t.text)
 	case kindNode:
+		if f.Node == "" && len(f.Nodes) == 0 {
+			return node == t.text
+		}
 		return f.Node == t.text || slices.Contains(f.Nodes, t.text)
 	case kindPod:
 		return t.matchPod(f.SrcPod) || t.matchPod(f.DstPod) ||
@@ -337,7 +340,7 @@ func (f Filter) matchKeyed(fl *trace.Flow, k *trace.AddrKeys, memos []memo) bool
 		case t.kind == kindIP && k.Complete:
 			ok = t.ipIn(k)
 		default:
-			ok = t.match(fl)
+			ok = t.match(fl, f.node)
 		}
 		if ok == t.neg {
 			return false

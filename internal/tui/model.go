@@ -357,6 +357,7 @@ func (m *Model) editKey(msg tea.KeyPressMsg) {
 // filter's rows on screen and shows the error next to the bar.
 func (m *Model) applyInput() {
 	f, err := filter.Parse(m.input)
+	f = f.OnNode(m.src.Header.Node)
 	m.filterErr = err
 	if err != nil {
 		return
