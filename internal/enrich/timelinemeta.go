@@ -180,11 +180,16 @@ func (m *TimelineMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bo
 }
 
 // betterSpan: of two spans that may hold an address at at, one that does
-// beats one taken only after it, one that ended later beats one still
-// open, and otherwise the later taken.
+// beats one taken only after it; of two that do, one that ended later
+// beats one still open, and otherwise the later taken; of two taken only
+// after at (the index learns of a pod after it has its address), the
+// first taken.
 func betterSpan(s, than span, at time.Time) bool {
 	if s.holds(at) != than.holds(at) {
 		return s.holds(at)
+	}
+	if !s.holds(at) {
+		return s.from.Before(than.from)
 	}
 	if (s.until.IsZero()) != (than.until.IsZero()) {
 		return !s.until.IsZero()

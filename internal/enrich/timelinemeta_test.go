@@ -39,9 +39,19 @@ func TestTimelineMetadata(t *testing.T) {
 		}
 	}
 	// A connection made just before the pod was taken (it had its IP
-	// before the API server said so) names it.
-	if p, ok := m.PodByIP(ip, at(10.05)); !ok || p.Name != "db-b" {
-		t.Errorf("between db-a's deletion and db-b's arrival: %v, %v; want db-b", p, ok)
+	// before the API server said so) names it, not a later one.
+	dbC := trace.Pod{Namespace: "db", Name: "db-c", IPs: []string{"10.244.1.5"}}
+	dbD := trace.Pod{Namespace: "db", Name: "db-d", IPs: []string{"10.244.1.5"}}
+	later := NewTimelineMetadata(header, []*trace.StateChange{
+		change(10, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-a"}}, Pods: []trace.Pod{gone}}),
+		change(10.2, &trace.MetadataChange{Pods: []trace.Pod{dbB}}),
+		change(15, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-b"}}}),
+		change(15.2, &trace.MetadataChange{Pods: []trace.Pod{dbC}}),
+		change(20, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-c"}}}),
+		change(20.2, &trace.MetadataChange{Pods: []trace.Pod{dbD}}),
+	})
+	if p, ok := later.PodByIP(ip, at(10.05)); !ok || p.Name != "db-b" {
+		t.Errorf("between db-a's deletion and db-b's arrival: %v, %v; want db-b, not the later db-c", p, ok)
 	}
 	for _, tc := range []struct {
 		sec  float64
