@@ -89,18 +89,27 @@ func (m *SnapshotMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 // with that port (or, for a node address, whose NodePort it is). It
 // ignores the time: a snapshot is the state at one time.
 func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, _ time.Time) (trace.ServiceRef, bool) {
-	ip := a.String()
-	// Only Services with the address, or the NodePort, can match; they
-	// are asked in the recorded order, as a scan of all would.
-	cands := m.byAddr[a]
-	if nodeAddr && len(m.byNodePort[port]) > 0 {
-		cands = slices.Concat(cands, m.byNodePort[port])
+	return findService(m.byAddr, m.byNodePort, a, port, proto, nodeAddr, func(i int) *trace.Service { return &m.services[i] })
+}
+
+// findService matches a client's a:port against the Services indexed by
+// address (and, on a node address, NodePort), asked in the order
+// recorded, as a scan of all would; svc gives candidate i's Service, nil
+// to pass it by.
+func findService(byAddr map[netip.Addr][]int, byNodePort map[uint16][]int, a netip.Addr, port uint16, proto string, nodeAddr bool, svc func(int) *trace.Service) (trace.ServiceRef, bool) {
+	cands := byAddr[a]
+	if nodeAddr && len(byNodePort[port]) > 0 {
+		cands = slices.Concat(cands, byNodePort[port])
 		slices.Sort(cands)
 		cands = slices.Compact(cands)
 	}
+	ip := a.String()
 	var onIP *trace.Service
 	for _, i := range cands {
-		s := &m.services[i]
+		s := svc(i)
+		if s == nil {
+			continue
+		}
 		ref, vip, ok := servicePortRef(s, ip, port, proto, nodeAddr)
 		if ok {
 			return ref, true

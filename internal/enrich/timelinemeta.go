@@ -207,32 +207,12 @@ func (m *TimelineMetadata) PodNode(ref trace.PodRef) string {
 // ServiceByAddr is the Service a client reached at a:port at at, matched
 // as SnapshotMetadata matches.
 func (m *TimelineMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (trace.ServiceRef, bool) {
-	a = a.Unmap()
-	cands := m.svcsByAddr[a]
-	if nodeAddr && len(m.svcsByNodePort[port]) > 0 {
-		cands = slices.Concat(cands, m.svcsByNodePort[port])
-		slices.Sort(cands)
-		cands = slices.Compact(cands)
-	}
-	ip := a.String()
-	var onIP *trace.Service
-	for _, i := range cands {
+	return findService(m.svcsByAddr, m.svcsByNodePort, a.Unmap(), port, proto, nodeAddr, func(i int) *trace.Service {
 		if !m.svcs[i].holds(at) {
-			continue
+			return nil
 		}
-		s := &m.svcs[i].svc
-		ref, vip, ok := servicePortRef(s, ip, port, proto, nodeAddr)
-		if ok {
-			return ref, true
-		}
-		if vip && onIP == nil {
-			onIP = s
-		}
-	}
-	if onIP != nil {
-		return trace.ServiceRef{Namespace: onIP.Namespace, Name: onIP.Name}, true
-	}
-	return trace.ServiceRef{}, false
+		return &m.svcs[i].svc
+	})
 }
 
 // Service is the Service as last recorded.
