@@ -317,7 +317,7 @@ func TestSoak(t *testing.T) {
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var dialed connLog[int]
+	var dialed connLog[soakDial]
 	var refused atomic.Int64
 	wg.Add(2)
 	go func() { // churn
@@ -369,7 +369,7 @@ func TestSoak(t *testing.T) {
 					refused.Add(1) // the Service went away in between
 					return nil
 				}
-				dialed.add(c.LocalAddr().String(), at, s)
+				dialed.add(c.LocalAddr().String(), at, soakDial{service: s, done: time.Now()})
 				c.Close()
 				return nil
 			})
@@ -413,13 +413,13 @@ func TestSoak(t *testing.T) {
 	// then; the recording, replayed, says the same.
 	replayed := replaySoak(t, exe, rec)
 	live, again := &soakTally{}, &soakTally{}
-	dialed.each(func(client string, at time.Time, s int) {
+	dialed.each(func(client string, at time.Time, d soakDial) {
 		be, ok := accepted.near(client, at)
 		if !ok {
 			return // the connection never reached a backend
 		}
-		live.check(node, cluster, &flows, client, at, s, be)
-		again.check(node, cluster, replayed, client, at, s, be)
+		live.check(node, cluster, &flows, client, at, d, be)
+		again.check(node, cluster, replayed, client, at, d, be)
 	})
 	report := soakReport(dur, samples, live, again, int(refused.Load()), sum, stderr.String())
 	t.Log(report)

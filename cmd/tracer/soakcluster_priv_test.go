@@ -185,15 +185,29 @@ func (c *soakCluster) nameAt(addr string, t time.Time) (before, after string, su
 	return "", "", true
 }
 
-// checkName says whether got is right for addr at t: "right", "lag" (a
-// change's window, either side) or "wrong".
-func (c *soakCluster) checkName(addr string, t time.Time, got string) string {
-	before, after, sure := c.nameAt(addr, t)
+// soakDial is a connection the load made: to which Service, and when its
+// dial returned (the kernel decided between its start and then).
+type soakDial struct {
+	service int
+	done    time.Time
+}
+
+// checkName says whether got is right for addr for a connection dialed
+// from start to done: "right", "lag" (a change's window, or a change
+// during the dial: the name before or after it) or "wrong".
+func (c *soakCluster) checkName(addr string, start, done time.Time, got string) string {
+	before, after, sure := c.nameAt(addr, start)
+	endBefore, endAfter, endSure := c.nameAt(addr, done)
 	switch {
-	case sure && got == before:
+	case sure && endSure && before == endBefore && got == before:
 		return "right"
-	case !sure && (got == before || got == after || got == ""):
-		return "lag"
+	case sure && endSure && before == endBefore:
+		return "wrong"
+	}
+	for _, name := range []string{before, after, endBefore, endAfter, ""} {
+		if got == name {
+			return "lag"
+		}
 	}
 	return "wrong"
 }
@@ -244,7 +258,8 @@ func (tl *soakTally) example(format string, a ...any) {
 
 // check finds the flow of the connection from client at at to Service s,
 // accepted by backend be, and checks its rule, pod and Service.
-func (tl *soakTally) check(node *soakNode, cluster *soakCluster, flows *connLog[soakFlow], client string, at time.Time, s int, be string) {
+func (tl *soakTally) check(node *soakNode, cluster *soakCluster, flows *connLog[soakFlow], client string, at time.Time, d soakDial, be string) {
+	s := d.service
 	tl.conns++
 	f, ok := flows.near(client, at)
 	if !ok {
@@ -267,7 +282,7 @@ func (tl *soakTally) check(node *soakNode, cluster *soakCluster, flows *connLog[
 		n         *soakCount
 		addr, got string
 	}{{&tl.pods, beIP, f.pod}, {&tl.services, vip, f.service}} {
-		outcome := cluster.checkName(c.addr, at, c.got)
+		outcome := cluster.checkName(c.addr, at, d.done, c.got)
 		c.n.add(outcome)
 		if outcome == "wrong" {
 			before, _, _ := cluster.nameAt(c.addr, at)
