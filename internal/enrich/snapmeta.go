@@ -15,10 +15,7 @@ type SnapshotMetadata struct {
 	podByIP  map[netip.Addr]trace.Pod
 	pods     map[trace.PodRef]trace.Pod
 	services []trace.Service
-	// byAddr and byNodePort are the indices into services of those with
-	// an address (ClusterIP, externalIP, LB IP), or a NodePort, in order.
-	byAddr     map[netip.Addr][]int
-	byNodePort map[uint16][]int
+	index    serviceIndex
 }
 
 var _ Metadata = (*SnapshotMetadata)(nil)
@@ -28,18 +25,9 @@ var _ Metadata = (*SnapshotMetadata)(nil)
 // node's, not theirs.
 func NewSnapshotMetadata(pods []trace.Pod, services []trace.Service) *SnapshotMetadata {
 	m := &SnapshotMetadata{podByIP: map[netip.Addr]trace.Pod{}, pods: map[trace.PodRef]trace.Pod{}, services: services,
-		byAddr: map[netip.Addr][]int{}, byNodePort: map[uint16][]int{}}
+		index: newServiceIndex()}
 	for i, s := range services {
-		for _, ip := range slices.Concat(s.ClusterIPs, s.External, s.LBIPs) {
-			if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(m.byAddr[a], i) {
-				m.byAddr[a] = append(m.byAddr[a], i)
-			}
-		}
-		for _, sp := range s.Ports {
-			if sp.NodePort != 0 && !slices.Contains(m.byNodePort[sp.NodePort], i) {
-				m.byNodePort[sp.NodePort] = append(m.byNodePort[sp.NodePort], i)
-			}
-		}
+		m.index.add(i, &s)
 	}
 	for _, p := range pods {
 		ref := trace.PodRef{Namespace: p.Namespace, Name: p.Name}
@@ -89,17 +77,41 @@ func (m *SnapshotMetadata) Service(ref trace.ServiceRef) (trace.Service, bool) {
 // with that port (or, for a node address, whose NodePort it is). It
 // ignores the time: a snapshot is the state at one time.
 func (m *SnapshotMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, _ time.Time) (trace.ServiceRef, bool) {
-	return findService(m.byAddr, m.byNodePort, a, port, proto, nodeAddr, func(i int) *trace.Service { return &m.services[i] })
+	return m.index.find(a, port, proto, nodeAddr, func(i int) *trace.Service { return &m.services[i] })
 }
 
-// findService matches a client's a:port against the Services indexed by
-// address (and, on a node address, NodePort), asked in the order
-// recorded, as a scan of all would; svc gives candidate i's Service, nil
-// to pass it by.
-func findService(byAddr map[netip.Addr][]int, byNodePort map[uint16][]int, a netip.Addr, port uint16, proto string, nodeAddr bool, svc func(int) *trace.Service) (trace.ServiceRef, bool) {
-	cands := byAddr[a]
-	if nodeAddr && len(byNodePort[port]) > 0 {
-		cands = slices.Concat(cands, byNodePort[port])
+// serviceIndex finds Services, each known by its position in a list, by
+// address (ClusterIP, externalIP, LB IP) and NodePort, in list order.
+type serviceIndex struct {
+	byAddr     map[netip.Addr][]int
+	byNodePort map[uint16][]int
+}
+
+func newServiceIndex() serviceIndex {
+	return serviceIndex{byAddr: map[netip.Addr][]int{}, byNodePort: map[uint16][]int{}}
+}
+
+// add indexes s as Service i.
+func (x serviceIndex) add(i int, s *trace.Service) {
+	for _, ip := range slices.Concat(s.ClusterIPs, s.External, s.LBIPs) {
+		if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(x.byAddr[a], i) {
+			x.byAddr[a] = append(x.byAddr[a], i)
+		}
+	}
+	for _, sp := range s.Ports {
+		if sp.NodePort != 0 && !slices.Contains(x.byNodePort[sp.NodePort], i) {
+			x.byNodePort[sp.NodePort] = append(x.byNodePort[sp.NodePort], i)
+		}
+	}
+}
+
+// find matches a client's a:port against the Services with that address
+// (and, on a node address, NodePort), asked in the order recorded, as a
+// scan of all would; svc gives candidate i's Service, nil to pass it by.
+func (x serviceIndex) find(a netip.Addr, port uint16, proto string, nodeAddr bool, svc func(int) *trace.Service) (trace.ServiceRef, bool) {
+	cands := x.byAddr[a]
+	if nodeAddr && len(x.byNodePort[port]) > 0 {
+		cands = slices.Concat(cands, x.byNodePort[port])
 		slices.Sort(cands)
 		cands = slices.Compact(cands)
 	}

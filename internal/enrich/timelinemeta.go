@@ -20,11 +20,8 @@ type TimelineMetadata struct {
 	podsByIP map[netip.Addr][]int
 	podByRef map[trace.PodRef]int // the latest span of each pod
 	svcs     []svcSpan
-	// svcsByAddr and svcsByNodePort index svcs by address (ClusterIP,
-	// externalIP, LB IP) and NodePort, in the order recorded.
-	svcsByAddr     map[netip.Addr][]int
-	svcsByNodePort map[uint16][]int
-	svcByRef       map[trace.ObjectRef]int // the latest span of each Service
+	svcIndex serviceIndex
+	svcByRef map[trace.ObjectRef]int // the latest span of each Service
 }
 
 var _ Metadata = (*TimelineMetadata)(nil)
@@ -51,7 +48,7 @@ type svcSpan struct {
 // metadata deltas of changes, which come in the order recorded.
 func NewTimelineMetadata(header *trace.Snapshot, changes []*trace.StateChange) *TimelineMetadata {
 	m := &TimelineMetadata{podsByIP: map[netip.Addr][]int{}, podByRef: map[trace.PodRef]int{},
-		svcsByAddr: map[netip.Addr][]int{}, svcsByNodePort: map[uint16][]int{}, svcByRef: map[trace.ObjectRef]int{}}
+		svcIndex: newServiceIndex(), svcByRef: map[trace.ObjectRef]int{}}
 	openPod := map[trace.ObjectRef]int{}
 	openSvc := map[trace.ObjectRef]int{}
 	if header != nil {
@@ -141,16 +138,7 @@ func (m *TimelineMetadata) addService(open map[trace.ObjectRef]int, s trace.Serv
 	i := len(m.svcs)
 	m.svcs = append(m.svcs, svcSpan{span{from: at}, s})
 	open[ref], m.svcByRef[ref] = i, i
-	for _, ip := range slices.Concat(s.ClusterIPs, s.External, s.LBIPs) {
-		if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(m.svcsByAddr[a], i) {
-			m.svcsByAddr[a] = append(m.svcsByAddr[a], i)
-		}
-	}
-	for _, sp := range s.Ports {
-		if sp.NodePort != 0 && !slices.Contains(m.svcsByNodePort[sp.NodePort], i) {
-			m.svcsByNodePort[sp.NodePort] = append(m.svcsByNodePort[sp.NodePort], i)
-		}
-	}
+	m.svcIndex.add(i, &s)
 }
 
 // podCreatedSkew is how much later than a connection the tracer may have
@@ -207,7 +195,7 @@ func (m *TimelineMetadata) PodNode(ref trace.PodRef) string {
 // ServiceByAddr is the Service a client reached at a:port at at, matched
 // as SnapshotMetadata matches.
 func (m *TimelineMetadata) ServiceByAddr(a netip.Addr, port uint16, proto string, nodeAddr bool, at time.Time) (trace.ServiceRef, bool) {
-	return findService(m.svcsByAddr, m.svcsByNodePort, a.Unmap(), port, proto, nodeAddr, func(i int) *trace.Service {
+	return m.svcIndex.find(a.Unmap(), port, proto, nodeAddr, func(i int) *trace.Service {
 		if !m.svcs[i].holds(at) {
 			return nil
 		}
