@@ -26,34 +26,29 @@ func newRecordedMetadata(pods []trace.Pod, services []trace.Service) recordedMet
 	return r
 }
 
-// delta is what a trace holding r must record to hold pods and services
-// instead, nil when they are the same, and the state it then holds.
-func (r recordedMetadata) delta(pods []trace.Pod, services []trace.Service) (*trace.MetadataChange, recordedMetadata) {
-	next := newRecordedMetadata(pods, services)
-	d := &trace.MetadataChange{}
-	d.Pods, d.PodsGone = diffObjects(r.pods, next.pods, pods, func(p trace.Pod) trace.ObjectRef { return p.Ref() })
-	d.Services, d.ServicesGone = diffObjects(r.services, next.services, services, func(s trace.Service) trace.ObjectRef { return s.Ref() })
-	if len(d.Pods)+len(d.PodsGone)+len(d.Services)+len(d.ServicesGone) == 0 {
-		return nil, r
-	}
-	return d, next
+// since is what a trace holding r must record to hold pods and services
+// instead (every object, less what r holds as it is, and those r holds
+// that are gone), applied to r; nil when nothing differs.
+func (r recordedMetadata) since(pods []trace.Pod, services []trace.Service) *trace.MetadataChange {
+	return r.take(&trace.MetadataChange{Pods: pods, Services: services,
+		PodsGone:     missing(r.pods, pods, func(p trace.Pod) trace.ObjectRef { return p.Ref() }),
+		ServicesGone: missing(r.services, services, func(s trace.Service) trace.ObjectRef { return s.Ref() })})
 }
 
-// diffObjects lists, in cur's order, the objects new or changed since old,
-// and, sorted, those gone.
-func diffObjects[T any](old, next map[trace.ObjectRef]T, cur []T, key func(T) trace.ObjectRef) (changed []T, gone []trace.ObjectRef) {
+// missing lists, sorted, the objects held that cur no longer has.
+func missing[T any](held map[trace.ObjectRef]T, cur []T, key func(T) trace.ObjectRef) []trace.ObjectRef {
+	have := make(map[trace.ObjectRef]bool, len(cur))
 	for _, o := range cur {
-		if was, ok := old[key(o)]; !ok || !reflect.DeepEqual(was, o) {
-			changed = append(changed, o)
-		}
+		have[key(o)] = true
 	}
-	for k := range old {
-		if _, ok := next[k]; !ok {
+	var gone []trace.ObjectRef
+	for k := range held {
+		if !have[k] {
 			gone = append(gone, k)
 		}
 	}
 	slices.SortFunc(gone, trace.ObjectRef.Compare)
-	return changed, gone
+	return gone
 }
 
 // take keeps of d what r does not already hold, and applies it to r; nil

@@ -130,8 +130,7 @@ func (s *states) recordMetadataSince() {
 	// its lock from taking the time to applying the change.
 	s.metaSince = time.Now()
 	pods, services := s.metadata()
-	if d, next := s.recordedMeta.delta(pods, services); d != nil {
-		s.recordedMeta = next
+	if d := s.recordedMeta.since(pods, services); d != nil {
 		s.sink(&trace.StateChange{Type: trace.TypeState, Time: s.metaSince.UTC(), Changed: []string{trace.PartMetadata}, Metadata: d})
 	}
 }
