@@ -95,6 +95,11 @@ func TestVMLabGuests(t *testing.T) {
 			t.Errorf("vmNFTLabScenarios names %q, which is no scenario", name)
 		}
 	}
+	for _, name := range hostLabScenarios {
+		if !names[name] {
+			t.Errorf("hostLabScenarios names %q, which is no scenario", name)
+		}
+	}
 	per := map[string]int{}
 	for _, g := range guests {
 		per[g]++

@@ -53,6 +53,15 @@ func iptablesScenarios() []Scenario {
 			Build:  buildHostportNodePort,
 		},
 		{
+			Name:  "dualstack-hostport-vs-nodeport",
+			Title: "dual-stack: a hostPort equal to a NodePort wins over IPv6 too, whatever the creation order",
+			Shows: "seed 000's nginx experiment on the node's IPv6 address: portmap writes the hostPorts into ip6tables' CNI-HOSTPORT-DNAT as into iptables', " +
+				"and kube-proxy's IPv6 KUBE-SERVICES never ACCEPTs a NodePort either, so [node IPv6]:30080 and :30081 are answered by the hostPort pods. " +
+				"Baseline: [node IPv6]:30082, a NodePort without a hostPort.",
+			NoIPVS: "runs: the hijack needs no IPVS; the IPv6 NodePort virtual servers are stood in for by an ip6tables KUBE-NODEPORTS DNAT chain kept at the end of nat PREROUTING/OUTPUT",
+			Build:  buildDualStackHostportNodePort,
+		},
+		{
 			Name:  "hostnetwork-vs-hostport",
 			Title: "a hostPort :80 bypasses the hostNetwork listener on :80",
 			Shows: "seed 002: ingress-agent (hostNetwork) listens on the node's :80 and web-hp has hostPort 80; " +
@@ -96,12 +105,29 @@ func iptablesScenarios() []Scenario {
 			Build:  buildLBPortOutside,
 		},
 		{
+			Name:  "dualstack-lb-port-outside-cluster",
+			Title: "dual-stack: an IPv6 LB IP port that belongs outside the cluster is refused from pods",
+			Shows: "seed 004 part 1's IPv6 twin: the LoadBalancer's IPv6 ingress IP is on kube-ipvs0 of every node too, and kube-proxy's IPv6 proxier lists only its " +
+				"virtual server ports in KUBE-6-LOAD-BALANCER: [IPv6]:80 works from a pod, [IPv6]:443 (the cloud LB's, for something outside the cluster) is rejected " +
+				"by ip6tables' KUBE-IPVS-FILTER with ICMPv6 port unreachable.",
+			NoIPVS: "runs: the rejection is ip6tables filter INPUT; [IPv6]:80 runs on ip6tables KUBE-SVC/KUBE-SEP DNAT chains standing in for IPVS",
+			Build:  buildDualStackLBPortOutside,
+		},
+		{
 			Name:      "ipvs-no-endpoint",
 			Title:     "an IPVS virtual server without a real server answers port unreachable",
 			Shows:     "externalTrafficPolicy=Local before kube-proxy 1.24: node-1 has no local endpoint, so its LB virtual server has no real server and IPVS (ip_vs_leave) sends ICMP port unreachable. Baseline: an ETP=Cluster LB.",
 			NeedsIPVS: true,
 			NoIPVS:    "skipped: only IPVS itself answers for a virtual server without real servers",
 			Build:     buildIPVSNoEndpoint,
+		},
+		{
+			Name:      "dualstack-ipvs-no-endpoint",
+			Title:     "dual-stack: an IPv6 IPVS virtual server without a real server answers ICMPv6 port unreachable",
+			Shows:     "the ipvs-no-endpoint incident over IPv6: node-1's IPv6 virtual server for the ETP=Local LoadBalancer's IPv6 ingress IP has no real server (kube-proxy before 1.24), so IPVS (ip_vs_leave) answers with ICMPv6 port unreachable. Baseline: an ETP=Cluster LB's IPv6 ingress IP.",
+			NeedsIPVS: true,
+			NoIPVS:    "skipped: only IPVS itself answers for a virtual server without real servers",
+			Build:     buildDualStackIPVSNoEndpoint,
 		},
 		{
 			Name:  "return-path-etp-local",
@@ -253,7 +279,17 @@ func hostportClusterIP(ctx context.Context, env *Env, name string, f family) (*B
 }
 
 func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "hostport-vs-nodeport", func(c *cluster) (*Built, error) {
+	return hostportNodePort(ctx, env, "hostport-vs-nodeport", ipv4Attempts)
+}
+
+func buildDualStackHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
+	return hostportNodePort(ctx, env, "dualstack-hostport-vs-nodeport", ipv6Attempts)
+}
+
+// hostportNodePort is seed 000's nginx experiment, over f.
+func hostportNodePort(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -292,11 +328,11 @@ func buildHostportNodePort(ctx context.Context, env *Env) (*Built, error) {
 			}
 		}
 		return c.built(n2, []attempt{
-			tcp(outside, node2IP+":30080", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+			f.tcp(outside, f.nodeAt(n2, 30080), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected(hpA.name), Note: "Service created first; the hostPort pod still answers"}),
-			tcp(outside, node2IP+":30081", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
+			f.tcp(outside, f.nodeAt(n2, 30081), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack,
 				Outcome: Connected(hpB.name), Note: "hostPort pod created first; it answers too"}),
-			tcp(outside, node2IP+":30082", ServiceDNAT, Expectation{Outcome: Connected("nginx-c")}),
+			f.tcp(outside, f.nodeAt(n2, 30082), ServiceDNAT, Expectation{Outcome: Connected("nginx-c")}),
 		})
 	})
 }
@@ -396,7 +432,17 @@ func pingClusterIP(ctx context.Context, env *Env, name string, f family) (*Built
 }
 
 func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "lb-port-outside-cluster", func(c *cluster) (*Built, error) {
+	return lbPortOutside(ctx, env, "lb-port-outside-cluster", ipv4Attempts)
+}
+
+func buildDualStackLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
+	return lbPortOutside(ctx, env, "dualstack-lb-port-outside-cluster", ipv6Attempts)
+}
+
+// lbPortOutside is seed 004 part 1, over f.
+func lbPortOutside(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
@@ -414,9 +460,9 @@ func buildLBPortOutside(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(client, "192.168.1.200:443", FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
+			f.tcp(client, f.at("192.168.1.200", 443), FilterReject, Expectation{Verdict: trace.VerdictIPVSFilterReject, Outcome: OutcomeRefused,
 				Note: "443 is served by the cloud LB, not by a virtual server; the LB IP is local on kube-ipvs0"}),
-			tcp(client, "192.168.1.200:80", ServiceDNAT, Expectation{Outcome: Connected("gateway")}),
+			f.tcp(client, f.at("192.168.1.200", 80), ServiceDNAT, Expectation{Outcome: Connected("gateway")}),
 		})
 	})
 }
@@ -451,25 +497,38 @@ func (c *cluster) etpLocalShop(n2 *node, lbIP string) (*host, *pod, error) {
 }
 
 func buildIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
+	return ipvsNoEndpoint(ctx, env, "ipvs-no-endpoint", ipv4Attempts)
+}
+
+func buildDualStackIPVSNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
+	return ipvsNoEndpoint(ctx, env, "dualstack-ipvs-no-endpoint", ipv6Attempts)
+}
+
+// ipvsNoEndpoint is a virtual server without real servers, over f.
+func ipvsNoEndpoint(ctx context.Context, env *Env, name string, f family) (*Built, error) {
 	if !env.IPVS {
-		return nil, fmt.Errorf("build ipvs-no-endpoint: %w: %s", ErrNeedsIPVS, env.IPVSReason)
+		return nil, fmt.Errorf("build %s: %w: %s", name, ErrNeedsIPVS, env.IPVSReason)
 	}
-	return scenario(ctx, env, "ipvs-no-endpoint", func(c *cluster) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodes(true)
 		if err != nil {
 			return nil, err
 		}
 		for _, n := range c.nodes {
 			n.kp.before124 = true
+			if n.kp6 != nil {
+				n.kp6.before124 = true
+			}
 		}
 		outside, _, err := c.etpLocalShop(n2, "192.168.1.201")
 		if err != nil {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(outside, "192.168.1.201:80", NoRealServer, Expectation{Verdict: trace.VerdictIPVSNoEndpoint, Outcome: OutcomeRefused,
+			f.tcp(outside, f.at("192.168.1.201", 80), NoRealServer, Expectation{Verdict: trace.VerdictIPVSNoEndpoint, Outcome: OutcomeRefused,
 				Note: "the virtual server on node-1 has no real server"}),
-			tcp(outside, "192.168.1.202:80", ServiceDNAT, Expectation{Outcome: Connected("shop")}),
+			f.tcp(outside, f.at("192.168.1.202", 80), ServiceDNAT, Expectation{Outcome: Connected("shop")}),
 		})
 	})
 }

@@ -43,7 +43,19 @@ func nftScenarios() []Scenario {
 			Shows: "seed 000's nginx experiment on an nftables node: NodePort 30080 and hostPort 30080 on node-2. Both nat chains, kube-proxy's nat-prerouting and cni_hostport's prerouting (v1.10.0: `fib daddr type local`), have priority -100; " +
 				"netfilter runs the one registered last first, here portmap's, created after kube-proxy started: what the kernel did (the DNAT target) decides which rule took it. Baseline: NodePort 30082 without a hostPort.",
 			NoIPVS: noIPVSNFT,
-			Build:  func(ctx context.Context, env *Env) (*Built, error) { return buildNFTHostportNodePort(ctx, env, false) },
+			Build: func(ctx context.Context, env *Env) (*Built, error) {
+				return buildNFTHostportNodePort(ctx, env, false, ipv4Attempts)
+			},
+		},
+		{
+			Name:  "dualstack-nft-hostport-vs-nodeport",
+			Title: "dual-stack: a hostPort (portmap v1.10, nftables) equal to a NodePort wins on the node's IPv6 address",
+			Shows: "nft-hostport-vs-nodeport over IPv6: portmap writes the hostPort into `table ip6 cni_hostport` and kube-proxy's IPv6 proxier the NodePort into `table ip6 kube-proxy`; " +
+				"the ip6 family's prerouting hooks are a list of their own, where cni_hostport's, created after kube-proxy started, also runs first at priority -100. Baseline: NodePort 30082 on the node's IPv6 address.",
+			NoIPVS: noIPVSNFT,
+			Build: func(ctx context.Context, env *Env) (*Built, error) {
+				return buildNFTHostportNodePort(ctx, env, false, ipv6Attempts)
+			},
 		},
 		{
 			Name:  "nft-nodeport-vs-hostport-restart",
@@ -52,7 +64,9 @@ func nftScenarios() []Scenario {
 				"and NodePort 30080 reaches its Service's pod while hostPort 30080 is shadowed: healthy for the Service, and the tracer must name kube-proxy's rule, not portmap's, from the kernel's DNAT target.",
 			NoIPVS:  noIPVSNFT,
 			Healthy: true,
-			Build:   func(ctx context.Context, env *Env) (*Built, error) { return buildNFTHostportNodePort(ctx, env, true) },
+			Build: func(ctx context.Context, env *Env) (*Built, error) {
+				return buildNFTHostportNodePort(ctx, env, true, ipv4Attempts)
+			},
 		},
 		{
 			Name:   "nft-hostnetwork-vs-hostport",
@@ -96,6 +110,15 @@ func nftScenarios() []Scenario {
 			Build:  buildNFTServiceNoEndpoint,
 		},
 		{
+			Name:  "dualstack-nft-service-no-endpoint",
+			Title: "dual-stack: an IPv6 ClusterIP without endpoints is rejected, an IPv6 Local NodePort without a local endpoint dropped",
+			Shows: "nft-service-no-endpoint over IPv6: kube-proxy's IPv6 proxier writes the Service's IPv6 ClusterIP into `table ip6 kube-proxy`'s no-endpoint-services " +
+				"(`goto reject-chain`, answered with ICMPv6 port unreachable), and the ETP=Local NodePort on node-1's IPv6 address into no-endpoint-nodeports as a `drop`. " +
+				"Baseline: the same pod behind an ETP=Cluster NodePort on node-1's IPv6 address, and the Local Service's IPv6 ClusterIP.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTServiceNoEndpoint,
+		},
+		{
 			Name:  "nft-healthy-service",
 			Title: "healthy ClusterIP, NodePort and DNS traffic through kube-proxy's numgen DNAT",
 			Shows: "no incident: a ClusterIP with three endpoints and a NodePort with two, where kube-proxy v1.37.2 DNATs with one rule whose target a numgen map picks, and a DNS Service with one; " +
@@ -111,6 +134,14 @@ func nftScenarios() []Scenario {
 				"a stack RST from a node port nobody listens on. Baseline: a TCP Service and a UDP (DNS) Service through kube-proxy's nftables mode.",
 			NoIPVS: noIPVSNFT,
 			Build:  buildNFTRejectResetDrop,
+		},
+		{
+			Name:  "dualstack-nft-reject-reset-drop",
+			Title: "dual-stack: a native nftables REJECT and DROP over IPv6, a stack RST, next to healthy IPv6 Service traffic",
+			Shows: "nft-reject-reset-drop over IPv6: the lab's `table inet lab-policy` rejects api's IPv6 admin port with a TCP reset (nf_send_reset6) and drops its debug port; " +
+				"node-1's TCP stack resets a port nobody listens on over IPv6. Baseline: a TCP and a UDP (DNS) Service over their IPv6 ClusterIPs, through `table ip6 kube-proxy`.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTRejectResetDrop,
 		},
 	}
 }
@@ -250,12 +281,18 @@ func buildNFTHostportOutside(ctx context.Context, env *Env) (*Built, error) {
 	})
 }
 
-func buildNFTHostportNodePort(ctx context.Context, env *Env, restart bool) (*Built, error) {
+// buildNFTHostportNodePort is seed 000's nginx experiment on nftables
+// nodes over f, after a kube-proxy restart on node-2 when restart.
+func buildNFTHostportNodePort(ctx context.Context, env *Env, restart bool, f family) (*Built, error) {
 	name := "nft-hostport-vs-nodeport"
 	if restart {
 		name = "nft-nodeport-vs-hostport-restart"
 	}
+	if f.v6 {
+		name = "dualstack-" + name
+	}
 	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, PortmapV1100)
 		if err != nil {
 			return nil, err
@@ -283,17 +320,17 @@ func buildNFTHostportNodePort(ctx context.Context, env *Env, restart bool) (*Bui
 		if err := c.addServices(nodePortSvc("nginx-a", "10.96.0.80", 30080, nginxA), nodePortSvc("nginx-c", "10.96.0.82", 30082, nginxC)); err != nil {
 			return nil, err
 		}
-		first := tcp(outside, node2IP+":30080", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(hp.name),
+		first := f.tcp(outside, f.nodeAt(n2, 30080), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(hp.name),
 			Note: "cni_hostport's prerouting was registered after kube-proxy's nat-prerouting, so netfilter runs it first"})
 		if restart {
 			if err := n2.kpNFT.restart(); err != nil {
 				return nil, err
 			}
-			first = tcp(outside, node2IP+":30080", ServiceDNAT, Expectation{Outcome: Connected(nginxA.name),
+			first = f.tcp(outside, f.nodeAt(n2, 30080), ServiceDNAT, Expectation{Outcome: Connected(nginxA.name),
 				Note: "kube-proxy's re-created nat-prerouting now runs first; the hostPort is shadowed"})
 		}
 		return c.built(n2, []attempt{first,
-			tcp(outside, node2IP+":30082", ServiceDNAT, Expectation{Outcome: Connected(nginxC.name)}),
+			f.tcp(outside, f.nodeAt(n2, 30082), ServiceDNAT, Expectation{Outcome: Connected(nginxC.name)}),
 		})
 	})
 }
@@ -346,7 +383,18 @@ func nftPingClusterIP(ctx context.Context, env *Env, name string, f family) (*Bu
 }
 
 func buildNFTServiceNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-service-no-endpoint", func(c *cluster) (*Built, error) {
+	return nftServiceNoEndpoint(ctx, env, "nft-service-no-endpoint", ipv4Attempts)
+}
+
+func buildDualStackNFTServiceNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
+	return nftServiceNoEndpoint(ctx, env, "dualstack-nft-service-no-endpoint", ipv6Attempts)
+}
+
+// nftServiceNoEndpoint is kube-proxy nftables mode's Services without
+// (local) endpoints, over f.
+func nftServiceNoEndpoint(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, "")
 		if err != nil {
 			return nil, err
@@ -364,12 +412,12 @@ func buildNFTServiceNoEndpoint(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(client, "10.96.0.70:80", NoEndpointReject, Expectation{Verdict: trace.VerdictServiceNoEndpoint, Outcome: OutcomeRefused,
+			f.tcp(client, f.at("10.96.0.70", 80), NoEndpointReject, Expectation{Verdict: trace.VerdictServiceNoEndpoint, Outcome: OutcomeRefused,
 				Note: "cart has no endpoints: its element of no-endpoint-services goes to reject-chain"}),
-			tcp(outside, node1IP+":30091", NoEndpointDrop, Expectation{Verdict: trace.VerdictServiceNoEndpoint, Outcome: OutcomeTimeout,
+			f.tcp(outside, f.nodeAt(n1, 30091), NoEndpointDrop, Expectation{Verdict: trace.VerdictServiceNoEndpoint, Outcome: OutcomeTimeout,
 				Note: "shop is externalTrafficPolicy=Local and node-1 runs none of its endpoints"}),
-			tcp(outside, node1IP+":30092", ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
-			tcp(client, "10.96.0.60:80", ServiceDNAT, Expectation{Outcome: Connected(shop.name),
+			f.tcp(outside, f.nodeAt(n1, 30092), ServiceDNAT, Expectation{Outcome: Connected(shop.name)}),
+			f.tcp(client, f.at("10.96.0.60", 80), ServiceDNAT, Expectation{Outcome: Connected(shop.name),
 				Note: "the Local policy is external only: the ClusterIP uses every endpoint"}),
 		})
 	})
@@ -427,7 +475,18 @@ func buildNFTHealthyService(ctx context.Context, env *Env) (*Built, error) {
 }
 
 func buildNFTRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-reject-reset-drop", func(c *cluster) (*Built, error) {
+	return nftRejectResetDrop(ctx, env, "nft-reject-reset-drop", ipv4Attempts)
+}
+
+func buildDualStackNFTRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
+	return nftRejectResetDrop(ctx, env, "dualstack-nft-reject-reset-drop", ipv6Attempts)
+}
+
+// nftRejectResetDrop is rejectResetDrop with a native nftables policy and
+// kube-proxy's nftables mode, over f.
+func nftRejectResetDrop(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, "")
 		if err != nil {
 			return nil, err
@@ -448,31 +507,36 @@ func buildNFTRejectResetDrop(ctx context.Context, env *Env) (*Built, error) {
 			clusterIPService("kube-system", "kube-dns", "10.96.0.53", servicePort{Name: "dns", Proto: "udp", Port: 53, TargetPort: 53}, dns)); err != nil {
 			return nil, err
 		}
-		if err := policyNFT(n1, api.ip); err != nil {
+		if err := policyNFT(n1, f, f.pod(api)); err != nil {
 			return nil, err
 		}
 		return c.built(n1, []attempt{
-			tcp(client, api.ip+":9000", PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
-			tcp(client, node1IP+":2222", StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
+			f.tcp(client, f.podAt(api, 9000), PolicyReject, Expectation{Verdict: trace.VerdictRejected, Outcome: OutcomeRefused}),
+			f.tcp(client, f.nodeAt(n1, 2222), StackReset, Expectation{Verdict: trace.VerdictReset, Outcome: OutcomeRefused,
 				Note: "nothing listens on node-1's :2222: the TCP stack resets"}),
-			tcp(client, api.ip+":9001", PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
-			tcp(client, "10.96.0.40:443", ServiceDNAT, Expectation{Outcome: Connected("api")}),
-			udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
+			f.tcp(client, f.podAt(api, 9001), PolicyDrop, Expectation{Verdict: trace.VerdictDropped, Outcome: OutcomeTimeout}),
+			f.tcp(client, f.at("10.96.0.40", 443), ServiceDNAT, Expectation{Outcome: Connected("api")}),
+			f.udp(client, f.at("10.96.0.53", 53), ServiceDNAT, Expectation{Outcome: Connected(dns.name)}),
 		})
 	})
 }
 
 // policyNFT is the lab's own network policy as a native table on n, the
-// counterpart of policy's LAB-POLICY chain: api's admin port is rejected
-// with a TCP reset, its debug port silently dropped. It is the lab's own
-// program, so its rules count packets, as LAB-POLICY's do.
-func policyNFT(n *node, apiIP string) error {
+// counterpart of policy's LAB-POLICY chain: api's admin port (at apiIP,
+// of f) is rejected with a TCP reset, its debug port silently dropped. It
+// is the lab's own program, so its rules count packets, as LAB-POLICY's
+// do.
+func policyNFT(n *node, f family, apiIP string) error {
+	daddr := "ip daddr "
+	if f.v6 {
+		daddr = "ip6 daddr "
+	}
 	rules := "table inet " + labPolicyTable + " {\n" +
 		"\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n" +
 		"\t\tjump " + labPolicyTable + " comment \"lab network policy\"\n\t}\n" +
 		"\tchain " + labPolicyTable + " {\n" +
-		"\t\tip daddr " + apiIP + " tcp dport 9000 counter reject with tcp reset comment \"deny backend/api admin\"\n" +
-		"\t\tip daddr " + apiIP + " tcp dport 9001 counter drop comment \"drop backend/api debug\"\n\t}\n}\n"
+		"\t\t" + daddr + apiIP + " tcp dport 9000 counter reject with tcp reset comment \"deny backend/api admin\"\n" +
+		"\t\t" + daddr + apiIP + " tcp dport 9001 counter drop comment \"drop backend/api debug\"\n\t}\n}\n"
 	if err := runStdin(n.ns, rules, "nft", "-f", "-"); err != nil {
 		return fmt.Errorf("policy on %s: %w", n.name, err)
 	}
