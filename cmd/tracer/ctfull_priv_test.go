@@ -24,7 +24,8 @@ import (
 
 // TestConntrackTableFull: the observed namespace's conntrack table is full
 // of established connections, so conntrack drops a client's new
-// connection to a Service VIP. The tracer names the drop as conntrack's,
+// connections to a Service VIP, over IPv4 and over IPv6 (one table holds
+// both families' entries). The tracer names each drop as conntrack's,
 // with its table's size, and counts conntrack's drops in the summary.
 // Truth: the client's connection attempt times out where the same attempt
 // succeeded before the table filled; `conntrack -C` and the namespace's
@@ -47,14 +48,23 @@ func TestConntrackTableFull(t *testing.T) {
 		{node, []string{"ip", "addr", "add", "10.78.0.1/32", "dev", "lo"}},
 		{node, []string{"iptables", "-t", "nat", "-A", "PREROUTING", "-d", "10.96.77.1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.78.0.1:8080"}},
 		{client, []string{"ip", "route", "add", "default", "via", "10.77.0.1"}},
+		{node, []string{"ip", "addr", "add", "fd77::1/64", "dev", "eth0", "nodad"}},
+		{node, []string{"ip", "addr", "add", "fd78::1/128", "dev", "lo"}},
+		{node, []string{"ip6tables", "-t", "nat", "-A", "PREROUTING", "-d", "fd96:77::1", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "[fd78::1]:8080"}},
+		{client, []string{"ip", "addr", "add", "fd77::2/64", "dev", "eth0", "nodad"}},
+		{client, []string{"ip", "-6", "route", "add", "default", "via", "fd77::1"}},
 	} {
 		if _, err := step.ns.Run(step.args[0], step.args[1:]...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	vips := []string{"10.96.77.1:80", "[fd96:77::1]:80"}
 	listenAndHold(t, node, "10.78.0.1:8080")
-	if err := dialFrom(client, "10.96.77.1:80", 2*time.Second); err != nil {
-		t.Fatalf("before the table filled, the client could not connect: %v", err)
+	listenAndHold(t, node, "[fd78::1]:8080")
+	for _, vip := range vips {
+		if err := dialFrom(client, vip, 2*time.Second); err != nil {
+			t.Fatalf("before the table filled, the client could not connect to %s: %v", vip, err)
+		}
 	}
 
 	// That connection's entry, closing, is one early drop may evict
@@ -71,10 +81,17 @@ func TestConntrackTableFull(t *testing.T) {
 	dropsBefore := conntrackStatDrops(t, node)
 
 	cmd, stdout, stderr := startTrace(t, selfTracer(t), node, "-o", "json", "--linger", "1s")
-	dialErr := dialFrom(client, "10.96.77.1:80", 2500*time.Millisecond)
-	var ne net.Error
-	if !errors.As(dialErr, &ne) || !ne.Timeout() {
-		t.Fatalf("with the table full the client's connection ended with %v, want a timeout (its SYNs dropped)", dialErr)
+	dialErrs := make([]error, len(vips))
+	var wg sync.WaitGroup
+	for i, vip := range vips {
+		wg.Go(func() { dialErrs[i] = dialFrom(client, vip, 2500*time.Millisecond) })
+	}
+	wg.Wait()
+	for i, dialErr := range dialErrs {
+		var ne net.Error
+		if !errors.As(dialErr, &ne) || !ne.Timeout() {
+			t.Fatalf("with the table full the client's connection to %s ended with %v, want a timeout (its SYNs dropped)", vips[i], dialErr)
+		}
 	}
 	time.Sleep(1500 * time.Millisecond) // past --linger and the next reading of the counters
 	cmd.Process.Signal(syscall.SIGINT)
@@ -93,21 +110,34 @@ func TestConntrackTableFull(t *testing.T) {
 	if !strings.Contains(strings.Join(h.Warnings, "\n"), fmt.Sprintf("100%% full (%d of %d entries", max, max)) {
 		t.Errorf("header warnings %q do not say the table is full", h.Warnings)
 	}
-	f := flowTo(flows, "10.96.77.1:80")
+	seen := 0
+	for _, vip := range vips {
+		seen += checkTableFullFlow(t, flowTo(flows, vip), vip, max)
+	}
+	if kernelHasDropReasons() && (seen == 0 || uint64(seen) > drops) {
+		t.Errorf("%d drop events; conntrack -S counted %d drops", seen, drops)
+	}
+}
+
+// checkTableFullFlow checks the flow of the connection to vip that a full
+// table of max entries refused, and returns its drop events' count.
+func checkTableFullFlow(t *testing.T, f *trace.Flow, vip string, max int) int {
+	t.Helper()
 	if !kernelHasDropReasons() {
 		// 5.10 gives no drop reason: a netfilter drop of a packet nobody
-		// followed is not reported; the summary's count above is all.
+		// followed is not reported; the summary's count is all.
 		if f != nil && f.Verdict != trace.VerdictConntrackTableFull {
 			t.Errorf("flow %+v on a kernel without drop reasons", f)
 		}
-		return
+		return 0
 	}
 	if f == nil {
-		t.Fatalf("no flow for the refused connection among %d flows", len(flows))
+		t.Errorf("no flow for the refused connection to %s", vip)
+		return 0
 	}
-	t.Logf("verdict %s: %s", f.Verdict, f.Explanation)
+	t.Logf("%s: verdict %s: %s", vip, f.Verdict, f.Explanation)
 	if f.Verdict != trace.VerdictConntrackTableFull || f.Rule != nil {
-		t.Errorf("verdict %q, rule %+v: want %s and no rule", f.Verdict, f.Rule, trace.VerdictConntrackTableFull)
+		t.Errorf("%s: verdict %q, rule %+v: want %s and no rule", vip, f.Verdict, f.Rule, trace.VerdictConntrackTableFull)
 	}
 	seen := 0
 	for _, e := range f.Events {
@@ -120,9 +150,10 @@ func TestConntrackTableFull(t *testing.T) {
 			t.Errorf("drop event %+v (table %+v): want no conntrack entry, a table of %d of %d", e, e.ConntrackTable, max, max)
 		}
 	}
-	if seen == 0 || uint64(seen) > drops {
-		t.Errorf("%d drop events; conntrack -S counted %d drops", seen, drops)
+	if seen == 0 {
+		t.Errorf("%s: the flow has no drop event", vip)
 	}
+	return seen
 }
 
 func mustNamespace(t *testing.T, lab *netlab.Lab, name string) netlab.Namespace {
