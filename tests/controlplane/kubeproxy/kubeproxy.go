@@ -501,6 +501,9 @@ func (kp *KubeProxy) Exec(args ...string) (string, error) {
 func (kp *KubeProxy) Ruleset() []string {
 	switch kp.opts.Mode {
 	case IPTables:
+		if kp.opts.DualStack {
+			return []string{"sh", "-c", "iptables-save && ip6tables-save"}
+		}
 		return []string{"iptables-save"}
 	case IPVS:
 		return []string{"sh", "-c", "ipvsadm -Ln && iptables-save"}

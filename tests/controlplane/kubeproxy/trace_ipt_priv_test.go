@@ -33,18 +33,27 @@ import (
 // rejection (no clusterip-reject, no ipvs-filter-reject: ok or no flow).
 // No other flow may have a verdict but ok. Tiers "best" and "netfilter".
 // The host's conntrack settings and rulesets must be unchanged.
+//
+// The cluster is dual-stack, as TestPrivTraceKubeProxyNFTDualStack's: the
+// real kube-proxy's IPv6 proxier writes ip6tables too, and the Service
+// attempts (1), (2) and (5) are made over IPv6 as well, each checked the
+// same way against `ip6tables-save -c`, `conntrack -L -f ipv6` and the
+// client's ICMPv6 counters.
 func TestPrivTraceKubeProxyIPTables(t *testing.T) {
 	skipShort(t)
 	SkipUnlessPrivileged(t)
 	requireTools(t, "conntrack", "sysctl")
 	checkHostUnchanged(t, IPTables)
 	t0 := time.Now()
-	c := startTraceCluster(t, IPTables)
-	t.Logf("cluster, kube-proxy rules and metadata ready in %s", time.Since(t0).Round(time.Millisecond))
-	for k, r := range c.ipt.sep {
-		t.Logf("%s: %s", k, r.text)
+	c := startTraceClusterOf(t, IPTables, ipv4, ipv6)
+	t.Logf("dual-stack cluster, kube-proxy rules of both families and metadata ready in %s", time.Since(t0).Round(time.Millisecond))
+	for _, fam := range c.families {
+		ipt := c.ipt[fam.nft]
+		for k, r := range ipt.sep {
+			t.Logf("%s%s: %s", fam.label, k, r.text)
+		}
+		t.Logf("%sweb/empty: %s", fam.label, ipt.noEndpoint.text)
 	}
-	t.Logf("web/empty: %s", c.ipt.noEndpoint.text)
 	for _, tier := range livetest.Tiers {
 		t.Run(tier.Name, func(t *testing.T) {
 			tier.SkipWithoutLinks(t)
@@ -53,10 +62,12 @@ func TestPrivTraceKubeProxyIPTables(t *testing.T) {
 	}
 	// kube-proxy rewrites a chain when its Service changes: the rules the
 	// checks used must still be the node's.
-	for _, table := range []string{"nat", "filter"} {
-		before := c.ipt.saved[table]
-		if now := ruleLines(c.kp.iptablesSave(t, table, false)); now != before {
-			t.Errorf("kube-proxy's %s table changed during the test; the rules checked were read before:\nbefore:\n%s\nnow:\n%s", table, before, now)
+	for _, fam := range c.families {
+		for _, table := range []string{"nat", "filter"} {
+			before := c.ipt[fam.nft].saved[table]
+			if now := ruleLines(c.kp.saveOf(t, fam, table, false)); now != before {
+				t.Errorf("kube-proxy's %s%s table changed during the test; the rules checked were read before:\nbefore:\n%s\nnow:\n%s", fam.label, table, before, now)
+			}
 		}
 	}
 }
@@ -65,7 +76,10 @@ func testIPTablesTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	tr := c.startTierTracing(t, tier)
 	// (1) and (2): a KUBE-SVC chain's statistic matches pick an endpoint
 	// per connection.
-	ok := c.serviceAttempts(t, ipv4, c.iptServiceAttempt)
+	oks := map[string]map[string][]attemptResult{}
+	for _, fam := range c.families {
+		oks[fam.nft] = c.serviceAttempts(t, fam, c.iptServiceAttempt)
+	}
 
 	// (3) ping and (4) a wrong port to the ClusterIP: nothing on the node
 	// takes them; they leave through the default route and the uplink
@@ -90,25 +104,31 @@ func testIPTablesTier(t *testing.T, c *traceCluster, tier livetest.Tier) {
 	}, func() (string, error) { return conntrackReplySource(c.node, "tcp", wrongSrc, wrongDst) })
 
 	// (5) the Service without endpoints: refused by its REJECT in filter.
-	noEP := c.iptNoEndpointAttempt(t, net.JoinHostPort(emptyIP, strconv.Itoa(echoPort)))
+	var noEPs []attemptResult
+	for _, fam := range c.families {
+		noEPs = append(noEPs, c.iptNoEndpointAttempt(t, fam, net.JoinHostPort(fam.emptyIP, strconv.Itoa(echoPort))))
+	}
 	tr.Stop(t)
 
 	// The tracer's flows.
-	for _, a := range ok["clusterip"] {
-		c.checkIPTServiceFlow(t, tr, a, []string{"PREROUTING", "KUBE-SERVICES", c.ipt.echoSVC}, echoTarget)
-	}
-	for _, a := range ok["nodeport"] {
-		c.checkIPTServiceFlow(t, tr, a, []string{"PREROUTING", "KUBE-SERVICES", "KUBE-NODEPORTS", c.ipt.echoEXT, c.ipt.echoSVC}, echoTarget)
-	}
-	for _, a := range ok["udp"] {
-		c.checkIPTServiceFlow(t, tr, a, []string{"PREROUTING", "KUBE-SERVICES", c.ipt.dnsSVC}, dnsTarget)
+	for i, fam := range c.families {
+		ipt, ok := c.ipt[fam.nft], oks[fam.nft]
+		for _, a := range ok["clusterip"] {
+			c.checkIPTServiceFlow(t, tr, fam, a, []string{"PREROUTING", "KUBE-SERVICES", ipt.echoSVC}, echoTarget)
+		}
+		for _, a := range ok["nodeport"] {
+			c.checkIPTServiceFlow(t, tr, fam, a, []string{"PREROUTING", "KUBE-SERVICES", "KUBE-NODEPORTS", ipt.echoEXT, ipt.echoSVC}, echoTarget)
+		}
+		for _, a := range ok["udp"] {
+			c.checkIPTServiceFlow(t, tr, fam, a, []string{"PREROUTING", "KUBE-SERVICES", ipt.dnsSVC}, dnsTarget)
+		}
+		c.checkIPTNoEndpointFlow(t, tr, fam, noEPs[i])
 	}
 	checkNoRejection(t, tr, ping)
 	checkNoRejection(t, tr, wrong)
-	c.checkIPTNoEndpointFlow(t, tr, noEP)
-	// Only web/empty's attempt may have a verdict but ok: the ping's and
+	// Only web/empty's attempts may have a verdict but ok: the ping's and
 	// the wrong port's flows, if any, were held to ok above.
-	checkNoFalseAlarm(t, tr, noEP)
+	checkNoFalseAlarm(t, tr, noEPs...)
 }
 
 // iptRule is a rule as iptables-save prints it: its chain and its "-A"
@@ -137,7 +157,17 @@ type iptRules struct {
 // packet counters if counters.
 func (kp *KubeProxy) iptablesSave(t *testing.T, table string, counters bool) string {
 	t.Helper()
-	args := []string{"iptables-save", "-t", table}
+	return kp.saveOf(t, ipv4, table, counters)
+}
+
+// saveOf is iptablesSave of fam: ip6tables-save for IPv6.
+func (kp *KubeProxy) saveOf(t *testing.T, fam traceFamily, table string, counters bool) string {
+	t.Helper()
+	cmd := "iptables-save"
+	if fam.v6 {
+		cmd = "ip6tables-save"
+	}
+	args := []string{cmd, "-t", table}
 	if counters {
 		args = append(args, "-c")
 	}
@@ -235,9 +265,9 @@ func findSavedFunc(t *testing.T, rules []iptRule, listing, what string, keep fun
 // iptables-save: the KUBE-SVC-* chains web/echo's ClusterIP rules jump to,
 // the KUBE-EXT-* chain of its NodePort, each endpoint's KUBE-SEP-* DNAT
 // rule (which its KUBE-SVC-* chain must jump to), and web/empty's REJECT.
-func (c *traceCluster) readIPTablesRules(t *testing.T) {
+func (c *traceCluster) readIPTablesRules(t *testing.T, fam traceFamily) *iptRules {
 	t.Helper()
-	nat, filter := c.kp.iptablesSave(t, "nat", false), c.kp.iptablesSave(t, "filter", false)
+	nat, filter := c.kp.saveOf(t, fam, "nat", false), c.kp.saveOf(t, fam, "filter", false)
 	natRules := savedRules(nat)
 	ipt := &iptRules{saved: map[string]string{"nat": ruleLines(nat), "filter": ruleLines(filter)}, sep: map[string]iptRule{}}
 	svcChain := func(port string) string {
@@ -262,13 +292,13 @@ func (c *traceCluster) readIPTablesRules(t *testing.T) {
 			target     int
 		}{{"tcp", ipt.echoSVC, echoTarget}, {"udp", ipt.dnsSVC, dnsTarget}} {
 			dnat := findSaved(t, natRules, nat, "KUBE-SEP-", "-p "+port.proto+" ",
-				fmt.Sprintf("-j DNAT --to-destination %s:%d", p.ip, port.target))
+				"-j DNAT --to-destination "+net.JoinHostPort(fam.podIP(p), strconv.Itoa(port.target)))
 			findSaved(t, natRules, nat, port.svc, "-j "+dnat.chain)
 			ipt.sep[port.proto+" "+key] = dnat
 		}
 	}
 	ipt.noEndpoint = findSaved(t, savedRules(filter), filter, "KUBE-SERVICES", `"web/empty:http has no endpoints"`, "-j REJECT")
-	c.ipt = ipt
+	return ipt
 }
 
 // iptServiceAttempt is serviceAttempt with iptables' own count of it: the
@@ -277,15 +307,17 @@ func (c *traceCluster) readIPTablesRules(t *testing.T) {
 // endpoint's none.
 func (c *traceCluster) iptServiceAttempt(t *testing.T, what, proto, dst string, target int) (attemptResult, bool) {
 	t.Helper()
-	before := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
+	fam := familyOf(dst)
+	ipt := c.ipt[fam.nft]
+	before := packetCounts(t, c.kp.saveOf(t, fam, "nat", true))
 	a, ok := c.serviceAttempt(t, what, proto, dst, target)
 	if !ok {
 		return a, false
 	}
-	after := packetCounts(t, c.kp.iptablesSave(t, "nat", true))
+	after := packetCounts(t, c.kp.saveOf(t, fam, "nat", true))
 	for _, p := range e2ePods[1:] {
 		key := p.ns + "/" + p.name
-		r := c.ipt.sep[proto+" "+key]
+		r := ipt.sep[proto+" "+key]
 		want := int64(0)
 		if key == a.answer {
 			want = 1
@@ -294,7 +326,7 @@ func (c *traceCluster) iptServiceAttempt(t *testing.T, what, proto, dst string, 
 			t.Errorf("%s: %s → %s answered by %s, but %s counted %d packets, want %d", what, a.src, dst, a.answer, r.text, d, want)
 		}
 	}
-	t.Logf("%s: %s → %s: +1 packet on %s", what, a.src, dst, c.ipt.sep[proto+" "+a.answer].text)
+	t.Logf("%s: %s → %s: +1 packet on %s", what, a.src, dst, ipt.sep[proto+" "+a.answer].text)
 	return a, true
 }
 
@@ -349,37 +381,39 @@ func (c *traceCluster) forwardedAttempt(t *testing.T, what, proto, dst string, t
 }
 
 // iptNoEndpointAttempt is refusedAttempt with iptables' count of it: the
-// REJECT of web/empty counts one more packet. The REJECT sits in filter
-// KUBE-SERVICES, which every sync rewrites: a sync during the attempt is
-// named as such (countedWindow) rather than taken for a wrong count.
-func (c *traceCluster) iptNoEndpointAttempt(t *testing.T, dst string) attemptResult {
+// REJECT of web/empty counts one packet per ICMP error the node sent and
+// the client received (one over IPv4; over IPv6 a connect can meet two,
+// see counted). The REJECT sits in filter KUBE-SERVICES, which every sync
+// rewrites: a sync during the attempt is named as such (countedWindow)
+// rather than taken for a wrong count.
+func (c *traceCluster) iptNoEndpointAttempt(t *testing.T, fam traceFamily, dst string) attemptResult {
 	t.Helper()
-	r := c.ipt.noEndpoint
+	r := c.ipt[fam.nft].noEndpoint
 	synced := c.kp.countedWindow(t)
-	before := packetCounts(t, c.kp.iptablesSave(t, "filter", true))[r.text]
-	a := c.refusedAttempt(t, "no endpoint", dst)
-	d := packetCounts(t, c.kp.iptablesSave(t, "filter", true))[r.text] - before
+	before := packetCounts(t, c.kp.saveOf(t, fam, "filter", true))[r.text]
+	a := c.counted(t, fam, func() attemptResult { return c.refusedAttempt(t, fam.label+"no endpoint", dst) })
+	d := packetCounts(t, c.kp.saveOf(t, fam, "filter", true))[r.text] - before
 	switch {
 	case synced():
-		t.Errorf("no endpoint: kube-proxy synced during %s → %s, which resets the counter of %s: the count cannot be checked", a.src, dst, r.text)
-	case d != 1:
-		t.Errorf("no endpoint: %s → %s refused, but %s counted %d packets, want 1", a.src, dst, r.text, d)
+		t.Errorf("%s: kube-proxy synced during %s → %s, which resets the counter of %s: the count cannot be checked", a.what, a.src, dst, r.text)
+	case d != a.errors || d < 1:
+		t.Errorf("%s: %s → %s refused, but %s counted %d packets, want one per %s error the client received (%d)", a.what, a.src, dst, r.text, d, fam.icmp, a.errors)
 	}
-	return a
+	return a.attemptResult
 }
 
 // checkIPTServiceFlow checks the flow of a connection kube-proxy's DNAT
 // took: ok, the DNAT rule of the KUBE-SEP-* chain of the endpoint that
 // answered, reached through the chains of path (the base chain first),
 // and the facts checkServiceFlowFacts wants.
-func (c *traceCluster) checkIPTServiceFlow(t *testing.T, tr *livetest.Tracing, a attemptResult, path []string, target int) {
+func (c *traceCluster) checkIPTServiceFlow(t *testing.T, tr *livetest.Tracing, fam traceFamily, a attemptResult, path []string, target int) {
 	t.Helper()
 	f := tr.FlowOf(t, a.proto, a.src, a.dst)
 	if f == nil {
 		return
 	}
 	t.Logf("%s %s: events %s; %s", a.what, a.src, livetest.EventList(f.Events), f.Explanation)
-	sep := c.ipt.sep[a.proto+" "+a.answer]
+	sep := c.ipt[fam.nft].sep[a.proto+" "+a.answer]
 	path = append(slices.Clip(path), sep.chain)
 	if r := f.Rule; r == nil || r.NFTables() || r.Table != "nat" || r.Chain != sep.chain || r.Text != sep.text ||
 		!slices.Equal(r.Path, path) || r.Uncertain != "" {
@@ -391,14 +425,14 @@ func (c *traceCluster) checkIPTServiceFlow(t *testing.T, tr *livetest.Tracing, a
 // checkIPTNoEndpointFlow checks web/empty's flow: service-no-endpoint by
 // its REJECT in filter KUBE-SERVICES, reached from FORWARD (a pod's
 // connection to a ClusterIP the node routes on).
-func (c *traceCluster) checkIPTNoEndpointFlow(t *testing.T, tr *livetest.Tracing, a attemptResult) {
+func (c *traceCluster) checkIPTNoEndpointFlow(t *testing.T, tr *livetest.Tracing, fam traceFamily, a attemptResult) {
 	t.Helper()
 	f := tr.FlowOf(t, a.proto, a.src, a.dst)
 	if f == nil {
 		return
 	}
 	t.Logf("%s: events %s; %s", a.what, livetest.EventList(f.Events), f.Explanation)
-	rule, path := c.ipt.noEndpoint, []string{"FORWARD", "KUBE-SERVICES"}
+	rule, path := c.ipt[fam.nft].noEndpoint, []string{"FORWARD", "KUBE-SERVICES"}
 	if r := f.Rule; r == nil || r.NFTables() || r.Table != "filter" || r.Chain != rule.chain || r.Text != rule.text ||
 		!slices.Equal(r.Path, path) || r.Uncertain != "" {
 		t.Errorf("%s: rule %+v, want filter %q via %v", a.what, r, rule.text, path)

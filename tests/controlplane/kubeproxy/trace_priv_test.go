@@ -153,8 +153,9 @@ type traceCluster struct {
 	uplink netlab.Namespace
 	md     livetest.Config
 
-	// iptables mode: what iptables-save printed (see readIPTablesRules).
-	ipt *iptRules
+	// iptables mode: what each family's iptables-save printed, by its
+	// nft family (see readIPTablesRules).
+	ipt map[string]*iptRules
 	// ipvs mode: the IPVS table and KUBE-IPVS-FILTER (see readIPVSState).
 	ipvs *ipvsState
 
@@ -646,7 +647,10 @@ func startTraceClusterOf(t *testing.T, mode Mode, families ...traceFamily) *trac
 	c.md = waitMetadata(t, cp, families)
 	switch mode {
 	case IPTables:
-		c.readIPTablesRules(t)
+		c.ipt = map[string]*iptRules{}
+		for _, f := range families {
+			c.ipt[f.nft] = c.readIPTablesRules(t, f)
+		}
 	case IPVS:
 		c.readIPVSState(t)
 	default:
@@ -838,14 +842,17 @@ func traceSynced(mode Mode, families []traceFamily) []string {
 		return ipvsTraceSynced()
 	}
 	if mode == IPTables {
-		return []string{
-			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, echoTarget),
-			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, echoTarget),
-			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoA, dnsTarget),
-			fmt.Sprintf("-j DNAT --to-destination %s:%d", e2eEchoB, dnsTarget),
-			fmt.Sprintf("--dport %d -j KUBE-EXT-", echoNodePort),
-			`"web/empty:http has no endpoints"`,
+		var want []string
+		for _, f := range families {
+			for _, p := range e2ePods[1:3] {
+				for _, port := range []int{echoTarget, dnsTarget} {
+					want = append(want, "-j DNAT --to-destination "+net.JoinHostPort(f.podIP(p), strconv.Itoa(port)))
+				}
+			}
 		}
+		// Each family's proxier writes its rules in one iptables-restore:
+		// its DNATs above come with its REJECT.
+		return append(want, fmt.Sprintf("--dport %d -j KUBE-EXT-", echoNodePort), `"web/empty:http has no endpoints"`)
 	}
 	var want []string
 	for _, f := range families {
