@@ -38,6 +38,14 @@ func nftScenarios() []Scenario {
 			Build:  buildNFTHostportOutside,
 		},
 		{
+			Name:  "dualstack-nft-hostport-outside-v1.8",
+			Title: "dual-stack: portmap v1.8 (nftables) takes a pod's IPv6 connection to a database outside the cluster",
+			Shows: "CVE-2025-67499 over IPv6: portmap v1.8.0 maps mysql-b's hostPort 3306 in `table ip6 cni_hostport` for every destination too, so a pod's connection to the outside database's IPv6 address :3306 lands on mysql-b. " +
+				"Baseline: the database's other port over IPv6, and mysql-b's hostPort on node-2's own IPv6 address.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTHostportOutside,
+		},
+		{
 			Name:  "nft-hostport-vs-nodeport",
 			Title: "a hostPort (portmap v1.10, nftables) equal to a NodePort wins on the node's address",
 			Shows: "seed 000's nginx experiment on an nftables node: NodePort 30080 and hostPort 30080 on node-2. Both nat chains, kube-proxy's nat-prerouting and cni_hostport's prerouting (v1.10.0: `fib daddr type local`), have priority -100; " +
@@ -69,11 +77,29 @@ func nftScenarios() []Scenario {
 			},
 		},
 		{
+			Name:  "dualstack-nft-nodeport-vs-hostport-restart",
+			Title: "dual-stack: after a kube-proxy restart the same NodePort wins over the hostPort on the node's IPv6 address",
+			Shows: "nft-nodeport-vs-hostport-restart over IPv6: the restarted kube-proxy re-creates the base chains of `table ip6 kube-proxy` too, so the ip6 family's nat-prerouting now runs before cni_hostport's prerouting " +
+				"and [node IPv6]:30080 reaches its Service's pod; the tracer must name kube-proxy's ip6 rule from the kernel's DNAT target.",
+			NoIPVS:  noIPVSNFT,
+			Healthy: true,
+			Build: func(ctx context.Context, env *Env) (*Built, error) {
+				return buildNFTHostportNodePort(ctx, env, true, ipv6Attempts)
+			},
+		},
+		{
 			Name:   "nft-hostnetwork-vs-hostport",
 			Title:  "a hostPort :80 (portmap v1.10, nftables) bypasses the hostNetwork listener on :80",
 			Shows:  "seed 002 with portmap's nftables backend: traffic to node-1's address :80, from outside and from a pod, is DNAT'd to web-hp by cni_hostport and never reaches ingress-agent's listener. Baseline: the listener's other port.",
 			NoIPVS: noIPVSNFT,
 			Build:  buildNFTHostNetworkHostPort,
+		},
+		{
+			Name:   "dualstack-nft-hostnetwork-vs-hostport",
+			Title:  "dual-stack: a hostPort :80 (portmap v1.10, nftables) bypasses the hostNetwork listener on :80 over IPv6 too",
+			Shows:  "nft-hostnetwork-vs-hostport on dual-stack nodes: portmap writes the hostPort into `table ip6 cni_hostport` too, whose `fib daddr type local` takes the node's own IPv6 address: [node IPv6]:80, from outside and from a pod, is DNAT'd to web-hp and never reaches ingress-agent's dual-stack listener. Baseline: the listener's other port over IPv6.",
+			NoIPVS: noIPVSNFT,
+			Build:  buildDualStackNFTHostNetworkHostPort,
 		},
 		{
 			Name:  "nft-ping-clusterip",
@@ -126,6 +152,15 @@ func nftScenarios() []Scenario {
 			NoIPVS:  noIPVSNFT,
 			Healthy: true,
 			Build:   buildNFTHealthyService,
+		},
+		{
+			Name:  "dualstack-nft-healthy-service",
+			Title: "dual-stack: healthy IPv6 ClusterIP, NodePort and DNS traffic through kube-proxy's numgen DNAT in `table ip6 kube-proxy`",
+			Shows: "nft-healthy-service over IPv6: kube-proxy's IPv6 proxier DNATs the RequireDualStack Services' IPv6 ClusterIPs and the NodePort on node-1's IPv6 address with its numgen map; " +
+				"every connection must be ok, name the endpoint the kernel chose, and raise no alarm.",
+			NoIPVS:  noIPVSNFT,
+			Healthy: true,
+			Build:   buildDualStackNFTHealthyService,
 		},
 		{
 			Name:  "nft-reject-reset-drop",
@@ -250,7 +285,17 @@ func nftHostportClusterIP(ctx context.Context, env *Env, name string, f family) 
 }
 
 func buildNFTHostportOutside(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-hostport-outside-v1.8", func(c *cluster) (*Built, error) {
+	return nftHostportOutside(ctx, env, "nft-hostport-outside-v1.8", ipv4Attempts)
+}
+
+func buildDualStackNFTHostportOutside(ctx context.Context, env *Env) (*Built, error) {
+	return nftHostportOutside(ctx, env, "dualstack-nft-hostport-outside-v1.8", ipv6Attempts)
+}
+
+// nftHostportOutside is CVE-2025-67499's outside destination, over f.
+func nftHostportOutside(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		_, n2, err := c.twoNodesNFT(true, PortmapV180)
 		if err != nil {
 			return nil, err
@@ -272,10 +317,10 @@ func buildNFTHostportOutside(ctx context.Context, env *Env) (*Built, error) {
 			return nil, err
 		}
 		return c.built(n2, []attempt{
-			tcp(client, outsideIP+":3306", HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(mysqlB.name),
+			f.tcp(client, f.at(outsideIP, 3306), HostportDNAT, Expectation{Verdict: trace.VerdictHostportHijack, Outcome: Connected(mysqlB.name),
 				Note: "the database outside the cluster is never reached: hostPort 3306 is mapped for every destination"}),
-			tcp(client, outsideIP+":5432", NoDecision, Expectation{Outcome: Connected("outside-db")}),
-			tcp(db, node2IP+":3306", HostportDNAT, Expectation{Outcome: Connected(mysqlB.name),
+			f.tcp(client, f.at(outsideIP, 5432), NoDecision, Expectation{Outcome: Connected("outside-db")}),
+			f.tcp(db, f.nodeAt(n2, 3306), HostportDNAT, Expectation{Outcome: Connected(mysqlB.name),
 				Note: "the hostPort on node-2's own address, as intended"}),
 		})
 	})
@@ -337,6 +382,13 @@ func buildNFTHostportNodePort(ctx context.Context, env *Env, restart bool, f fam
 
 func buildNFTHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
 	return hostNetworkVsHostPort(ctx, env, "nft-hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) {
+		return c.twoNodesNFT(false, PortmapV1100)
+	})
+}
+
+func buildDualStackNFTHostNetworkHostPort(ctx context.Context, env *Env) (*Built, error) {
+	return hostNetworkVsHostPort(ctx, env, "dualstack-nft-hostnetwork-vs-hostport", func(c *cluster) (*node, *node, error) {
+		c.dualStack = true
 		return c.twoNodesNFT(false, PortmapV1100)
 	})
 }
@@ -424,7 +476,18 @@ func nftServiceNoEndpoint(ctx context.Context, env *Env, name string, f family) 
 }
 
 func buildNFTHealthyService(ctx context.Context, env *Env) (*Built, error) {
-	return scenario(ctx, env, "nft-healthy-service", func(c *cluster) (*Built, error) {
+	return nftHealthyService(ctx, env, "nft-healthy-service", ipv4Attempts)
+}
+
+func buildDualStackNFTHealthyService(ctx context.Context, env *Env) (*Built, error) {
+	return nftHealthyService(ctx, env, "dualstack-nft-healthy-service", ipv6Attempts)
+}
+
+// nftHealthyService is healthy traffic through kube-proxy's nftables
+// mode, over f.
+func nftHealthyService(ctx context.Context, env *Env, name string, f family) (*Built, error) {
+	return scenario(ctx, env, name, func(c *cluster) (*Built, error) {
+		c.dualStack = f.v6
 		n1, n2, err := c.twoNodesNFT(true, "")
 		if err != nil {
 			return nil, err
@@ -464,12 +527,12 @@ func buildNFTHealthyService(ctx context.Context, env *Env) (*Built, error) {
 		}
 		var atts []attempt
 		for range 4 {
-			atts = append(atts, tcp(client, "10.96.0.90:80", ServiceDNAT, anyOf(cats)))
+			atts = append(atts, f.tcp(client, f.at("10.96.0.90", 80), ServiceDNAT, anyOf(cats)))
 		}
 		for range 2 {
-			atts = append(atts, tcp(outside, node1IP+":30093", ServiceDNAT, anyOf(cats[:2])))
+			atts = append(atts, f.tcp(outside, f.nodeAt(n1, 30093), ServiceDNAT, anyOf(cats[:2])))
 		}
-		atts = append(atts, udp(client, "10.96.0.53:53", ServiceDNAT, Expectation{Outcome: Connected(dns.name)}))
+		atts = append(atts, f.udp(client, f.at("10.96.0.53", 53), ServiceDNAT, Expectation{Outcome: Connected(dns.name)}))
 		return c.built(n1, atts)
 	})
 }
