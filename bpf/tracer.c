@@ -298,8 +298,57 @@ static __always_inline void read_l4(struct tuple *t, const void *l4)
 	}
 }
 
-/* Parses an IPv4 or IPv6 header at nh (no extension headers) into t and
- * returns the L4 header's address, or NULL. */
+/* IPv6 extension headers (RFC 8200 4.1) that may come before a packet's
+ * upper-layer header. */
+#define NEXTHDR_HOP 0
+#define NEXTHDR_ROUTING 43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_AUTH 51
+#define NEXTHDR_DEST 60
+/* RFC 8200 recommends at most one of each, destination options twice. */
+#define IPV6_EXT_MAX 6
+
+/* Skips the extension headers from p, next being the first header's type:
+ * sets t->proto to the upper layer's and returns its header's address,
+ * or NULL for a fragment other than the first (no upper-layer header) or
+ * a chain longer than IPV6_EXT_MAX. */
+static __always_inline const void *skip_ipv6_ext(struct tuple *t, __u8 next, const void *p)
+{
+	for (int i = 0; i < IPV6_EXT_MAX; i++) {
+		__u8 h[4] = {};
+		switch (next) {
+		case NEXTHDR_HOP:
+		case NEXTHDR_ROUTING:
+		case NEXTHDR_DEST:
+			bpf_probe_read_kernel(h, 2, p);
+			next = h[0];
+			p += ((__u32)h[1] + 1) * 8;
+			break;
+		case NEXTHDR_AUTH:
+			bpf_probe_read_kernel(h, 2, p);
+			next = h[0];
+			p += ((__u32)h[1] + 2) * 4;
+			break;
+		case NEXTHDR_FRAGMENT:
+			bpf_probe_read_kernel(h, 4, p);
+			next = h[0];
+			p += 8;
+			if (((h[2] << 8) | h[3]) & 0xfff8) {
+				t->proto = next;
+				return NULL;
+			}
+			break;
+		default:
+			t->proto = next;
+			return p;
+		}
+	}
+	t->proto = next;
+	return NULL;
+}
+
+/* Parses an IPv4 or IPv6 header at nh (and IPv6's extension headers) into
+ * t and returns the L4 header's address, or NULL. */
 static __always_inline const void *read_l3(struct tuple *t, const void *nh)
 {
 	__u8 vihl = 0;
@@ -319,10 +368,9 @@ static __always_inline const void *read_l3(struct tuple *t, const void *nh)
 		struct ipv6hdr ip6 = {};
 		bpf_probe_read_kernel(&ip6, sizeof(ip6), nh);
 		t->family = AF_INET6;
-		t->proto = ip6.nexthdr;
 		__builtin_memcpy(t->src, &ip6.saddr, 16);
 		__builtin_memcpy(t->dst, &ip6.daddr, 16);
-		return nh + sizeof(ip6);
+		return skip_ipv6_ext(t, ip6.nexthdr, nh + sizeof(ip6));
 	}
 	return NULL;
 }

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
@@ -215,6 +217,37 @@ func sendUDP(ns netlab.Namespace, addr string) (string, error) {
 		return "", err
 	}
 	defer conn.Close()
+	_, err = conn.Write([]byte("ping"))
+	return conn.LocalAddr().String(), err
+}
+
+// sendUDPDestOpts is sendUDP with an IPv6 destination options header
+// (one PadN option) before the UDP header.
+func sendUDPDestOpts(ns netlab.Namespace, addr string) (string, error) {
+	var conn net.Conn
+	err := ns.Do(func() (err error) {
+		conn, err = net.Dial("udp6", addr)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UDPConn).SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	// Next header (the kernel fills it), length 0 (8 bytes), PadN of 4.
+	opts := string([]byte{0, 0, 1, 4, 0, 0, 0, 0})
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, opts)
+	}); err != nil {
+		return "", err
+	}
+	if serr != nil {
+		return "", fmt.Errorf("set IPV6_DSTOPTS: %w", serr)
+	}
 	_, err = conn.Write([]byte("ping"))
 	return conn.LocalAddr().String(), err
 }
@@ -593,6 +626,31 @@ func scenarios6() []scenario {
 				// ICMPv6 destination unreachable, port unreachable.
 				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
 				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 9), "NETFILTER_DROP")
+			},
+		},
+		{
+			// The rejected datagram carries a destination options header
+			// between its IPv6 and UDP headers: the tuple is read past it.
+			name:    "reject6-icmp6-extension-header",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", "10", "-j", "REJECT",
+					"--reject-with", "icmp6-port-unreachable")
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				client, err := sendUDPDestOpts(tp.c, hostPort(sAddr6, 10))
+				must(t, err)
+				return client
+			},
+			kinds: []event.Kind{event.KindReject, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReject]
+				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
+				checkEq(t, "rejected packet proto", event.ProtoName(e.Packet.Proto), "udp")
+				checkTuple(t, "rejected packet", e.Packet, client, hostPort(sAddr6, 10))
+				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
+				checkEq(t, "dropped packet proto", event.ProtoName(evs[event.KindDrop].Packet.Proto), "udp")
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 10), "NETFILTER_DROP")
 			},
 		},
 		{
