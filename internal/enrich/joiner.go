@@ -66,7 +66,7 @@ type Joiner struct {
 	// key, its reply tuple and that reversed. A flow's own key always
 	// leads to it (a tuple is a flow's key only when no open flow had it),
 	// until a newer connection of the same tuple replaces it.
-	byTuple map[tupleKey]*pending
+	byTuple tupleIndex
 	// due holds every flow not yet finished, each once, by deadline, so
 	// Expire looks only at the flows whose time has come. It also holds
 	// the flows a newer connection of the same tuple took the key from:
@@ -185,8 +185,8 @@ func (p *pending) answer() answerOf {
 
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
-	if j.byTuple == nil {
-		j.byTuple = map[tupleKey]*pending{}
+	if j.byTuple.byHash == nil {
+		j.byTuple = newTupleIndex()
 		j.epoch = now
 	}
 	tu := ev.Packet
@@ -250,9 +250,7 @@ func (j *Joiner) unindexReply(p *pending, reply event.Tuple) {
 }
 
 func (j *Joiner) unindexTuple(p *pending, t event.Tuple) {
-	if k := keyOf(t); j.byTuple[k] == p {
-		delete(j.byTuple, k)
-	}
+	j.byTuple.release(p, t)
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -269,7 +267,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	if ev.Reply.Valid() {
 		reply = ev.Reply
 	}
-	if p := j.byTuple[keyOf(tu)]; p != nil {
+	if p := j.byTuple.get(tu); p != nil {
 		return p, p.key, reply
 	}
 	// A NAT decision carries both tuples of its connection, read from
@@ -279,7 +277,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
-			if p := j.byTuple[keyOf(e.Orig)]; p != nil {
+			if p := j.byTuple.get(e.Orig); p != nil {
 				return p, p.key, e.Reply
 			}
 			return nil, e.Orig, e.Reply
@@ -290,10 +288,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 
 func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 	for _, t := range tuples {
-		k := keyOf(t)
-		if _, taken := j.byTuple[k]; !taken {
-			j.byTuple[k] = p
-		}
+		j.byTuple.claim(p, t)
 	}
 }
 

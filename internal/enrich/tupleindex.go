@@ -1,0 +1,116 @@
+package enrich
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"math/rand/v2"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// tupleIndex leads each tuple an open flow holds (its key, its reply and
+// that reversed, its earlier replies) to the flow. A busy node keeps
+// hundreds of thousands of flows open, three tuples each, so the index
+// keys a tuple by a 64-bit hash and checks the flow it finds: 16 bytes an
+// entry instead of a 40-byte tuple and a pointer, and a hash of five
+// words rather than of the key's bytes. A tuple whose hash another flow's
+// tuple already holds goes to collided, keyed by the whole tuple: with a
+// random seed that is about one pair in 2^64, and crafted packets cannot
+// aim for it; either way every answer stays exact.
+type tupleIndex struct {
+	seed     uint64
+	byHash   map[uint64]*pending
+	collided map[tupleKey]*pending
+}
+
+func newTupleIndex() tupleIndex {
+	return tupleIndex{seed: rand.Uint64() | 1, byHash: map[uint64]*pending{}}
+}
+
+// get is the flow that holds t, or nil.
+func (x *tupleIndex) get(t event.Tuple) *pending {
+	if p := x.byHash[x.hash(t)]; p != nil && p.holds(t) {
+		return p
+	}
+	if len(x.collided) == 0 {
+		return nil
+	}
+	return x.collided[keyOf(t)]
+}
+
+// claim leads t to p unless t already leads to a flow: the first flow to
+// see a tuple keeps it.
+func (x *tupleIndex) claim(p *pending, t event.Tuple) {
+	h := x.hash(t)
+	q, taken := x.byHash[h]
+	if taken && q.holds(t) {
+		return
+	}
+	if len(x.collided) > 0 {
+		// t may have gone here while another flow held its hash, which
+		// that flow's end has freed since.
+		if _, ok := x.collided[keyOf(t)]; ok {
+			return
+		}
+	}
+	if !taken {
+		x.byHash[h] = p
+		return
+	}
+	if x.collided == nil {
+		x.collided = map[tupleKey]*pending{}
+	}
+	x.collided[keyOf(t)] = p
+}
+
+// release removes t if it leads to p. A hash slot p holds for another of
+// its tuples goes too; release is only ever asked for all of a flow's
+// tuples at once (unindex), so nothing is lost.
+func (x *tupleIndex) release(p *pending, t event.Tuple) {
+	h := x.hash(t)
+	if x.byHash[h] == p {
+		delete(x.byHash, h)
+	}
+	if len(x.collided) == 0 {
+		return
+	}
+	if k := keyOf(t); x.collided[k] == p {
+		delete(x.collided, k)
+	}
+}
+
+// hash mixes the tuple's words with the index's seed (the multiply and
+// fold of wyhash): addresses as two 64-bit halves each.
+func (x *tupleIndex) hash(t event.Tuple) uint64 {
+	s, d := t.Src.As16(), t.Dst.As16()
+	le := binary.LittleEndian
+	ports := uint64(t.SrcPort)<<24 | uint64(t.DstPort)<<8 | uint64(t.Proto)
+	if t.Src.Is4() {
+		ports |= 1 << 40
+	}
+	h := mix(le.Uint64(s[:8])^x.seed, le.Uint64(s[8:])^0x9e3779b97f4a7c15)
+	h = mix(h^le.Uint64(d[:8]), le.Uint64(d[8:])^0xbf58476d1ce4e5b9)
+	return mix(h, ports^x.seed)
+}
+
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b^0x94d049bb133111eb)
+	return hi ^ lo
+}
+
+// holds reports whether t is one of the tuples the joiner may index p
+// under.
+func (p *pending) holds(t event.Tuple) bool {
+	if t == p.key {
+		return true
+	}
+	if p.reply.Valid() && (t == p.reply || t == p.reply.Reverse()) {
+		return true
+	}
+	for _, r := range p.oldReplies {
+		if t == r || t == r.Reverse() {
+			return true
+		}
+	}
+	return false
+}
