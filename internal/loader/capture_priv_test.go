@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -219,6 +220,36 @@ func sendUDP(ns netlab.Namespace, addr string) (string, error) {
 	defer conn.Close()
 	_, err = conn.Write([]byte("ping"))
 	return conn.LocalAddr().String(), err
+}
+
+// udpReject6 is a datagram that send makes to the server's port, which
+// an ip6tables REJECT answers with ICMPv6 port unreachable.
+func udpReject6(name string, port int, send func(netlab.Namespace, string) (string, error)) scenario {
+	dst := hostPort(sAddr6, port)
+	return scenario{
+		name:    name,
+		observe: router,
+		setup: func(t *testing.T, tp *topology) {
+			run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", strconv.Itoa(port), "-j", "REJECT",
+				"--reject-with", "icmp6-port-unreachable")
+		},
+		traffic: func(t *testing.T, tp *topology) string {
+			client, err := send(tp.c, dst)
+			must(t, err)
+			return client
+		},
+		kinds: []event.Kind{event.KindReject, event.KindDrop},
+		check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+			e := evs[event.KindReject]
+			checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
+			checkEq(t, "rejected packet proto", event.ProtoName(e.Packet.Proto), "udp")
+			checkTuple(t, "rejected packet", e.Packet, client, dst)
+			// ICMPv6 destination unreachable, port unreachable.
+			checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
+			checkEq(t, "dropped packet proto", event.ProtoName(evs[event.KindDrop].Packet.Proto), "udp")
+			checkDrop(t, evs[event.KindDrop], client, dst, "NETFILTER_DROP")
+		},
+	}
 }
 
 // sendUDPDestOpts is sendUDP with an IPv6 destination options header
@@ -606,53 +637,10 @@ func scenarios6() []scenario {
 				checkNFHook(t, e, "POSTROUTING")
 			},
 		},
-		{
-			name:    "reject6-icmp6-port-unreachable",
-			observe: router,
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", "9", "-j", "REJECT",
-					"--reject-with", "icmp6-port-unreachable")
-			},
-			traffic: func(t *testing.T, tp *topology) string {
-				client, err := sendUDP(tp.c, hostPort(sAddr6, 9))
-				must(t, err)
-				return client
-			},
-			kinds: []event.Kind{event.KindReject, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReject]
-				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
-				checkTuple(t, "rejected packet", e.Packet, client, hostPort(sAddr6, 9))
-				// ICMPv6 destination unreachable, port unreachable.
-				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
-				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 9), "NETFILTER_DROP")
-			},
-		},
-		{
-			// The rejected datagram carries a destination options header
-			// between its IPv6 and UDP headers: the tuple is read past it.
-			name:    "reject6-icmp6-extension-header",
-			observe: router,
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", "10", "-j", "REJECT",
-					"--reject-with", "icmp6-port-unreachable")
-			},
-			traffic: func(t *testing.T, tp *topology) string {
-				client, err := sendUDPDestOpts(tp.c, hostPort(sAddr6, 10))
-				must(t, err)
-				return client
-			},
-			kinds: []event.Kind{event.KindReject, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReject]
-				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
-				checkEq(t, "rejected packet proto", event.ProtoName(e.Packet.Proto), "udp")
-				checkTuple(t, "rejected packet", e.Packet, client, hostPort(sAddr6, 10))
-				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
-				checkEq(t, "dropped packet proto", event.ProtoName(evs[event.KindDrop].Packet.Proto), "udp")
-				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 10), "NETFILTER_DROP")
-			},
-		},
+		udpReject6("reject6-icmp6-port-unreachable", 9, sendUDP),
+		// The rejected datagram carries a destination options header
+		// between its IPv6 and UDP headers: the tuple is read past it.
+		udpReject6("reject6-icmp6-extension-header", 10, sendUDPDestOpts),
 		{
 			name:    "reject6-tcp-reset",
 			observe: router,
