@@ -146,14 +146,26 @@ func (m *TimelineMetadata) addService(open map[trace.ObjectRef]int, s trace.Serv
 // says so (the live index allows for its creationTimestamp the same way).
 const podCreatedSkew = 30 * time.Second
 
+// podHandOver is the live index's handOver: how long after a pod let go
+// of an address it is still named, when the only other candidate was
+// taken after the connection.
+const podHandOver = time.Second
+
 // PodByIP is the pod that held a at at: of two, the one since deleted
 // held it then (an address is handed on only once its pod is gone), else
-// the one taken latest.
+// the one taken latest; between two pods (the last gone just before at,
+// the next taken after it), the last one, as the live index answers.
 func (m *TimelineMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bool) {
-	best := -1
+	best, last := -1, -1
 	for _, i := range m.podsByIP[a.Unmap()] {
 		s := m.pods[i].span
-		if !s.until.IsZero() && !s.until.After(at) || !s.from.IsZero() && s.from.After(at.Add(podCreatedSkew)) {
+		if !s.until.IsZero() && !s.until.After(at) {
+			if at.Sub(s.until) < podHandOver && (last < 0 || s.until.After(m.pods[last].until)) {
+				last = i
+			}
+			continue
+		}
+		if !s.from.IsZero() && s.from.After(at.Add(podCreatedSkew)) {
 			continue
 		}
 		if best < 0 || betterSpan(s, m.pods[best].span, at) {
@@ -162,6 +174,9 @@ func (m *TimelineMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bo
 	}
 	if best < 0 {
 		return trace.PodRef{}, false
+	}
+	if last >= 0 && m.pods[best].from.After(at) {
+		best = last
 	}
 	p := m.pods[best].pod
 	return trace.PodRef{Namespace: p.Namespace, Name: p.Name}, true

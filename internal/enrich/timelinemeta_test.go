@@ -33,25 +33,33 @@ func TestTimelineMetadata(t *testing.T) {
 	for _, tc := range []struct {
 		sec  float64
 		want string
-	}{{-100, "db-a"}, {9.9, "db-a"}, {10.1, "db-b"}, {30, "db-b"}} {
+	}{{-100, "db-a"}, {9.9, "db-a"}, {10.1, "db-a"}, {10.3, "db-b"}, {30, "db-b"}} {
 		if p, ok := m.PodByIP(ip, at(tc.sec)); !ok || p.Name != tc.want {
 			t.Errorf("PodByIP at +%vs = %v (found %v), want %s", tc.sec, p, ok, tc.want)
 		}
 	}
-	// A connection made just before the pod was taken (it had its IP
-	// before the API server said so) names it, not a later one.
+	// Between two pods: within podHandOver of db-a's deletion the
+	// address is still db-a's (db-b, taken later, cannot be placed
+	// before); longer after, a connection made before the next pod was
+	// taken (it had its IP before the API server said so) names it, not
+	// a later one.
 	dbC := trace.Pod{Namespace: "db", Name: "db-c", IPs: []string{"10.244.1.5"}}
 	dbD := trace.Pod{Namespace: "db", Name: "db-d", IPs: []string{"10.244.1.5"}}
 	later := NewTimelineMetadata(header, []*trace.StateChange{
 		change(10, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-a"}}, Pods: []trace.Pod{gone}}),
-		change(10.2, &trace.MetadataChange{Pods: []trace.Pod{dbB}}),
+		change(12, &trace.MetadataChange{Pods: []trace.Pod{dbB}}),
 		change(15, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-b"}}}),
-		change(15.2, &trace.MetadataChange{Pods: []trace.Pod{dbC}}),
+		change(17, &trace.MetadataChange{Pods: []trace.Pod{dbC}}),
 		change(20, &trace.MetadataChange{PodsGone: []trace.ObjectRef{{Namespace: "db", Name: "db-c"}}}),
-		change(20.2, &trace.MetadataChange{Pods: []trace.Pod{dbD}}),
+		change(22, &trace.MetadataChange{Pods: []trace.Pod{dbD}}),
 	})
-	if p, ok := later.PodByIP(ip, at(10.05)); !ok || p.Name != "db-b" {
-		t.Errorf("between db-a's deletion and db-b's arrival: %v, %v; want db-b, not the later db-c", p, ok)
+	for _, tc := range []struct {
+		sec  float64
+		want string
+	}{{10.05, "db-a"}, {11.5, "db-b"}, {15.5, "db-b"}, {16.5, "db-c"}} {
+		if p, ok := later.PodByIP(ip, at(tc.sec)); !ok || p.Name != tc.want {
+			t.Errorf("between two pods at +%vs: %v, %v; want %s", tc.sec, p, ok, tc.want)
+		}
 	}
 	for _, tc := range []struct {
 		sec  float64

@@ -539,6 +539,45 @@ func TestPodByIPReuseWithinTheSecond(t *testing.T) {
 	}
 }
 
+// TestPodByIPBetweenPods: a connection made after the index saw a pod's
+// deletion and before it saw the next pod on the address (created in the
+// same second: its creationTimestamp cannot place it before) names the
+// pod that held the address last; made after the index saw the next pod,
+// that one. The soak found this: the check's truth was the old pod.
+func TestPodByIPBetweenPods(t *testing.T) {
+	ctx, t0, clk, cs, idx := clockedIndex(t, 800*time.Millisecond)
+	ip := mustAddr("10.244.1.21")
+	pods := cs.CoreV1().Pods("default")
+	if _, err := pods.Create(ctx, testPod("old", "node-2", ip.String(), t0.Add(-time.Hour)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "old", func() bool { _, ok := idx.PodByIP(ip, t0); return ok })
+	if err := pods.Delete(ctx, "old", metav1.DeleteOptions{}); err != nil { // seen at +0.8s
+		t.Fatal(err)
+	}
+	eventually(t, "old's deletion", func() bool { q, ok := idx.PodByIP(ip, t0.Add(900*time.Millisecond)); return !ok || q.Name != "old" || !q.Deleted.IsZero() })
+	clk.Add(3 * time.Second)
+	if _, err := pods.Create(ctx, testPod("new", "node-2", ip.String(), t0), metav1.CreateOptions{}); err != nil { // seen at +3.8s
+		t.Fatal(err)
+	}
+	eventually(t, "new", func() bool { q, ok := idx.PodByIP(ip, time.Time{}); return ok && q.Name == "new" })
+	for _, c := range []struct {
+		at   time.Duration
+		want string
+	}{
+		{500 * time.Millisecond, "old"}, // before old's deletion
+		{900 * time.Millisecond, "old"}, // between the two: old held it last
+		// Longer after old let go, a pod seen only after the connection
+		// is the one: it had its IP before the API server said so.
+		{800*time.Millisecond + 2*handOver, "new"},
+		{3900 * time.Millisecond, "new"},
+	} {
+		if q, ok := idx.PodByIP(ip, t0.Add(c.at)); !ok || q.Name != c.want {
+			t.Errorf("at +%s: %q, %v; want %s", c.at, q.Name, ok, c.want)
+		}
+	}
+}
+
 // A Service deleted after a connection was made still names it, as a
 // flow is named when its linger ends; a connection made after the
 // deletion finds none, and a Service that took the address since is found

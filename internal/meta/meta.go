@@ -81,6 +81,8 @@ type PodInfo struct {
 	Created time.Time
 	// Deleted is when the index saw the pod's deletion; zero while it exists.
 	Deleted time.Time
+	// Seen is when the index first had the pod with its addresses.
+	Seen time.Time
 	// Terminal is true for a Succeeded or Failed pod: its IP may already be
 	// reused, so a running pod with the same IP wins.
 	Terminal bool

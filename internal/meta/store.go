@@ -116,8 +116,12 @@ func (s *store) upsertPod(p *PodInfo) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := p.Key()
+	p.Seen = s.now()
 	if old := s.pods[key]; old != nil {
 		s.unindexLivePod(old)
+		if slices.Equal(old.IPs, p.IPs) {
+			p.Seen = old.Seen
+		}
 	}
 	s.pods[key] = p
 	s.changedLocked(&trace.MetadataChange{Pods: []trace.Pod{tracePod(p)}})
@@ -330,9 +334,12 @@ func (s *store) PodByIP(a netip.Addr, at time.Time) (PodInfo, bool) {
 	if at.IsZero() {
 		at = s.now()
 	}
-	var best *PodInfo
+	var best, last *PodInfo
 	for _, p := range s.byIP[a] {
 		if gone := p.gone(); !gone.IsZero() && !gone.After(at) {
+			if at.Sub(gone) < handOver && (last == nil || gone.After(last.gone())) {
+				last = p
+			}
 			continue // gone before the event
 		}
 		if p.Created.After(at.Add(createdSkew)) {
@@ -345,8 +352,22 @@ func (s *store) PodByIP(a netip.Addr, at time.Time) (PodInfo, bool) {
 	if best == nil {
 		return PodInfo{}, false
 	}
+	if last != nil && best.Seen.After(at) {
+		// The address was between pods: the last one was gone just
+		// before, the next one is only known from after. Name the one
+		// that held it (a pod deleted by force may still answer); the
+		// next one's creationTimestamp, in whole seconds, cannot say it
+		// came first.
+		return *last, true
+	}
 	return *best, true
 }
+
+// handOver is how long after a pod let go of an address PodByIP still
+// names it, when the only other candidate was seen after the event: the
+// granularity of the creationTimestamp that might have placed the
+// newcomer before it. TimelineMetadata replays the same rule.
+const handOver = time.Second
 
 // gone is when the pod stopped holding its IPs, zero if it still does (or
 // the time is unknown).
