@@ -555,7 +555,10 @@ func TestPodByIPBetweenPods(t *testing.T) {
 	if err := pods.Delete(ctx, "old", metav1.DeleteOptions{}); err != nil { // seen at +0.8s
 		t.Fatal(err)
 	}
-	eventually(t, "old's deletion", func() bool { q, ok := idx.PodByIP(ip, t0.Add(900*time.Millisecond)); return !ok || q.Name != "old" || !q.Deleted.IsZero() })
+	eventually(t, "old's deletion", func() bool {
+		q, ok := idx.PodByIP(ip, t0.Add(900*time.Millisecond))
+		return !ok || q.Name != "old" || !q.Deleted.IsZero()
+	})
 	clk.Add(3 * time.Second)
 	if _, err := pods.Create(ctx, testPod("new", "node-2", ip.String(), t0), metav1.CreateOptions{}); err != nil { // seen at +3.8s
 		t.Fatal(err)
