@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -141,17 +142,9 @@ func (m *TimelineMetadata) addService(open map[trace.ObjectRef]int, s trace.Serv
 	m.svcIndex.add(i, &s)
 }
 
-// podCreatedSkew is how much later than a connection the tracer may have
-// taken the pod that made it: a pod has its IP before the API server
-// says so (the live index allows for its creationTimestamp the same way).
-const podCreatedSkew = 30 * time.Second
-
-// podHandOver is the live index's handOver: how long after a pod let go
-// of an address it is still named, when the only other candidate was
-// taken after the connection.
-const podHandOver = time.Second
-
-// PodByIP is the pod that held a at at: of two, the one since deleted
+// PodByIP is the pod that held a at at, with the live index's
+// allowances (meta.CreatedSkew: a pod has its IP before the API server
+// says so; meta.HandOver): of two, the one since deleted
 // held it then (an address is handed on only once its pod is gone), else
 // the one taken latest; between two pods (the last gone just before at,
 // the next taken after it), the last one, as the live index answers.
@@ -160,12 +153,12 @@ func (m *TimelineMetadata) PodByIP(a netip.Addr, at time.Time) (trace.PodRef, bo
 	for _, i := range m.podsByIP[a.Unmap()] {
 		s := m.pods[i].span
 		if !s.until.IsZero() && !s.until.After(at) {
-			if at.Sub(s.until) < podHandOver && (last < 0 || s.until.After(m.pods[last].until)) {
+			if at.Sub(s.until) < meta.HandOver && (last < 0 || s.until.After(m.pods[last].until)) {
 				last = i
 			}
 			continue
 		}
-		if !s.from.IsZero() && s.from.After(at.Add(podCreatedSkew)) {
+		if !s.from.IsZero() && s.from.After(at.Add(meta.CreatedSkew)) {
 			continue
 		}
 		if best < 0 || betterSpan(s, m.pods[best].span, at) {

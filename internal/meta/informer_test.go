@@ -572,7 +572,7 @@ func TestPodByIPBetweenPods(t *testing.T) {
 		{900 * time.Millisecond, "old"}, // between the two: old held it last
 		// Longer after old let go, a pod seen only after the connection
 		// is the one: it had its IP before the API server said so.
-		{800*time.Millisecond + 2*handOver, "new"},
+		{800*time.Millisecond + 2*HandOver, "new"},
 		{3900 * time.Millisecond, "new"},
 	} {
 		if q, ok := idx.PodByIP(ip, t0.Add(c.at)); !ok || q.Name != c.want {

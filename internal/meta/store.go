@@ -17,10 +17,10 @@ import (
 // by the time its reset or drop is explained.
 const DefaultRetention = 10 * time.Minute
 
-// createdSkew is how much later than an event a pod may have been created
+// CreatedSkew is how much later than an event a pod may have been created
 // and still own the event's address: creation times come from the API
 // server's clock, event times from this node's.
-const createdSkew = 30 * time.Second
+const CreatedSkew = 30 * time.Second
 
 // store is the index every source fills. Stored *PodInfo and *ServiceInfo
 // are never modified after insertion (an update replaces the pointer), so
@@ -337,12 +337,12 @@ func (s *store) PodByIP(a netip.Addr, at time.Time) (PodInfo, bool) {
 	var best, last *PodInfo
 	for _, p := range s.byIP[a] {
 		if gone := p.gone(); !gone.IsZero() && !gone.After(at) {
-			if at.Sub(gone) < handOver && (last == nil || gone.After(last.gone())) {
+			if at.Sub(gone) < HandOver && (last == nil || gone.After(last.gone())) {
 				last = p
 			}
 			continue // gone before the event
 		}
-		if p.Created.After(at.Add(createdSkew)) {
+		if p.Created.After(at.Add(CreatedSkew)) {
 			continue // created after the event
 		}
 		if best == nil || betterAt(p, best, at) {
@@ -363,11 +363,11 @@ func (s *store) PodByIP(a netip.Addr, at time.Time) (PodInfo, bool) {
 	return *best, true
 }
 
-// handOver is how long after a pod let go of an address PodByIP still
+// HandOver is how long after a pod let go of an address PodByIP still
 // names it, when the only other candidate was seen after the event: the
 // granularity of the creationTimestamp that might have placed the
-// newcomer before it. TimelineMetadata replays the same rule.
-const handOver = time.Second
+// newcomer before it. Replay (enrich.TimelineMetadata) uses the same.
+const HandOver = time.Second
 
 // gone is when the pod stopped holding its IPs, zero if it still does (or
 // the time is unknown).
@@ -383,7 +383,7 @@ func (p *PodInfo) gone() time.Time {
 
 // betterAt reports whether p is a better owner of an address at time at than
 // q, both alive at that time: a pod created by then beats one created later
-// (which can only match through clock skew, see createdSkew), a running pod beats a finished one whose end is unknown (its IP is
+// (which can only match through clock skew, see CreatedSkew), a running pod beats a finished one whose end is unknown (its IP is
 // free for reuse), and otherwise the newest wins.
 func betterAt(p, q *PodInfo, at time.Time) bool {
 	// Both are alive at at. One since deleted held the address then: IPAM
