@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -230,7 +229,7 @@ func udpReject6(name string, port int, send func(netlab.Namespace, string) (stri
 		name:    name,
 		observe: router,
 		setup: func(t *testing.T, tp *topology) {
-			run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", strconv.Itoa(port), "-j", "REJECT",
+			run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", fmt.Sprint(port), "-j", "REJECT",
 				"--reject-with", "icmp6-port-unreachable")
 		},
 		traffic: func(t *testing.T, tp *topology) string {
