@@ -75,6 +75,8 @@ type Joiner struct {
 	// epoch is the clock's reading at the first event: deadlines are
 	// offsets from it, half a time.Time and still monotonic.
 	epoch time.Time
+	// packer packs open flows' events.
+	packer eventPacker
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -85,27 +87,87 @@ type heldFlow struct {
 	until time.Time
 }
 
-// pending is an open flow, typed: its events become the trace format
-// only when it finishes.
+// pending is an open flow: its events become the trace format only when
+// it finishes.
 //
 // It holds what cannot be read again from its events, since a busy node
-// keeps hundreds of thousands open: the tuples it is indexed under are its
-// key, its reply and that reversed (plus, rarely, earlier replies), and
-// its NAT decisions and their answer are in its events.
+// keeps hundreds of thousands open, and holds it packed (packed.go): the
+// tuples it is indexed under are its key, its reply and that reversed
+// (plus, rarely, earlier replies), and its NAT decisions and their answer
+// are in its events.
 type pending struct {
-	key      event.Tuple
-	events   []event.Event
+	key      ptuple
+	reply    ptuple
 	deadline time.Duration // since the joiner's epoch
-	reply    event.Tuple
-	// oldReplies are replies the flow was indexed under before its latest.
-	oldReplies []event.Tuple
+	// log is the flow's events, packed, in the order they came; n counts
+	// them.
+	log []byte
+	n   uint32
 	// replaced is set once a newer connection of the same tuple took the
 	// key: this connection's conntrack entry is among the tuple's
 	// destroyed ones.
 	replaced bool
-	// firstEvent backs events for the usual flow, one event, which then
-	// costs one allocation.
-	firstEvent [1]event.Event
+	rare     *rarePending
+	// inline backs log for the usual flow, one IPv4 event, which then
+	// costs one allocation of 192 bytes.
+	inline [64]byte
+}
+
+// rarePending is what few open flows need.
+type rarePending struct {
+	// oldReplies are replies the flow was indexed under before its latest.
+	oldReplies []ptuple
+	// whole are the flow's events that did not pack exactly, which its
+	// log refers to by index.
+	whole []event.Event
+}
+
+func (p *pending) rareState() *rarePending {
+	if p.rare == nil {
+		p.rare = &rarePending{}
+	}
+	return p.rare
+}
+
+func (p *pending) oldReplies() []ptuple {
+	if p.rare == nil {
+		return nil
+	}
+	return p.rare.oldReplies
+}
+
+// addEvent appends ev to p's log.
+func (j *Joiner) addEvent(p *pending, ev event.Event) {
+	if p.log == nil {
+		p.log = p.inline[:0]
+	}
+	b, ok := j.packer.appendEvent(p.log, ev, p.key)
+	if !ok {
+		r := p.rareState()
+		r.whole = append(r.whole, ev)
+		b = appendWhole(b, len(r.whole)-1)
+	}
+	p.log = b
+	p.n++
+}
+
+// eachEvent calls fn with p's events in the order they came, until fn
+// returns false.
+func (j *Joiner) eachEvent(p *pending, fn func(event.Event) bool) {
+	b := p.log
+	for len(b) > 0 {
+		ev, rest, ok := j.packer.readEvent(b, p.key)
+		if !ok {
+			return // never: the log is written by addEvent alone
+		}
+		if ev.Kind == 0 && p.rare != nil && int(ev.Reason) < len(p.rare.whole) {
+			ev = p.rare.whole[ev.Reason]
+		}
+		if !fn(ev) {
+			return
+		}
+		b = rest
+	}
 }
 
 // natDecision is a decision the kernel makes once per connection and
@@ -163,23 +225,25 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 }
 
 // decided says whether p's events hold decision d already.
-func (p *pending) decided(d natDecision) bool {
-	for _, ev := range p.events {
-		if got, ok := natDecisionOf(ev); ok && got == d {
-			return true
-		}
-	}
-	return false
+func (j *Joiner) decided(p *pending, d natDecision) bool {
+	found := false
+	j.eachEvent(p, func(ev event.Event) bool {
+		got, ok := natDecisionOf(ev)
+		found = ok && got == d
+		return !found
+	})
+	return found
 }
 
 // answer is what p's NAT decisions say of its reply tuple.
-func (p *pending) answer() answerOf {
+func (j *Joiner) answer(p *pending) answerOf {
 	var a answerOf
-	for _, ev := range p.events {
+	j.eachEvent(p, func(ev event.Event) bool {
 		if _, ok := natDecisionOf(ev); ok {
 			a.note(ev)
 		}
-	}
+		return true
+	})
 	return a
 }
 
@@ -198,7 +262,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	p, key, reply := j.resolve(tu, ev)
 	d, isNAT := natDecisionOf(ev)
-	if p != nil && isNAT && p.decided(d) {
+	if p != nil && isNAT && j.decided(p, d) {
 		// The same decision twice for one tuple: the client reused its
 		// source port, and the kernel made a new connection of it.
 		j.retire(p)
@@ -206,18 +270,18 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	created := p == nil
 	if created {
-		p = &pending{key: key}
-		p.events = p.firstEvent[:0]
-		j.index(p, key)
+		p = &pending{key: packTuple(key)}
+		j.index(p, p.key)
 	}
-	if reply.Valid() && reply != p.reply {
-		if p.reply.Valid() {
-			p.oldReplies = append(p.oldReplies, p.reply)
+	if r := packTuple(reply); r.valid() && r != p.reply {
+		if p.reply.valid() {
+			rs := p.rareState()
+			rs.oldReplies = append(rs.oldReplies, p.reply)
 		}
-		p.reply = reply
-		j.index(p, reply, reply.Reverse())
+		p.reply = r
+		j.index(p, r, r.reverse())
 	}
-	p.events = append(p.events, ev)
+	j.addEvent(p, ev)
 	p.deadline = now.Sub(j.epoch) + j.linger()
 	if created {
 		j.due.push(p.deadline, p)
@@ -235,22 +299,18 @@ func (j *Joiner) retire(old *pending) {
 // key, its reply and that reversed, and the same of earlier replies; only
 // those still leading to p are its own.
 func (j *Joiner) unindex(p *pending) {
-	j.unindexTuple(p, p.key)
+	j.byTuple.release(p, p.key)
 	j.unindexReply(p, p.reply)
-	for _, r := range p.oldReplies {
+	for _, r := range p.oldReplies() {
 		j.unindexReply(p, r)
 	}
 }
 
-func (j *Joiner) unindexReply(p *pending, reply event.Tuple) {
-	if reply.Valid() {
-		j.unindexTuple(p, reply)
-		j.unindexTuple(p, reply.Reverse())
+func (j *Joiner) unindexReply(p *pending, reply ptuple) {
+	if reply.valid() {
+		j.byTuple.release(p, reply)
+		j.byTuple.release(p, reply.reverse())
 	}
-}
-
-func (j *Joiner) unindexTuple(p *pending, t event.Tuple) {
-	j.byTuple.release(p, t)
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -267,8 +327,8 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	if ev.Reply.Valid() {
 		reply = ev.Reply
 	}
-	if p := j.byTuple.get(tu); p != nil {
-		return p, p.key, reply
+	if p := j.byTuple.get(packTuple(tu)); p != nil {
+		return p, p.key.tuple(), reply
 	}
 	// A NAT decision carries both tuples of its connection, read from
 	// nf_conn: the original one is the key, conntrack has nothing to add.
@@ -277,8 +337,8 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	}
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
-			if p := j.byTuple.get(e.Orig); p != nil {
-				return p, p.key, e.Reply
+			if p := j.byTuple.get(packTuple(e.Orig)); p != nil {
+				return p, p.key.tuple(), e.Reply
 			}
 			return nil, e.Orig, e.Reply
 		}
@@ -286,7 +346,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	return nil, tu, reply
 }
 
-func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
+func (j *Joiner) index(p *pending, tuples ...ptuple) {
 	for _, t := range tuples {
 		j.byTuple.claim(p, t)
 	}
@@ -294,10 +354,14 @@ func (j *Joiner) index(p *pending, tuples ...event.Tuple) {
 
 // flowOf is p in the trace format, its events in the order they came.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
-	f := &trace.Flow{Type: trace.TypeFlow, Time: p.events[0].Time, Proto: event.ProtoName(p.key.Proto), Orig: *trace.TupleOf(p.key),
-		Events: make([]trace.Event, len(p.events))}
-	for i, ev := range p.events {
-		f.Events[i] = trace.EventOf(ev, j.Names)
+	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key.proto), Orig: *trace.TupleOf(p.key.tuple()),
+		Events: make([]trace.Event, 0, p.n)}
+	j.eachEvent(p, func(ev event.Event) bool {
+		f.Events = append(f.Events, trace.EventOf(ev, j.Names))
+		return true
+	})
+	if len(f.Events) > 0 {
+		f.Time = f.Events[0].Time
 	}
 	return f
 }
@@ -415,9 +479,10 @@ func (j *Joiner) addCounters(f *trace.Flow) {
 // means a newer connection of the tuple made it (one whose decisions are
 // not read yet) and p's own is among the destroyed ones.
 func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
-	answer := p.answer()
+	answer := j.answer(p)
+	key := p.key.tuple()
 	if !p.replaced {
-		e, ok := j.CT.Lookup(p.key)
+		e, ok := j.CT.Lookup(key)
 		if !ok || answer.matches(e.Reply) {
 			return e, ok
 		}
@@ -426,7 +491,7 @@ func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 	if !ok {
 		return conntrack.Entry{}, false
 	}
-	return agreedEntry(h.Destroyed(p.key), answer)
+	return agreedEntry(h.Destroyed(key), answer)
 }
 
 // agreedEntry picks a replaced connection's entry from its tuple's
@@ -462,14 +527,14 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 // connection it answers.
 func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if j.CT == nil {
-		if p.reply.Valid() {
-			f.Reply = trace.TupleOf(p.reply)
+		if p.reply.valid() {
+			f.Reply = trace.TupleOf(p.reply.tuple())
 		}
 		return
 	}
 	e, ok := j.entryOf(p)
 	if !ok && !p.replaced {
-		e, ok = j.strayReplyOwner(p.key)
+		e, ok = j.strayReplyOwner(p.key.tuple())
 		if ok {
 			f.Orig = *trace.TupleOf(e.Orig)
 			f.Proto = event.ProtoName(e.Orig.Proto)
@@ -479,8 +544,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	case ok:
 		f.Reply = trace.TupleOf(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
-	case p.reply.Valid():
-		f.Reply = trace.TupleOf(p.reply)
+	case p.reply.valid():
+		f.Reply = trace.TupleOf(p.reply.tuple())
 	}
 }
 
@@ -546,18 +611,4 @@ func (h *deadlines) pop() *pending {
 	}
 	*h = d
 	return top
-}
-
-// tupleKey is a tuple as the joiner's maps key it: without netip.Addr's
-// pointer, so hashing is of plain bytes and the collector does not scan
-// the maps.
-type tupleKey struct {
-	src, dst     [16]byte
-	sport, dport uint16
-	proto        uint8
-	v4           bool
-}
-
-func keyOf(t event.Tuple) tupleKey {
-	return tupleKey{src: t.Src.As16(), dst: t.Dst.As16(), sport: t.SrcPort, dport: t.DstPort, proto: t.Proto, v4: t.Src.Is4()}
 }

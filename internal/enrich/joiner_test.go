@@ -215,11 +215,14 @@ func TestTupleKeyDistinct(t *testing.T) {
 		tuple(6, "[::ffff:10.0.0.1]:1000", "[::ffff:10.96.0.1]:80"),
 		tuple(1, "10.0.0.1:0", "10.96.0.1:0"),
 	}
-	seen := map[tupleKey]event.Tuple{}
+	seen := map[ptuple]event.Tuple{}
 	for _, tu := range tuples {
-		if other, dup := seen[keyOf(tu)]; dup {
+		if other, dup := seen[packTuple(tu)]; dup {
 			t.Errorf("%+v and %+v share a key", tu, other)
 		}
-		seen[keyOf(tu)] = tu
+		seen[packTuple(tu)] = tu
+		if back := packTuple(tu).tuple(); back != tu {
+			t.Errorf("%+v packs and reads back as %+v", tu, back)
+		}
 	}
 }

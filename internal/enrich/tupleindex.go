@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"math/rand/v2"
-
-	"github.com/tracer-dev/tracer/internal/event"
 )
 
 // tupleIndex leads each tuple an open flow holds (its key, its reply and
@@ -20,7 +18,7 @@ import (
 type tupleIndex struct {
 	seed     uint64
 	byHash   map[uint64]*pending
-	collided map[tupleKey]*pending
+	collided map[ptuple]*pending
 }
 
 func newTupleIndex() tupleIndex {
@@ -28,19 +26,19 @@ func newTupleIndex() tupleIndex {
 }
 
 // get is the flow that holds t, or nil.
-func (x *tupleIndex) get(t event.Tuple) *pending {
+func (x *tupleIndex) get(t ptuple) *pending {
 	if p := x.byHash[x.hash(t)]; p != nil && p.holds(t) {
 		return p
 	}
 	if len(x.collided) == 0 {
 		return nil
 	}
-	return x.collided[keyOf(t)]
+	return x.collided[t]
 }
 
 // claim leads t to p unless t already leads to a flow: the first flow to
 // see a tuple keeps it.
-func (x *tupleIndex) claim(p *pending, t event.Tuple) {
+func (x *tupleIndex) claim(p *pending, t ptuple) {
 	h := x.hash(t)
 	q, taken := x.byHash[h]
 	if taken && q.holds(t) {
@@ -49,7 +47,7 @@ func (x *tupleIndex) claim(p *pending, t event.Tuple) {
 	if len(x.collided) > 0 {
 		// t may have gone here while another flow held its hash, which
 		// that flow's end has freed since.
-		if _, ok := x.collided[keyOf(t)]; ok {
+		if _, ok := x.collided[t]; ok {
 			return
 		}
 	}
@@ -58,15 +56,15 @@ func (x *tupleIndex) claim(p *pending, t event.Tuple) {
 		return
 	}
 	if x.collided == nil {
-		x.collided = map[tupleKey]*pending{}
+		x.collided = map[ptuple]*pending{}
 	}
-	x.collided[keyOf(t)] = p
+	x.collided[t] = p
 }
 
 // release removes t if it leads to p. A hash slot p holds for another of
 // its tuples goes too; release is only ever asked for all of a flow's
 // tuples at once (unindex), so nothing is lost.
-func (x *tupleIndex) release(p *pending, t event.Tuple) {
+func (x *tupleIndex) release(p *pending, t ptuple) {
 	h := x.hash(t)
 	if x.byHash[h] == p {
 		delete(x.byHash, h)
@@ -74,22 +72,18 @@ func (x *tupleIndex) release(p *pending, t event.Tuple) {
 	if len(x.collided) == 0 {
 		return
 	}
-	if k := keyOf(t); x.collided[k] == p {
-		delete(x.collided, k)
+	if x.collided[t] == p {
+		delete(x.collided, t)
 	}
 }
 
 // hash mixes the tuple's words with the index's seed (the multiply and
 // fold of wyhash): addresses as two 64-bit halves each.
-func (x *tupleIndex) hash(t event.Tuple) uint64 {
-	s, d := t.Src.As16(), t.Dst.As16()
+func (x *tupleIndex) hash(t ptuple) uint64 {
 	le := binary.LittleEndian
-	ports := uint64(t.SrcPort)<<24 | uint64(t.DstPort)<<8 | uint64(t.Proto)
-	if t.Src.Is4() {
-		ports |= 1 << 40
-	}
-	h := mix(le.Uint64(s[:8])^x.seed, le.Uint64(s[8:])^0x9e3779b97f4a7c15)
-	h = mix(h^le.Uint64(d[:8]), le.Uint64(d[8:])^0xbf58476d1ce4e5b9)
+	ports := uint64(t.sport)<<24 | uint64(t.dport)<<8 | uint64(t.proto) | uint64(t.fams)<<40
+	h := mix(le.Uint64(t.src[:8])^x.seed, le.Uint64(t.src[8:])^0x9e3779b97f4a7c15)
+	h = mix(h^le.Uint64(t.dst[:8]), le.Uint64(t.dst[8:])^0xbf58476d1ce4e5b9)
 	return mix(h, ports^x.seed)
 }
 
@@ -100,15 +94,15 @@ func mix(a, b uint64) uint64 {
 
 // holds reports whether t is one of the tuples the joiner may index p
 // under.
-func (p *pending) holds(t event.Tuple) bool {
+func (p *pending) holds(t ptuple) bool {
 	if t == p.key {
 		return true
 	}
-	if p.reply.Valid() && (t == p.reply || t == p.reply.Reverse()) {
+	if p.reply.valid() && (t == p.reply || t == p.reply.reverse()) {
 		return true
 	}
-	for _, r := range p.oldReplies {
-		if t == r || t == r.Reverse() {
+	for _, r := range p.oldReplies() {
+		if t == r || t == r.reverse() {
 			return true
 		}
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/tracer-dev/tracer/internal/event"
 )
 
-func indexTuple(sport uint16) event.Tuple {
-	return event.Tuple{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: sport, DstPort: 80, Proto: 6}
+func indexTuple(sport uint16) ptuple {
+	return packTuple(event.Tuple{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: sport, DstPort: 80, Proto: 6})
 }
 
 // TestTupleIndexCollision: a tuple whose hash another flow's tuple holds
@@ -19,7 +19,7 @@ func TestTupleIndexCollision(t *testing.T) {
 	x := newTupleIndex()
 	a, b, c := indexTuple(1000), indexTuple(2000), indexTuple(3000)
 	// c's flow holds b too (its reply reversed), so it may claim it.
-	pa, pb, pc := &pending{key: a}, &pending{key: b}, &pending{key: c, reply: b.Reverse()}
+	pa, pb, pc := &pending{key: a}, &pending{key: b}, &pending{key: c, reply: b.reverse()}
 	x.claim(pa, a)
 	x.byHash[x.hash(b)] = pa // a's flow holds b's hash slot
 	x.claim(pb, b)
@@ -53,7 +53,7 @@ func TestTupleIndexFirstClaimWins(t *testing.T) {
 	x := newTupleIndex()
 	shared := indexTuple(1000)
 	first := &pending{key: shared}
-	second := &pending{key: indexTuple(2000), reply: shared.Reverse()}
+	second := &pending{key: indexTuple(2000), reply: shared.reverse()}
 	x.claim(first, shared)
 	x.claim(second, second.key)
 	x.claim(second, shared)

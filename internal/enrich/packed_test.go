@@ -1,0 +1,109 @@
+package enrich
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+func packedTestEvents() []event.Event {
+	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	client, vip, pod := netip.MustParseAddr("10.244.1.10"), netip.MustParseAddr("10.96.0.20"), netip.MustParseAddr("10.244.1.5")
+	orig := event.Tuple{Src: client, Dst: vip, SrcPort: 40000, DstPort: 3306, Proto: 6}
+	reply := event.Tuple{Src: pod, Dst: client, SrcPort: 3306, DstPort: 40000, Proto: 6}
+	dnat := event.Event{Time: at, Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Netns: 4026531840,
+		Packet: orig, Orig: orig, Reply: reply, CTStatus: 0x2a, CTInfo: 2, CTMark: 0x4000, CTZone: 3,
+		To: event.Range{MinAddr: pod, MaxAddr: pod, MinPort: 3306, MaxPort: 3306, Flags: 3}}
+	v6 := event.Tuple{Src: netip.MustParseAddr("fd00::2"), Dst: netip.MustParseAddr("fd96::20"), SrcPort: 1, DstPort: 2, Proto: 17}
+	mapped := event.Tuple{Src: netip.MustParseAddr("::ffff:10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 3, DstPort: 4, Proto: 6}
+	reject6 := event.Event{Time: at.Add(time.Millisecond), Kind: event.KindReject, Hook: event.HookICMP6Send, Via: event.ViaTracepoint,
+		NFHook: event.NFHookNone, Packet: v6, ICMPType: 1, ICMPCode: 4}
+	drop := event.Event{Time: at.Add(-time.Hour), Kind: event.KindDrop, Hook: event.HookKfreeSkb, Packet: mapped,
+		Reason: 1 << 31, HasReason: true, NoCT: true}
+	zero := event.Event{Kind: event.KindReset, Packet: orig}
+	half := dnat
+	half.To = event.Range{MinAddr: pod, MinPort: 1, MaxPort: 65535}
+	return []event.Event{dnat, reject6, drop, zero, half}
+}
+
+// TestPackedEventsReadBack: an open flow gives back exactly the events it
+// was given, in order, whether they packed or had to be kept whole.
+func TestPackedEventsReadBack(t *testing.T) {
+	evs := packedTestEvents()
+	zoned := evs[1]
+	zoned.Packet.Src = zoned.Packet.Src.WithZone("eth0") // the kernel never gives a zone: kept whole
+	otherZone := evs[0]
+	otherZone.Time = otherZone.Time.In(time.FixedZone("X", 3600)) // another location than the first event's
+	evs = append(evs, zoned, otherZone)
+
+	var j Joiner
+	p := &pending{key: packTuple(evs[0].Orig)}
+	for _, ev := range evs {
+		j.addEvent(p, ev)
+	}
+	var got []event.Event
+	j.eachEvent(p, func(ev event.Event) bool { got = append(got, ev); return true })
+	if len(got) != len(evs) || int(p.n) != len(evs) {
+		t.Fatalf("read back %d events (n %d), want %d", len(got), p.n, len(evs))
+	}
+	for i := range evs {
+		if got[i] != evs[i] {
+			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], evs[i])
+		}
+	}
+	if p.rare == nil || len(p.rare.whole) != 2 {
+		t.Errorf("want the zoned event and the other location's kept whole, got rare %+v", p.rare)
+	}
+}
+
+// TestPackedDNATInline: the usual flow, one IPv4 NAT decision, fits in
+// the flow's own bytes, so an open flow costs one allocation.
+func TestPackedDNATInline(t *testing.T) {
+	ev := packedTestEvents()[0]
+	ev.Time = ev.Time.Add(time.Hour) // an hour after the joiner's first event
+	var j Joiner
+	j.addEvent(&pending{key: packTuple(ev.Orig)}, packedTestEvents()[0])
+	p := &pending{key: packTuple(ev.Orig)}
+	j.addEvent(p, ev)
+	if len(p.log) > len(p.inline) || &p.log[0] != &p.inline[0] {
+		t.Fatalf("a DNAT event packs into %d bytes, beyond the %d inline", len(p.log), len(p.inline))
+	}
+}
+
+func TestPackedTupleReverse(t *testing.T) {
+	for _, tu := range []event.Tuple{packedTestEvents()[0].Orig, packedTestEvents()[2].Packet, {}} {
+		if got := packTuple(tu).reverse().tuple(); got != tu.Reverse() {
+			t.Errorf("%+v reversed: got %+v", tu, got)
+		}
+	}
+}
+
+// FuzzPackedEvent: any event the ring buffer decoder can produce, at any
+// time, reads back from an open flow exactly.
+func FuzzPackedEvent(f *testing.F) {
+	f.Add(make([]byte, event.Size), int64(0), int64(5))
+	raw := make([]byte, event.Size)
+	raw[event.OffKind], raw[event.OffPkt+event.TupleOffFamily] = byte(event.KindDNAT), 10
+	binary.BigEndian.PutUint16(raw[event.OffPkt+event.TupleOffSport:], 443)
+	f.Add(raw, int64(-1), int64(1<<62))
+	f.Fuzz(func(t *testing.T, raw []byte, first, second int64) {
+		ev, err := event.Decode(raw, event.Clock{BootWall: time.Unix(0, first)})
+		if err != nil {
+			return
+		}
+		var j Joiner
+		p := &pending{key: packTuple(ev.Orig)}
+		j.addEvent(p, ev)
+		later := ev
+		later.Time = time.Unix(0, second)
+		j.addEvent(p, later)
+		var got []event.Event
+		j.eachEvent(p, func(e event.Event) bool { got = append(got, e); return true })
+		if len(got) != 2 || got[0] != ev || got[1] != later {
+			t.Fatalf("read back %+v\nwant %+v and %+v", got, ev, later)
+		}
+	})
+}
