@@ -87,89 +87,6 @@ type heldFlow struct {
 	until time.Time
 }
 
-// pending is an open flow: its events become the trace format only when
-// it finishes.
-//
-// It holds what cannot be read again from its events, since a busy node
-// keeps hundreds of thousands open, and holds it packed (packed.go): the
-// tuples it is indexed under are its key, its reply and that reversed
-// (plus, rarely, earlier replies), and its NAT decisions and their answer
-// are in its events.
-type pending struct {
-	key      ptuple
-	reply    ptuple
-	deadline time.Duration // since the joiner's epoch
-	// log is the flow's events, packed, in the order they came; n counts
-	// them.
-	log []byte
-	n   uint32
-	// replaced is set once a newer connection of the same tuple took the
-	// key: this connection's conntrack entry is among the tuple's
-	// destroyed ones.
-	replaced bool
-	rare     *rarePending
-	// inline backs log for the usual flow, one IPv4 event, which then
-	// costs one allocation of 192 bytes.
-	inline [64]byte
-}
-
-// rarePending is what few open flows need.
-type rarePending struct {
-	// oldReplies are replies the flow was indexed under before its latest.
-	oldReplies []ptuple
-	// whole are the flow's events that did not pack exactly, which its
-	// log refers to by index.
-	whole []event.Event
-}
-
-func (p *pending) rareState() *rarePending {
-	if p.rare == nil {
-		p.rare = &rarePending{}
-	}
-	return p.rare
-}
-
-func (p *pending) oldReplies() []ptuple {
-	if p.rare == nil {
-		return nil
-	}
-	return p.rare.oldReplies
-}
-
-// addEvent appends ev to p's log.
-func (j *Joiner) addEvent(p *pending, ev event.Event) {
-	if p.log == nil {
-		p.log = p.inline[:0]
-	}
-	b, ok := j.packer.appendEvent(p.log, ev, p.key)
-	if !ok {
-		r := p.rareState()
-		r.whole = append(r.whole, ev)
-		b = appendWhole(b, len(r.whole)-1)
-	}
-	p.log = b
-	p.n++
-}
-
-// eachEvent calls fn with p's events in the order they came, until fn
-// returns false.
-func (j *Joiner) eachEvent(p *pending, fn func(event.Event) bool) {
-	b := p.log
-	for len(b) > 0 {
-		ev, rest, ok := j.packer.readEvent(b, p.key)
-		if !ok {
-			return // never: the log is written by addEvent alone
-		}
-		if ev.Kind == 0 && p.rare != nil && int(ev.Reason) < len(p.rare.whole) {
-			ev = p.rare.whole[ev.Reason]
-		}
-		if !fn(ev) {
-			return
-		}
-		b = rest
-	}
-}
-
 // natDecision is a decision the kernel makes once per connection and
 // namespace: conntrack sets up each NAT manipulation of an entry once, and
 // IPVS creates one connection per client connection.
@@ -270,16 +187,12 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	created := p == nil
 	if created {
-		p = &pending{key: packTuple(key)}
-		j.index(p, p.key)
+		p = newPending(packTuple(key))
+		j.index(p, p.key())
 	}
-	if r := packTuple(reply); r.valid() && r != p.reply {
-		if p.reply.valid() {
-			rs := p.rareState()
-			rs.oldReplies = append(rs.oldReplies, p.reply)
-		}
-		p.reply = r
-		j.index(p, r, r.reverse())
+	if r := packTuple(reply); r.valid() && r != p.reply() {
+		p.setReply(r)
+		j.index(p, r)
 	}
 	j.addEvent(p, ev)
 	p.deadline = now.Sub(j.epoch) + j.linger()
@@ -299,8 +212,8 @@ func (j *Joiner) retire(old *pending) {
 // key, its reply and that reversed, and the same of earlier replies; only
 // those still leading to p are its own.
 func (j *Joiner) unindex(p *pending) {
-	j.byTuple.release(p, p.key)
-	j.unindexReply(p, p.reply)
+	j.byTuple.release(p, p.key())
+	j.unindexReply(p, p.reply())
 	for _, r := range p.oldReplies() {
 		j.unindexReply(p, r)
 	}
@@ -309,7 +222,6 @@ func (j *Joiner) unindex(p *pending) {
 func (j *Joiner) unindexReply(p *pending, reply ptuple) {
 	if reply.valid() {
 		j.byTuple.release(p, reply)
-		j.byTuple.release(p, reply.reverse())
 	}
 }
 
@@ -328,7 +240,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 		reply = ev.Reply
 	}
 	if p := j.byTuple.get(packTuple(tu)); p != nil {
-		return p, p.key.tuple(), reply
+		return p, p.key().tuple(), reply
 	}
 	// A NAT decision carries both tuples of its connection, read from
 	// nf_conn: the original one is the key, conntrack has nothing to add.
@@ -338,7 +250,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	if j.CT != nil {
 		if e, ok := j.CT.Lookup(tu); ok {
 			if p := j.byTuple.get(packTuple(e.Orig)); p != nil {
-				return p, p.key.tuple(), e.Reply
+				return p, p.key().tuple(), e.Reply
 			}
 			return nil, e.Orig, e.Reply
 		}
@@ -354,7 +266,7 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 
 // flowOf is p in the trace format, its events in the order they came.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
-	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key.proto), Orig: *trace.TupleOf(p.key.tuple()),
+	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key().proto), Orig: *trace.TupleOf(p.key().tuple()),
 		Events: make([]trace.Event, 0, p.n)}
 	j.eachEvent(p, func(ev event.Event) bool {
 		f.Events = append(f.Events, trace.EventOf(ev, j.Names))
@@ -480,7 +392,7 @@ func (j *Joiner) addCounters(f *trace.Flow) {
 // not read yet) and p's own is among the destroyed ones.
 func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
 	answer := j.answer(p)
-	key := p.key.tuple()
+	key := p.key().tuple()
 	if !p.replaced {
 		e, ok := j.CT.Lookup(key)
 		if !ok || answer.matches(e.Reply) {
@@ -527,14 +439,14 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 // connection it answers.
 func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if j.CT == nil {
-		if p.reply.valid() {
-			f.Reply = trace.TupleOf(p.reply.tuple())
+		if p.reply().valid() {
+			f.Reply = trace.TupleOf(p.reply().tuple())
 		}
 		return
 	}
 	e, ok := j.entryOf(p)
 	if !ok && !p.replaced {
-		e, ok = j.strayReplyOwner(p.key.tuple())
+		e, ok = j.strayReplyOwner(p.key().tuple())
 		if ok {
 			f.Orig = *trace.TupleOf(e.Orig)
 			f.Proto = event.ProtoName(e.Orig.Proto)
@@ -544,8 +456,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	case ok:
 		f.Reply = trace.TupleOf(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
-	case p.reply.valid():
-		f.Reply = trace.TupleOf(p.reply.tuple())
+	case p.reply().valid():
+		f.Reply = trace.TupleOf(p.reply().tuple())
 	}
 }
 

@@ -9,10 +9,11 @@ import (
 )
 
 // A busy node keeps hundreds of thousands of flows open in the joiner, so
-// an open flow keeps its tuples and events packed: no netip.Addr or
-// time.Location pointers (the collector does not scan them) and an IPv4
-// event in about 55 bytes instead of event.Event's 280. Packing is exact:
-// an event that would not read back as it was is kept whole instead.
+// an open flow keeps its tuples and events packed in bytes: no netip.Addr
+// or time.Location pointers, an IPv4 key or reply in 13 bytes and an IPv4
+// NAT decision in about 42 instead of event.Event's 280, so that the usual
+// IPv4 flow fits a 112-byte pending. Packing is exact: an event that would
+// not read back as it was is kept whole instead.
 
 // ptuple is a packed event.Tuple: 40 bytes instead of 56. Tuples from the
 // kernel carry no IPv6 zone, which is the one thing it does not keep.
@@ -72,11 +73,31 @@ const (
 	// index in the flow's whole events.
 	flagWhole = 1 << 3
 
-	tagZero = 0 // event.Tuple{}
-	tagKey  = 1 // the flow's key
-	tagV4   = 2 // two IPv4 addresses: 4 + 4 + ports + proto
-	tagAny  = 3 // fams, 16 + 16, ports, proto
+	tagZero  = 0 // event.Tuple{}
+	tagKey   = 1 // the flow's key
+	tagV4    = 2 // two IPv4 addresses: 4 + 4 + ports + proto
+	tagAny   = 3 // fams, 16 + 16, ports, proto
+	tagReply = 4 // a byte follows: which of the flow's replies, oldest 0
 )
+
+// tupleContext is what an event's tuples are packed against: the flow's
+// key, its reply, and the replies it had before, oldest first (a flow's
+// replies are only ever added to, so an index into them stays good).
+type tupleContext struct {
+	key, reply ptuple
+	old        []ptuple
+}
+
+// replyAt is the flow's reply number i, oldest 0.
+func (c tupleContext) replyAt(i int) (ptuple, bool) {
+	switch {
+	case i < len(c.old):
+		return c.old[i], true
+	case i == len(c.old) && c.reply.valid():
+		return c.reply, true
+	}
+	return ptuple{}, false
+}
 
 // eventPacker packs events against one time base: times are kept as
 // nanoseconds from it.
@@ -85,9 +106,10 @@ type eventPacker struct {
 	set  bool
 }
 
-// appendEvent packs ev onto b, the tuples equal to key as a tag. ok is
-// false when ev would not read back exactly (b is then unchanged).
-func (ep *eventPacker) appendEvent(b []byte, ev event.Event, key ptuple) ([]byte, bool) {
+// appendEvent packs ev onto b, the tuples equal to the flow's key or
+// latest reply as a tag. ok is false when ev would not read back exactly
+// (b is then unchanged).
+func (ep *eventPacker) appendEvent(b []byte, ev event.Event, key tupleContext) ([]byte, bool) {
 	if !ep.set && !ev.Time.IsZero() {
 		ep.base, ep.set = ev.Time, true
 	}
@@ -126,22 +148,25 @@ func appendWhole(b []byte, i int) []byte {
 	return binary.AppendUvarint(b, uint64(i))
 }
 
-func appendTuple(b []byte, t event.Tuple, key ptuple) []byte {
-	switch {
-	case t == event.Tuple{}:
+func appendTuple(b []byte, t event.Tuple, c tupleContext) []byte {
+	if t == (event.Tuple{}) {
 		return append(b, tagZero)
-	case packTuple(t) == key:
+	}
+	pt := packTuple(t)
+	switch {
+	case pt == c.key:
 		return append(b, tagKey)
+	case c.reply.valid() && len(c.old) <= 0xff && pt == c.reply:
+		return append(b, tagReply, byte(len(c.old)))
 	case t.Src.Is4() && t.Dst.Is4():
 		s, d := t.Src.As4(), t.Dst.As4()
 		b = append(b, tagV4)
 		b = append(b, s[:]...)
 		b = append(b, d[:]...)
 	default:
-		p := packTuple(t)
-		b = append(b, tagAny, p.fams)
-		b = append(b, p.src[:]...)
-		b = append(b, p.dst[:]...)
+		b = append(b, tagAny, pt.fams)
+		b = append(b, pt.src[:]...)
+		b = append(b, pt.dst[:]...)
 	}
 	b = binary.BigEndian.AppendUint16(b, t.SrcPort)
 	b = binary.BigEndian.AppendUint16(b, t.DstPort)
@@ -151,7 +176,7 @@ func appendTuple(b []byte, t event.Tuple, key ptuple) []byte {
 // readEvent reads one packed event from b. A whole event's record reads
 // as an event of kind 0 with its index in Reason; ok is false when b is
 // not a packed event.
-func (ep *eventPacker) readEvent(b []byte, key ptuple) (ev event.Event, rest []byte, ok bool) {
+func (ep *eventPacker) readEvent(b []byte, key tupleContext) (ev event.Event, rest []byte, ok bool) {
 	if len(b) < packedHeader {
 		return ev, nil, false
 	}
@@ -194,7 +219,7 @@ func (ep *eventPacker) readEvent(b []byte, key ptuple) (ev event.Event, rest []b
 	return ev, b, true
 }
 
-func readTuple(b []byte, t *event.Tuple, key ptuple) ([]byte, bool) {
+func readTuple(b []byte, t *event.Tuple, c tupleContext) ([]byte, bool) {
 	if len(b) < 1 {
 		return nil, false
 	}
@@ -205,8 +230,18 @@ func readTuple(b []byte, t *event.Tuple, key ptuple) ([]byte, bool) {
 		*t = event.Tuple{}
 		return b, true
 	case tagKey:
-		*t = key.tuple()
+		*t = c.key.tuple()
 		return b, true
+	case tagReply:
+		if len(b) < 1 {
+			return nil, false
+		}
+		r, ok := c.replyAt(int(b[0]))
+		if !ok {
+			return nil, false
+		}
+		*t = r.tuple()
+		return b[1:], true
 	case tagV4:
 		if len(b) < 8 {
 			return nil, false
@@ -228,4 +263,208 @@ func readTuple(b []byte, t *event.Tuple, key ptuple) ([]byte, bool) {
 	}
 	t.SrcPort, t.DstPort, t.Proto = binary.BigEndian.Uint16(b), binary.BigEndian.Uint16(b[2:]), b[4]
 	return b[5:], true
+}
+
+// pendingInline is how many bytes an open flow holds in itself: its key
+// and reply, and its events. 88 makes a pending 112 bytes, a size class
+// of the allocator, and holds two IPv4 tuples and one NAT decision, or a
+// reject and its drop.
+const pendingInline = 88
+
+// pending is an open flow: its events become the trace format only when
+// it finishes.
+//
+// It holds what cannot be read again from its events, packed: its key,
+// its reply (the joiner indexes it under those and the reply reversed)
+// and its events, which hold its NAT decisions and their answer.
+type pending struct {
+	deadline time.Duration // since the joiner's epoch
+	rare     *rarePending
+	n        uint32 // events
+	used     uint8  // bytes of inline in use, unless spilled
+	// wide: the key and reply are held as ptuple (38 bytes each) rather
+	// than as IPv4 (13 each).
+	wide     bool
+	hasReply bool
+	// replaced is set once a newer connection of the same tuple took the
+	// key: this connection's conntrack entry is among the tuple's
+	// destroyed ones.
+	replaced bool
+	// inline is the key's slot, the reply's, then the events; once they
+	// outgrow it they move to rare.spill.
+	inline [pendingInline]byte
+}
+
+// rarePending is what few open flows need.
+type rarePending struct {
+	// oldReplies are replies the flow was indexed under before its latest.
+	oldReplies []ptuple
+	// whole are the flow's events that did not pack exactly, which its
+	// log refers to by index.
+	whole []event.Event
+	// spill holds the flow's bytes once inline is too small for them.
+	spill []byte
+}
+
+const (
+	slotV4   = 13 // 4 + 4 + ports + proto
+	slotWide = 38 // 16 + 16 + ports + proto + fams
+)
+
+func isV4(t ptuple) bool { return t.fams == 4|4<<4 }
+
+func newPending(key ptuple) *pending {
+	p := &pending{wide: !isV4(key)}
+	n := 2 * p.slot()
+	putSlot(p.inline[:n], key, p.wide)
+	p.used = uint8(n)
+	return p
+}
+
+func (p *pending) slot() int {
+	if p.wide {
+		return slotWide
+	}
+	return slotV4
+}
+
+func (p *pending) bytes() []byte {
+	if p.rare != nil && p.rare.spill != nil {
+		return p.rare.spill
+	}
+	return p.inline[:p.used]
+}
+
+// setBytes makes b, an append to bytes(), the flow's bytes.
+func (p *pending) setBytes(b []byte) {
+	if len(b) <= len(p.inline) && len(b) > 0 && &b[0] == &p.inline[0] {
+		p.used = uint8(len(b))
+		return
+	}
+	p.rareState().spill = b
+}
+
+func (p *pending) key() ptuple { return getSlot(p.bytes(), p.wide) }
+
+func (p *pending) reply() ptuple {
+	if !p.hasReply {
+		return ptuple{}
+	}
+	return getSlot(p.bytes()[p.slot():], p.wide)
+}
+
+// setReply makes r the flow's reply, its former one an old reply.
+func (p *pending) setReply(r ptuple) {
+	if old := p.reply(); old.valid() {
+		rs := p.rareState()
+		rs.oldReplies = append(rs.oldReplies, old)
+	}
+	if !p.wide && !isV4(r) {
+		p.widen()
+	}
+	putSlot(p.bytes()[p.slot():], r, p.wide)
+	p.hasReply = true
+}
+
+// widen holds the key and reply as ptuple: a reply not of IPv4 came.
+func (p *pending) widen() {
+	key, reply, log := p.key(), p.reply(), p.log()
+	b := make([]byte, 2*slotWide, 2*slotWide+len(log))
+	putSlot(b, key, true)
+	putSlot(b[slotWide:], reply, true)
+	b = append(b, log...)
+	p.wide = true
+	if len(b) <= len(p.inline) {
+		p.used = uint8(copy(p.inline[:], b))
+		if p.rare != nil {
+			p.rare.spill = nil
+		}
+		return
+	}
+	p.rareState().spill = b
+}
+
+// log is the flow's events, packed.
+func (p *pending) log() []byte { return p.bytes()[2*p.slot():] }
+
+func (p *pending) rareState() *rarePending {
+	if p.rare == nil {
+		p.rare = &rarePending{}
+	}
+	return p.rare
+}
+
+func (p *pending) oldReplies() []ptuple {
+	if p.rare == nil {
+		return nil
+	}
+	return p.rare.oldReplies
+}
+
+// context is what p's events are packed against.
+func (p *pending) context() tupleContext {
+	return tupleContext{key: p.key(), reply: p.reply(), old: p.oldReplies()}
+}
+
+func putSlot(b []byte, t ptuple, wide bool) {
+	if !wide {
+		copy(b, t.src[12:])
+		copy(b[4:], t.dst[12:])
+		binary.BigEndian.PutUint16(b[8:], t.sport)
+		binary.BigEndian.PutUint16(b[10:], t.dport)
+		b[12] = t.proto
+		return
+	}
+	copy(b, t.src[:])
+	copy(b[16:], t.dst[:])
+	binary.BigEndian.PutUint16(b[32:], t.sport)
+	binary.BigEndian.PutUint16(b[34:], t.dport)
+	b[36], b[37] = t.proto, t.fams
+}
+
+func getSlot(b []byte, wide bool) ptuple {
+	var t ptuple
+	if !wide {
+		t.src[10], t.src[11], t.dst[10], t.dst[11] = 0xff, 0xff, 0xff, 0xff
+		copy(t.src[12:], b[:4])
+		copy(t.dst[12:], b[4:8])
+		t.sport, t.dport, t.proto, t.fams = binary.BigEndian.Uint16(b[8:]), binary.BigEndian.Uint16(b[10:]), b[12], 4|4<<4
+		return t
+	}
+	copy(t.src[:], b[:16])
+	copy(t.dst[:], b[16:32])
+	t.sport, t.dport, t.proto, t.fams = binary.BigEndian.Uint16(b[32:]), binary.BigEndian.Uint16(b[34:]), b[36], b[37]
+	return t
+}
+
+// addEvent appends ev to p's events.
+func (j *Joiner) addEvent(p *pending, ev event.Event) {
+	b, ok := j.packer.appendEvent(p.bytes(), ev, p.context())
+	if !ok {
+		r := p.rareState()
+		r.whole = append(r.whole, ev)
+		b = appendWhole(b, len(r.whole)-1)
+	}
+	p.setBytes(b)
+	p.n++
+}
+
+// eachEvent calls fn with p's events in the order they came, until fn
+// returns false.
+func (j *Joiner) eachEvent(p *pending, fn func(event.Event) bool) {
+	c := p.context()
+	b := p.log()
+	for len(b) > 0 {
+		ev, rest, ok := j.packer.readEvent(b, c)
+		if !ok {
+			return // never: the log is written by addEvent alone
+		}
+		if ev.Kind == 0 && p.rare != nil && int(ev.Reason) < len(p.rare.whole) {
+			ev = p.rare.whole[ev.Reason]
+		}
+		if !fn(ev) {
+			return
+		}
+		b = rest
+	}
 }

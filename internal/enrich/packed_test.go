@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/tracer-dev/tracer/internal/event"
 )
@@ -40,7 +41,7 @@ func TestPackedEventsReadBack(t *testing.T) {
 	evs = append(evs, zoned, otherZone)
 
 	var j Joiner
-	p := &pending{key: packTuple(evs[0].Orig)}
+	p := newPending(packTuple(evs[0].Orig))
 	for _, ev := range evs {
 		j.addEvent(p, ev)
 	}
@@ -59,17 +60,65 @@ func TestPackedEventsReadBack(t *testing.T) {
 	}
 }
 
+// TestPackedRepliesChange: events packed against a reply still read back
+// once the flow has a newer reply, and once a reply of another family
+// widens its tuples.
+func TestPackedRepliesChange(t *testing.T) {
+	evs := packedTestEvents()
+	var j Joiner
+	p := newPending(packTuple(evs[0].Orig))
+	var want []event.Event
+	add := func(ev event.Event) { j.addEvent(p, ev); want = append(want, ev) }
+	r1 := evs[0].Reply
+	p.setReply(packTuple(r1))
+	add(evs[0])
+	r2 := r1
+	r2.SrcPort = 9999
+	p.setReply(packTuple(r2))
+	second := evs[0]
+	second.Reply, second.Packet = r2, r1
+	add(second)
+	if p.wide {
+		t.Fatal("an IPv4 reply widened the flow")
+	}
+	r3 := evs[1].Packet // IPv6
+	p.setReply(packTuple(r3))
+	third := evs[1]
+	third.Reply, third.Orig = r3, r2
+	add(third)
+	if !p.wide || p.reply() != packTuple(r3) || p.key() != packTuple(evs[0].Orig) {
+		t.Fatalf("after an IPv6 reply: wide %v, key %+v, reply %+v", p.wide, p.key().tuple(), p.reply().tuple())
+	}
+	if old := p.oldReplies(); len(old) != 2 || old[0] != packTuple(r1) || old[1] != packTuple(r2) {
+		t.Errorf("old replies %+v, want r1 and r2", old)
+	}
+	var got []event.Event
+	j.eachEvent(p, func(ev event.Event) bool { got = append(got, ev); return true })
+	if len(got) != len(want) {
+		t.Fatalf("read back %d events, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], want[i])
+		}
+	}
+}
+
 // TestPackedDNATInline: the usual flow, one IPv4 NAT decision, fits in
 // the flow's own bytes, so an open flow costs one allocation.
 func TestPackedDNATInline(t *testing.T) {
 	ev := packedTestEvents()[0]
 	ev.Time = ev.Time.Add(time.Hour) // an hour after the joiner's first event
 	var j Joiner
-	j.addEvent(&pending{key: packTuple(ev.Orig)}, packedTestEvents()[0])
-	p := &pending{key: packTuple(ev.Orig)}
+	j.addEvent(newPending(packTuple(ev.Orig)), packedTestEvents()[0])
+	p := newPending(packTuple(ev.Orig))
+	p.setReply(packTuple(ev.Reply))
 	j.addEvent(p, ev)
-	if len(p.log) > len(p.inline) || &p.log[0] != &p.inline[0] {
-		t.Fatalf("a DNAT event packs into %d bytes, beyond the %d inline", len(p.log), len(p.inline))
+	if p.rare != nil {
+		t.Fatalf("a DNAT event with its key and reply takes %d bytes, beyond the %d inline", len(p.bytes()), len(p.inline))
+	}
+	if size := unsafe.Sizeof(*p); size != 112 {
+		t.Errorf("a pending is %d bytes, want 112 (a size class)", size)
 	}
 }
 
@@ -95,7 +144,10 @@ func FuzzPackedEvent(f *testing.F) {
 			return
 		}
 		var j Joiner
-		p := &pending{key: packTuple(ev.Orig)}
+		p := newPending(packTuple(ev.Orig))
+		if r := packTuple(ev.Reply); r.valid() {
+			p.setReply(r)
+		}
 		j.addEvent(p, ev)
 		later := ev
 		later.Time = time.Unix(0, second)

@@ -7,7 +7,8 @@ import (
 )
 
 // tupleIndex leads each tuple an open flow holds (its key, its reply and
-// that reversed, its earlier replies) to the flow. A busy node keeps
+// that reversed, its earlier replies) to the flow; it holds the key and
+// the replies, and finds the reversed ones through them. A busy node keeps
 // hundreds of thousands of flows open, three tuples each, so the index
 // keys a tuple by a 64-bit hash and checks the flow it finds: 16 bytes an
 // entry instead of a 40-byte tuple and a pointer, and a hash of five
@@ -25,8 +26,22 @@ func newTupleIndex() tupleIndex {
 	return tupleIndex{seed: rand.Uint64() | 1, byHash: map[uint64]*pending{}}
 }
 
-// get is the flow that holds t, or nil.
+// get is the flow that holds t, or nil. A flow's reply reversed (the
+// client's packet after its DNAT) is not indexed: it is found under the
+// reply, which costs a second look only for a tuple no flow has under
+// itself.
 func (x *tupleIndex) get(t ptuple) *pending {
+	if p := x.find(t); p != nil {
+		return p
+	}
+	if p := x.find(t.reverse()); p != nil && p.holds(t) {
+		return p
+	}
+	return nil
+}
+
+// find is the flow indexed under t.
+func (x *tupleIndex) find(t ptuple) *pending {
 	if p := x.byHash[x.hash(t)]; p != nil && p.holds(t) {
 		return p
 	}
@@ -39,19 +54,11 @@ func (x *tupleIndex) get(t ptuple) *pending {
 // claim leads t to p unless t already leads to a flow: the first flow to
 // see a tuple keeps it.
 func (x *tupleIndex) claim(p *pending, t ptuple) {
-	h := x.hash(t)
-	q, taken := x.byHash[h]
-	if taken && q.holds(t) {
+	if x.get(t) != nil {
 		return
 	}
-	if len(x.collided) > 0 {
-		// t may have gone here while another flow held its hash, which
-		// that flow's end has freed since.
-		if _, ok := x.collided[t]; ok {
-			return
-		}
-	}
-	if !taken {
+	h := x.hash(t)
+	if _, taken := x.byHash[h]; !taken {
 		x.byHash[h] = p
 		return
 	}
@@ -95,10 +102,10 @@ func mix(a, b uint64) uint64 {
 // holds reports whether t is one of the tuples the joiner may index p
 // under.
 func (p *pending) holds(t ptuple) bool {
-	if t == p.key {
+	if t == p.key() {
 		return true
 	}
-	if p.reply.valid() && (t == p.reply || t == p.reply.reverse()) {
+	if r := p.reply(); r.valid() && (t == r || t == r.reverse()) {
 		return true
 	}
 	for _, r := range p.oldReplies() {

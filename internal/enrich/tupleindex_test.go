@@ -19,7 +19,8 @@ func TestTupleIndexCollision(t *testing.T) {
 	x := newTupleIndex()
 	a, b, c := indexTuple(1000), indexTuple(2000), indexTuple(3000)
 	// c's flow holds b too (its reply reversed), so it may claim it.
-	pa, pb, pc := &pending{key: a}, &pending{key: b}, &pending{key: c, reply: b.reverse()}
+	pa, pb, pc := newPending(a), newPending(b), newPending(c)
+	pc.setReply(b.reverse())
 	x.claim(pa, a)
 	x.byHash[x.hash(b)] = pa // a's flow holds b's hash slot
 	x.claim(pb, b)
@@ -52,10 +53,11 @@ func TestTupleIndexCollision(t *testing.T) {
 func TestTupleIndexFirstClaimWins(t *testing.T) {
 	x := newTupleIndex()
 	shared := indexTuple(1000)
-	first := &pending{key: shared}
-	second := &pending{key: indexTuple(2000), reply: shared.reverse()}
+	first := newPending(shared)
+	second := newPending(indexTuple(2000))
+	second.setReply(shared.reverse())
 	x.claim(first, shared)
-	x.claim(second, second.key)
+	x.claim(second, second.key())
 	x.claim(second, shared)
 	if got := x.get(shared); got != first {
 		t.Fatalf("get(shared) = %p, want the first claimer %p", got, first)
@@ -68,7 +70,7 @@ func TestTupleIndexFirstClaimWins(t *testing.T) {
 	if got := x.get(shared); got != nil {
 		t.Fatalf("get(shared) = %p after the first flow's release, want nil", got)
 	}
-	if got := x.get(second.key); got != second {
+	if got := x.get(second.key()); got != second {
 		t.Fatalf("get(second key) = %p, want %p", got, second)
 	}
 }
