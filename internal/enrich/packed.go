@@ -61,24 +61,41 @@ func (t ptuple) reverse() ptuple {
 	return ptuple{src: t.dst, dst: t.src, sport: t.dport, dport: t.sport, proto: t.proto, fams: t.fams>>4 | t.fams<<4}
 }
 
-// The packed form of one event: a header, the time, the numbers as
-// varints, then each tuple behind a tag.
+// The packed form of one event: kind, hook, via, a mask of what follows,
+// then only the fields that are set (a namespace as its index among the
+// joiner's first namespaces), the time, and each tuple behind a tag.
 const (
-	packedHeader = 8 // kind, hook, via, nfhook, ctinfo, icmp type, icmp code, flags
+	packedHeader = 5 // kind, hook, via, mask (2 bytes)
 
-	flagHasReason = 1 << 0
-	flagNoCT      = 1 << 1
-	flagTimeZero  = 1 << 2
-	// flagWhole: the event did not pack exactly; a varint follows, its
-	// index in the flow's whole events.
-	flagWhole = 1 << 3
+	hasReason   = 1 << 0
+	hasNoCT     = 1 << 1
+	hasTimeZero = 1 << 2
+	// hasWhole: the event did not pack exactly; a varint follows, its
+	// index in the flow's whole events, and nothing else.
+	hasWhole    = 1 << 3
+	hasNFHook   = 1 << 4 // one byte
+	hasCTInfo   = 1 << 5 // one byte
+	hasICMP     = 1 << 6 // type and code
+	hasNetnsIdx = 1 << 7 // one byte: an index in eventPacker.netns
+	hasNetns    = 1 << 8 // the rest: uvarints
+	hasCTStatus = 1 << 9
+	hasCTMark   = 1 << 10
+	hasReason32 = 1 << 11
+	hasFlags    = 1 << 12
+	hasCTZone   = 1 << 13
 
 	tagZero  = 0 // event.Tuple{}
 	tagKey   = 1 // the flow's key
 	tagV4    = 2 // two IPv4 addresses: 4 + 4 + ports + proto
 	tagAny   = 3 // fams, 16 + 16, ports, proto
 	tagReply = 4 // a byte follows: which of the flow's replies, oldest 0
+	// tagV4One: one IPv4 address and port, both ends of a NAT range.
+	tagV4One = 5
 )
+
+// maxNetns is how many namespaces the packer numbers; events of others
+// carry theirs in full.
+const maxNetns = 64
 
 // tupleContext is what an event's tuples are packed against: the flow's
 // key, its reply, and the replies it had before, oldest first (a flow's
@@ -99,11 +116,26 @@ func (c tupleContext) replyAt(i int) (ptuple, bool) {
 	return ptuple{}, false
 }
 
-// eventPacker packs events against one time base: times are kept as
-// nanoseconds from it.
+// eventPacker packs events against one time base (times are kept as
+// nanoseconds from it) and numbers the namespaces it sees.
 type eventPacker struct {
-	base time.Time
-	set  bool
+	base  time.Time
+	set   bool
+	netns []uint32
+}
+
+// netnsIndex numbers ns, ok false once maxNetns are numbered.
+func (ep *eventPacker) netnsIndex(ns uint32) (byte, bool) {
+	for i, n := range ep.netns {
+		if n == ns {
+			return byte(i), true
+		}
+	}
+	if len(ep.netns) == maxNetns {
+		return 0, false
+	}
+	ep.netns = append(ep.netns, ns)
+	return byte(len(ep.netns) - 1), true
 }
 
 // appendEvent packs ev onto b, the tuples equal to the flow's key or
@@ -114,22 +146,50 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, key tupleContext) (
 		ep.base, ep.set = ev.Time, true
 	}
 	start := len(b)
-	var flags byte
-	if ev.HasReason {
-		flags |= flagHasReason
+	var mask uint16
+	set := func(bit uint16, on bool) {
+		if on {
+			mask |= bit
+		}
 	}
-	if ev.NoCT {
-		flags |= flagNoCT
+	set(hasReason, ev.HasReason)
+	set(hasNoCT, ev.NoCT)
+	set(hasTimeZero, ev.Time.IsZero())
+	set(hasNFHook, ev.NFHook != 0)
+	set(hasCTInfo, ev.CTInfo != 0)
+	set(hasICMP, ev.ICMPType != 0 || ev.ICMPCode != 0)
+	nsIdx, interned := ep.netnsIndex(ev.Netns)
+	set(hasNetnsIdx, ev.Netns != 0 && interned)
+	set(hasNetns, ev.Netns != 0 && !interned)
+	set(hasCTStatus, ev.CTStatus != 0)
+	set(hasCTMark, ev.CTMark != 0)
+	set(hasReason32, ev.Reason != 0)
+	set(hasFlags, ev.To.Flags != 0)
+	set(hasCTZone, ev.CTZone != 0)
+	b = append(b, byte(ev.Kind), byte(ev.Hook), byte(ev.Via))
+	b = binary.LittleEndian.AppendUint16(b, mask)
+	if mask&hasNFHook != 0 {
+		b = append(b, ev.NFHook)
 	}
-	if ev.Time.IsZero() {
-		flags |= flagTimeZero
+	if mask&hasCTInfo != 0 {
+		b = append(b, ev.CTInfo)
 	}
-	b = append(b, byte(ev.Kind), byte(ev.Hook), byte(ev.Via), ev.NFHook, ev.CTInfo, ev.ICMPType, ev.ICMPCode, flags)
+	if mask&hasICMP != 0 {
+		b = append(b, ev.ICMPType, ev.ICMPCode)
+	}
+	if mask&hasNetnsIdx != 0 {
+		b = append(b, nsIdx)
+	}
+	for _, f := range [...]struct {
+		bit uint16
+		v   uint32
+	}{{hasNetns, ev.Netns}, {hasCTStatus, ev.CTStatus}, {hasCTMark, ev.CTMark}, {hasReason32, ev.Reason}, {hasFlags, ev.To.Flags}, {hasCTZone, uint32(ev.CTZone)}} {
+		if mask&f.bit != 0 {
+			b = binary.AppendUvarint(b, uint64(f.v))
+		}
+	}
 	if !ev.Time.IsZero() {
 		b = binary.AppendVarint(b, int64(ev.Time.Sub(ep.base)))
-	}
-	for _, n := range [...]uint32{ev.Netns, ev.CTStatus, ev.CTMark, ev.Reason, ev.To.Flags, uint32(ev.CTZone)} {
-		b = binary.AppendUvarint(b, uint64(n))
 	}
 	b = appendTuple(b, ev.Packet, key)
 	b = appendTuple(b, ev.Orig, key)
@@ -144,7 +204,8 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, key tupleContext) (
 // appendWhole marks an event kept whole, at index i of the flow's whole
 // events.
 func appendWhole(b []byte, i int) []byte {
-	b = append(b, 0, 0, 0, 0, 0, 0, 0, flagWhole)
+	b = append(b, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint16(b, hasWhole)
 	return binary.AppendUvarint(b, uint64(i))
 }
 
@@ -156,6 +217,11 @@ func appendTuple(b []byte, t event.Tuple, c tupleContext) []byte {
 	switch {
 	case pt == c.key:
 		return append(b, tagKey)
+	case t.Src == t.Dst && t.SrcPort == t.DstPort && t.Proto == 0 && t.Src.Is4():
+		a := t.Src.As4()
+		b = append(b, tagV4One)
+		b = append(b, a[:]...)
+		return binary.BigEndian.AppendUint16(b, t.SrcPort)
 	case c.reply.valid() && len(c.old) <= 0xff && pt == c.reply:
 		return append(b, tagReply, byte(len(c.old)))
 	case t.Src.Is4() && t.Dst.Is4():
@@ -181,10 +247,9 @@ func (ep *eventPacker) readEvent(b []byte, key tupleContext) (ev event.Event, re
 		return ev, nil, false
 	}
 	ev.Kind, ev.Hook, ev.Via = event.Kind(b[0]), event.Hook(b[1]), event.Via(b[2])
-	ev.NFHook, ev.CTInfo, ev.ICMPType, ev.ICMPCode = b[3], b[4], b[5], b[6]
-	flags := b[7]
+	mask := binary.LittleEndian.Uint16(b[3:])
 	b = b[packedHeader:]
-	if flags&flagWhole != 0 {
+	if mask&hasWhole != 0 {
 		i, n := binary.Uvarint(b)
 		if n <= 0 {
 			return ev, nil, false
@@ -192,23 +257,48 @@ func (ep *eventPacker) readEvent(b []byte, key tupleContext) (ev event.Event, re
 		ev.Reason = uint32(i)
 		return ev, b[n:], true
 	}
-	ev.HasReason, ev.NoCT = flags&flagHasReason != 0, flags&flagNoCT != 0
-	if flags&flagTimeZero == 0 {
+	ev.HasReason, ev.NoCT = mask&hasReason != 0, mask&hasNoCT != 0
+	for _, f := range [...]struct {
+		bit uint16
+		v   *uint8
+	}{{hasNFHook, &ev.NFHook}, {hasCTInfo, &ev.CTInfo}, {hasICMP, &ev.ICMPType}, {hasICMP, &ev.ICMPCode}} {
+		if mask&f.bit != 0 {
+			if len(b) < 1 {
+				return ev, nil, false
+			}
+			*f.v, b = b[0], b[1:]
+		}
+	}
+	if mask&hasNetnsIdx != 0 {
+		if len(b) < 1 || int(b[0]) >= len(ep.netns) {
+			return ev, nil, false
+		}
+		ev.Netns, b = ep.netns[b[0]], b[1:]
+	}
+	var zone uint32
+	for _, f := range [...]struct {
+		bit uint16
+		v   *uint32
+	}{{hasNetns, &ev.Netns}, {hasCTStatus, &ev.CTStatus}, {hasCTMark, &ev.CTMark}, {hasReason32, &ev.Reason}, {hasFlags, &ev.To.Flags}, {hasCTZone, &zone}} {
+		if mask&f.bit != 0 {
+			v, n := binary.Uvarint(b)
+			if n <= 0 || v > 1<<32-1 {
+				return ev, nil, false
+			}
+			*f.v, b = uint32(v), b[n:]
+		}
+	}
+	if zone > 0xffff {
+		return ev, nil, false
+	}
+	ev.CTZone = uint16(zone)
+	if mask&hasTimeZero == 0 {
 		d, n := binary.Varint(b)
 		if n <= 0 {
 			return ev, nil, false
 		}
 		ev.Time, b = ep.base.Add(time.Duration(d)), b[n:]
 	}
-	var nums [6]uint32
-	for i := range nums {
-		v, n := binary.Uvarint(b)
-		if n <= 0 || v > 1<<32-1 {
-			return ev, nil, false
-		}
-		nums[i], b = uint32(v), b[n:]
-	}
-	ev.Netns, ev.CTStatus, ev.CTMark, ev.Reason, ev.To.Flags, ev.CTZone = nums[0], nums[1], nums[2], nums[3], nums[4], uint16(nums[5])
 	var to event.Tuple
 	for _, t := range []*event.Tuple{&ev.Packet, &ev.Orig, &ev.Reply, &to} {
 		if b, ok = readTuple(b, t, key); !ok {
@@ -242,6 +332,13 @@ func readTuple(b []byte, t *event.Tuple, c tupleContext) ([]byte, bool) {
 		}
 		*t = r.tuple()
 		return b[1:], true
+	case tagV4One:
+		if len(b) < 6 {
+			return nil, false
+		}
+		t.Src = netip.AddrFrom4([4]byte(b[:4]))
+		t.Dst, t.SrcPort, t.DstPort, t.Proto = t.Src, binary.BigEndian.Uint16(b[4:]), binary.BigEndian.Uint16(b[4:]), 0
+		return b[6:], true
 	case tagV4:
 		if len(b) < 8 {
 			return nil, false

@@ -104,20 +104,41 @@ func TestPackedRepliesChange(t *testing.T) {
 	}
 }
 
-// TestPackedDNATInline: the usual flow, one IPv4 NAT decision, fits in
-// the flow's own bytes, so an open flow costs one allocation.
-func TestPackedDNATInline(t *testing.T) {
-	ev := packedTestEvents()[0]
-	ev.Time = ev.Time.Add(time.Hour) // an hour after the joiner's first event
+// TestPackedUsualFlowsInline: the usual IPv4 flows, a DNAT and its
+// SNAT, or a reject and its drop, fit in the flow's own bytes an hour
+// into a trace, so an open flow costs one allocation.
+func TestPackedUsualFlowsInline(t *testing.T) {
+	evs := packedTestEvents()
+	dnat := evs[0]
+	dnat.Time, dnat.CTMark, dnat.CTZone = dnat.Time.Add(time.Hour), 0, 0
+	node := netip.MustParseAddr("172.18.0.2")
+	snat := dnat
+	snat.Kind, snat.NFHook, snat.Time = event.KindSNAT, 4, dnat.Time.Add(time.Millisecond)
+	snat.To = event.Range{MinAddr: node, MaxAddr: node, Flags: 1}
+	ping := event.Tuple{Src: netip.MustParseAddr("10.244.1.10"), Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: 7, DstPort: 8 << 8, Proto: 1}
+	reject := event.Event{Time: dnat.Time, Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint,
+		NFHook: event.NFHookNone, Packet: ping, ICMPType: 3, ICMPCode: 3}
+	drop := event.Event{Time: dnat.Time, Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint,
+		NFHook: event.NFHookNone, Packet: ping, Reason: 12, HasReason: true}
+
 	var j Joiner
-	j.addEvent(newPending(packTuple(ev.Orig)), packedTestEvents()[0])
-	p := newPending(packTuple(ev.Orig))
-	p.setReply(packTuple(ev.Reply))
-	j.addEvent(p, ev)
-	if p.rare != nil {
-		t.Fatalf("a DNAT event with its key and reply takes %d bytes, beyond the %d inline", len(p.bytes()), len(p.inline))
+	j.addEvent(newPending(packTuple(dnat.Orig)), evs[0]) // the trace's first event, an hour earlier
+	for _, flow := range [][]event.Event{{dnat, snat}, {reject, drop}} {
+		p := newPending(packTuple(flow[0].Orig))
+		if !flow[0].Orig.Valid() {
+			p = newPending(packTuple(flow[0].Packet))
+		}
+		if flow[0].Reply.Valid() {
+			p.setReply(packTuple(flow[0].Reply))
+		}
+		for _, ev := range flow {
+			j.addEvent(p, ev)
+		}
+		if p.rare != nil {
+			t.Errorf("%s and %s take %d bytes, beyond the %d inline", flow[0].Kind, flow[1].Kind, len(p.bytes()), len(p.inline))
+		}
 	}
-	if size := unsafe.Sizeof(*p); size != 112 {
+	if size := unsafe.Sizeof(pending{}); size != 112 {
 		t.Errorf("a pending is %d bytes, want 112 (a size class)", size)
 	}
 }
@@ -158,4 +179,30 @@ func FuzzPackedEvent(f *testing.F) {
 			t.Fatalf("read back %+v\nwant %+v and %+v", got, ev, later)
 		}
 	})
+}
+
+// TestPackedManyNamespaces: past the namespaces the packer numbers, an
+// event's namespace is kept in full.
+func TestPackedManyNamespaces(t *testing.T) {
+	var j Joiner
+	base := packedTestEvents()[0]
+	p := newPending(packTuple(base.Orig))
+	var want []event.Event
+	for i := range maxNetns + 8 {
+		ev := base
+		ev.Netns = 4026531840 + uint32(i%(maxNetns+4))
+		j.addEvent(p, ev)
+		want = append(want, ev)
+	}
+	i := 0
+	j.eachEvent(p, func(ev event.Event) bool {
+		if ev != want[i] {
+			t.Errorf("event %d: netns %d, want %d", i, ev.Netns, want[i].Netns)
+		}
+		i++
+		return true
+	})
+	if i != len(want) || p.rare != nil && len(p.rare.whole) > 0 {
+		t.Fatalf("read back %d of %d events, %v kept whole", i, len(want), p.rare)
+	}
 }
