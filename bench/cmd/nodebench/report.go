@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // variantSummary is one observer over every round.
@@ -214,23 +216,7 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, t)
 	}
-	var worst *childResult
-	for i := range r.memory {
-		m := &r.memory[i]
-		if m.N == 1_000_000 && (worst == nil || m.RSS > worst.RSS) {
-			worst = m
-		}
-	}
-	if worst != nil {
-		t := target{What: "memory at 1,000,000 flows", Goal: "< 200 MiB resident",
-			Got: fmt.Sprintf("%.0f MiB (%s, the larger of joiner-open and stored)", mib(worst.RSS), worst.Kind)}
-		if mib(worst.RSS) < 200 {
-			t.Verdict = "met"
-		} else {
-			t.Verdict = fmt.Sprintf("missed by %.0f MiB (%.1fx)", mib(worst.RSS)-200, mib(worst.RSS)/200)
-		}
-		ts = append(ts, t)
-	}
+	ts = append(ts, r.memoryTargets()...)
 	if t, ok := r.feedTarget(); ok {
 		ts = append(ts, t)
 	}
@@ -437,4 +423,35 @@ func rampEnd(steps []rampStep) string {
 		return fmt.Sprintf("the tracer never lost; the ramp stopped at its bound of %d workers (%.0f conn/s)", last.Workers, last.Load.rate())
 	}
 	return fmt.Sprintf("the tracer never lost; the ramp stopped at %s, where the machine's rate stopped rising (top %.0f conn/s): the tracer's own limit is beyond what this machine can make", plural(last.Workers, "worker"), top)
+}
+
+// memoryTargets holds the joiner's 1,000,000 open flows (the target's own
+// subject) and, apart, the UI store's 1,000,000 finished flows without its
+// caps to the same 200 MiB: the tracer holds both.
+func (r *report) memoryTargets() []target {
+	var ts []target
+	for _, m := range r.memory {
+		if m.N != 1_000_000 {
+			continue
+		}
+		var t target
+		switch m.Kind {
+		case "joiner":
+			t = target{What: "memory at 1,000,000 flows", Goal: "< 200 MiB resident",
+				Got: fmt.Sprintf("%.0f MiB (1,000,000 open flows in the joiner)", mib(m.RSS))}
+		case "store":
+			t = target{What: "memory at 1,000,000 stored flows (UI store, without its caps)", Goal: "< 200 MiB resident",
+				Got: fmt.Sprintf("%.0f MiB (the default caps keep %d flows, %d MiB by the store's estimate)", mib(m.RSS),
+					trace.DefaultCaps.Flows, trace.DefaultCaps.Memory>>20)}
+		default:
+			continue
+		}
+		if mib(m.RSS) < 200 {
+			t.Verdict = "met"
+		} else {
+			t.Verdict = fmt.Sprintf("missed by %.0f MiB (%.1fx)", mib(m.RSS)-200, mib(m.RSS)/200)
+		}
+		ts = append(ts, t)
+	}
+	return ts
 }
