@@ -77,6 +77,8 @@ type Joiner struct {
 	epoch time.Time
 	// packer packs open flows' events.
 	packer eventPacker
+	// enc writes finished flows' tuples and events in the trace format.
+	enc trace.Encoder
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -266,10 +268,10 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 
 // flowOf is p in the trace format, its events in the order they came.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
-	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key().proto), Orig: *trace.TupleOf(p.key().tuple()),
+	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key().proto), Orig: *j.enc.Tuple(p.key().tuple()),
 		Events: make([]trace.Event, 0, p.n)}
 	j.eachEvent(p, func(ev event.Event) bool {
-		f.Events = append(f.Events, trace.EventOf(ev, j.Names))
+		f.Events = append(f.Events, j.enc.Event(ev, j.Names))
 		return true
 	})
 	if len(f.Events) > 0 {
@@ -440,7 +442,7 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if j.CT == nil {
 		if p.reply().valid() {
-			f.Reply = trace.TupleOf(p.reply().tuple())
+			f.Reply = j.enc.Tuple(p.reply().tuple())
 		}
 		return
 	}
@@ -448,16 +450,16 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
 	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key().tuple())
 		if ok {
-			f.Orig = *trace.TupleOf(e.Orig)
+			f.Orig = *j.enc.Tuple(e.Orig)
 			f.Proto = event.ProtoName(e.Orig.Proto)
 		}
 	}
 	switch {
 	case ok:
-		f.Reply = trace.TupleOf(e.Reply)
+		f.Reply = j.enc.Tuple(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
 	case p.reply().valid():
-		f.Reply = trace.TupleOf(p.reply().tuple())
+		f.Reply = j.enc.Tuple(p.reply().tuple())
 	}
 }
 

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"encoding/binary"
 	"net/netip"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -10,6 +11,31 @@ import (
 // pipeline's edge (the writer, the UI, raw event lines), where the
 // decision's typed fields become text.
 func EventOf(e event.Event, names event.ReasonNamer) Event {
+	return (*Encoder)(nil).Event(e, names)
+}
+
+// TupleOf is the tuple in the trace format: "IP:PORT" endpoints, bare
+// IPs for ICMP.
+func TupleOf(t event.Tuple) *Tuple { return (*Encoder)(nil).Tuple(t) }
+
+// Encoder is EventOf and TupleOf reusing the text of the endpoints it
+// wrote last: a flow names its client's endpoint in most of its tuples,
+// and a node's flows name the same Services and pods over and over, so
+// most endpoints are written once instead of once a tuple. A nil Encoder
+// writes every endpoint afresh. Not safe for concurrent use.
+type Encoder struct {
+	recent [1 << encoderBits]encodedEndpoint
+}
+
+const encoderBits = 8
+
+type encodedEndpoint struct {
+	ap netip.AddrPort
+	s  string
+}
+
+// Event is EventOf.
+func (c *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	r := Event{
 		Kind:  e.Kind.String(),
 		Time:  e.Time,
@@ -23,13 +49,13 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 	}
 	r.Proto = event.ProtoName(main.Proto)
 	if e.Packet.Valid() {
-		r.Packet = TupleOf(e.Packet)
+		r.Packet = c.Tuple(e.Packet)
 	}
 	if e.Orig.Valid() {
-		r.Orig = TupleOf(e.Orig)
+		r.Orig = c.Tuple(e.Orig)
 	}
 	if e.Reply.Valid() {
-		r.Reply = TupleOf(e.Reply)
+		r.Reply = c.Tuple(e.Reply)
 	}
 	if e.NFHook != event.NFHookNone {
 		r.NFHook = event.NFHookName(e.NFHook)
@@ -41,11 +67,11 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 		r.CTMark = e.CTMark
 		r.CTZone = e.CTZone
 	case event.KindIPVS:
-		r.To = endpoint(e.To.MinAddr, e.To.MinPort)
-		r.Virtual = endpoint(e.Orig.Dst, e.Orig.DstPort)
+		r.To = c.endpoint(e.To.MinAddr, e.To.MinPort)
+		r.Virtual = c.endpoint(e.Orig.Dst, e.Orig.DstPort)
 		r.Forward = event.IPVSForward(e.Reason)
 	case event.KindIPVSNoDest:
-		r.Virtual = endpoint(e.Orig.Dst, e.Orig.DstPort)
+		r.Virtual = c.endpoint(e.Orig.Dst, e.Orig.DstPort)
 	case event.KindReject:
 		t, c := e.ICMPType, e.ICMPCode
 		r.ICMPType, r.ICMPCode = &t, &c
@@ -67,19 +93,34 @@ func EventOf(e event.Event, names event.ReasonNamer) Event {
 	return r
 }
 
-// TupleOf is the tuple in the trace format: "IP:PORT" endpoints, bare
-// IPs for ICMP.
-func TupleOf(t event.Tuple) *Tuple {
+// Tuple is TupleOf.
+func (c *Encoder) Tuple(t event.Tuple) *Tuple {
 	if t.Proto == 1 || t.Proto == 58 {
 		// ICMP has no ports: conntrack keys it by echo id.
 		return &Tuple{Src: t.Src.String(), Dst: t.Dst.String()}
 	}
-	return &Tuple{Src: endpoint(t.Src, t.SrcPort), Dst: endpoint(t.Dst, t.DstPort)}
+	return &Tuple{Src: c.endpoint(t.Src, t.SrcPort), Dst: c.endpoint(t.Dst, t.DstPort)}
 }
 
-func endpoint(a netip.Addr, port uint16) string {
+func (c *Encoder) endpoint(a netip.Addr, port uint16) string {
 	if !a.IsValid() {
 		return ""
 	}
-	return netip.AddrPortFrom(a, port).String()
+	ap := netip.AddrPortFrom(a, port)
+	if c == nil {
+		return ap.String()
+	}
+	slot := &c.recent[endpointSlot(ap)]
+	if slot.s == "" || slot.ap != ap {
+		*slot = encodedEndpoint{ap: ap, s: ap.String()}
+	}
+	return slot.s
+}
+
+// endpointSlot mixes the address's last 8 bytes (all of an IPv4 one) and
+// the port.
+func endpointSlot(ap netip.AddrPort) int {
+	b := ap.Addr().As16()
+	h := binary.LittleEndian.Uint64(b[8:])*0x9e3779b97f4a7c15 ^ uint64(ap.Port())*0xbf58476d1ce4e5b9
+	return int(h >> (64 - encoderBits))
 }

@@ -2,8 +2,10 @@ package trace_test
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -59,12 +61,42 @@ func TestEventOfICMPAndIPv6(t *testing.T) {
 	}
 }
 
-// Whatever the decoder accepts, the encoder writes.
+// Whatever the decoder accepts, the encoder writes, and an Encoder that
+// has written other endpoints before writes the same.
 func FuzzEventOf(f *testing.F) {
 	f.Add(make([]byte, event.Size))
+	var enc trace.Encoder
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if e, err := event.Decode(b, event.Clock{BootWall: time.Unix(0, 0)}); err == nil {
-			_ = trace.EventOf(e, nil)
+			want := trace.EventOf(e, nil)
+			if got := enc.Event(e, nil); !reflect.DeepEqual(got, want) {
+				t.Fatalf("Encoder wrote %+v, EventOf %+v", got, want)
+			}
 		}
 	})
+}
+
+// TestEncoderReusesOnlyItsOwnEndpoints: endpoints that share a slot of
+// the Encoder's memory are each written as themselves, and an endpoint
+// written before comes back as the same string.
+func TestEncoderReusesOnlyItsOwnEndpoints(t *testing.T) {
+	var enc trace.Encoder
+	for round := range 2 {
+		for i := range 5000 {
+			a := netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1})
+			if i%3 == 0 {
+				a = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
+			}
+			tu := event.Tuple{Src: a, Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: uint16(30000 + i), DstPort: 443, Proto: 6}
+			got, want := enc.Tuple(tu), trace.TupleOf(tu)
+			if *got != *want {
+				t.Fatalf("round %d, endpoint %d: got %+v, want %+v", round, i, got, want)
+			}
+		}
+	}
+	tu := event.Tuple{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: 1, DstPort: 443, Proto: 6}
+	first, second := enc.Tuple(tu), enc.Tuple(tu)
+	if unsafe.StringData(first.Dst) != unsafe.StringData(second.Dst) {
+		t.Error("the same endpoint twice was written twice")
+	}
 }
