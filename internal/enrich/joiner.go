@@ -71,7 +71,7 @@ type Joiner struct {
 	// Expire looks only at the flows whose time has come. It also holds
 	// the flows a newer connection of the same tuple took the key from:
 	// they take no more events and finish at their deadline.
-	due deadlines
+	due dueQueue
 	// epoch is the clock's reading at the first event: deadlines are
 	// offsets from it, half a time.Time and still monotonic.
 	epoch time.Time
@@ -199,7 +199,9 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	j.addEvent(p, ev)
 	p.deadline = now.Sub(j.epoch) + j.linger()
 	if created {
-		j.due.push(p.deadline, p)
+		j.due.push(p)
+	} else {
+		p.moved = true
 	}
 }
 
@@ -286,10 +288,14 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 func (j *Joiner) Expire(now time.Time) {
 	j.release(now)
 	at := now.Sub(j.epoch)
-	for len(j.due) > 0 && at >= j.due[0].at {
-		p := j.due.pop()
+	for {
+		due, fromFIFO, ok := j.due.peek()
+		if !ok || at < due {
+			break
+		}
+		p := j.due.pop(fromFIFO)
 		if at < p.deadline {
-			j.due.push(p.deadline, p)
+			j.due.heap.push(p.deadline, p)
 			continue
 		}
 		j.finish(p, now)
@@ -298,8 +304,12 @@ func (j *Joiner) Expire(now time.Time) {
 
 // Flush finishes every open flow (at exit), oldest deadline first.
 func (j *Joiner) Flush() {
-	for len(j.due) > 0 {
-		j.finish(j.due.pop(), time.Time{})
+	for {
+		_, fromFIFO, ok := j.due.peek()
+		if !ok {
+			break
+		}
+		j.finish(j.due.pop(fromFIFO), time.Time{})
 	}
 	j.release(time.Time{})
 }
@@ -326,7 +336,7 @@ func (j *Joiner) release(now time.Time) {
 
 // Open is the number of flows still collecting events or waiting out
 // their linger.
-func (j *Joiner) Open() int { return len(j.due) + len(j.held) }
+func (j *Joiner) Open() int { return j.due.len() + len(j.held) }
 
 // finish emits p, which has left due, at now (zero at Flush: nothing
 // waits for a later reading then).
@@ -477,52 +487,4 @@ func (j *Joiner) strayReplyOwner(pkt event.Tuple) (conntrack.Entry, bool) {
 		}
 	}
 	return conntrack.Entry{}, false
-}
-
-// deadlines is a min-heap of open flows by the deadline each had when it
-// was queued; a flow's deadline only moves later, so a flow is never due
-// before its entry comes up.
-type deadlines []deadline
-
-type deadline struct {
-	at time.Duration // since the joiner's epoch
-	p  *pending
-}
-
-func (h *deadlines) push(at time.Duration, p *pending) {
-	*h = append(*h, deadline{at, p})
-	d := *h
-	for i := len(d) - 1; i > 0; {
-		parent := (i - 1) / 2
-		if d[i].at >= d[parent].at {
-			break
-		}
-		d[i], d[parent] = d[parent], d[i]
-		i = parent
-	}
-}
-
-func (h *deadlines) pop() *pending {
-	d := *h
-	top := d[0].p
-	last := len(d) - 1
-	d[0] = d[last]
-	d[last] = deadline{}
-	d = d[:last]
-	for i := 0; ; {
-		small, l, r := i, 2*i+1, 2*i+2
-		if l < len(d) && d[l].at < d[small].at {
-			small = l
-		}
-		if r < len(d) && d[r].at < d[small].at {
-			small = r
-		}
-		if small == i {
-			break
-		}
-		d[i], d[small] = d[small], d[i]
-		i = small
-	}
-	*h = d
-	return top
 }

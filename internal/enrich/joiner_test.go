@@ -198,8 +198,8 @@ func TestExpireByDeadline(t *testing.T) {
 			t.Fatalf("at +%s: finished %v, want %v", step.at, out, step.want)
 		}
 	}
-	if j.Open() != 0 || len(j.due) != 0 {
-		t.Errorf("%d open, %d queued", j.Open(), len(j.due))
+	if j.Open() != 0 || j.due.len() != 0 {
+		t.Errorf("%d open, %d queued", j.Open(), j.due.len())
 	}
 }
 
