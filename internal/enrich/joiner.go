@@ -213,8 +213,8 @@ func (j *Joiner) retire(old *pending) {
 }
 
 // unindex removes every tuple that leads to p: p may be indexed under its
-// key, its reply and that reversed, and the same of earlier replies; only
-// those still leading to p are its own.
+// key, its reply and its earlier replies (a reply reversed is found
+// through the reply); only those still leading to p are its own.
 func (j *Joiner) unindex(p *pending) {
 	j.byTuple.release(p, p.key())
 	j.unindexReply(p, p.reply())
