@@ -271,7 +271,7 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 // flowOf is p in the trace format, its events in the order they came.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
 	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key().proto), Orig: *j.enc.Tuple(p.key().tuple()),
-		Events: make([]trace.Event, 0, p.n)}
+		Events: make([]trace.Event, 0, 2)}
 	j.eachEvent(p, func(ev event.Event) bool {
 		f.Events = append(f.Events, j.enc.Event(ev, j.Names))
 		return true

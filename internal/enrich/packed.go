@@ -2,7 +2,6 @@ package enrich
 
 import (
 	"encoding/binary"
-	"math"
 	"net/netip"
 	"time"
 
@@ -69,12 +68,14 @@ func (t ptuple) reverse() ptuple {
 const (
 	packedHeader = 5 // kind, hook, via, mask (2 bytes)
 
-	hasReason   = 1 << 0
-	hasNoCT     = 1 << 1
-	hasTimeZero = 1 << 2
-	// hasWhole: the event did not pack exactly; a varint follows, its
+	// Flags of the event itself.
+	flagHasReason = 1 << 0
+	flagNoCT      = 1 << 1
+	flagTimeZero  = 1 << 2
+	// flagWhole: the event did not pack exactly; a varint follows, its
 	// index in the flow's whole events, and nothing else.
-	hasWhole    = 1 << 3
+	flagWhole = 1 << 3
+	// Fields that follow, in this order, when set.
 	hasNFHook   = 1 << 4 // one byte
 	hasCTInfo   = 1 << 5 // one byte
 	hasICMP     = 1 << 6 // type and code
@@ -82,7 +83,7 @@ const (
 	hasNetns    = 1 << 8 // the rest: uvarints
 	hasCTStatus = 1 << 9
 	hasCTMark   = 1 << 10
-	hasReason32 = 1 << 11
+	hasReason   = 1 << 11
 	hasFlags    = 1 << 12
 	hasCTZone   = 1 << 13
 
@@ -99,16 +100,17 @@ const (
 // carry theirs in full.
 const maxNetns = 64
 
-// tupleContext is what an event's tuples are packed against: the flow's
-// key, its reply, and the replies it had before, oldest first (a flow's
-// replies are only ever added to, so an index into them stays good).
-type tupleContext struct {
+// flowContext is what a flow's events are packed against: its key, its
+// reply, the replies it had before, oldest first, and its events kept
+// whole (both only ever added to, so an index into them stays good).
+type flowContext struct {
 	key, reply ptuple
 	old        []ptuple
+	whole      []event.Event
 }
 
 // replyAt is the flow's reply number i, oldest 0.
-func (c tupleContext) replyAt(i int) (ptuple, bool) {
+func (c flowContext) replyAt(i int) (ptuple, bool) {
 	switch {
 	case i < len(c.old):
 		return c.old[i], true
@@ -118,11 +120,11 @@ func (c tupleContext) replyAt(i int) (ptuple, bool) {
 	return ptuple{}, false
 }
 
-// eventPacker packs events against one time base (times are kept as
-// nanoseconds from it) and numbers the namespaces it sees.
+// eventPacker packs events against one time base, the first event's
+// time (times are kept as nanoseconds from it), and numbers the
+// namespaces it sees.
 type eventPacker struct {
 	base  time.Time
-	set   bool
 	netns []uint32
 }
 
@@ -143,9 +145,9 @@ func (ep *eventPacker) netnsIndex(ns uint32) (byte, bool) {
 // appendEvent packs ev onto b, the tuples equal to the flow's key or
 // latest reply as a tag. ok is false when ev would not read back exactly
 // (b is then unchanged).
-func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c tupleContext) ([]byte, bool) {
-	if !ep.set && !ev.Time.IsZero() {
-		ep.base, ep.set = ev.Time, true
+func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c flowContext) ([]byte, bool) {
+	if ep.base.IsZero() {
+		ep.base = ev.Time
 	}
 	start := len(b)
 	var mask uint16
@@ -154,18 +156,22 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c tupleContext) ([]
 			mask |= bit
 		}
 	}
-	set(hasReason, ev.HasReason)
-	set(hasNoCT, ev.NoCT)
-	set(hasTimeZero, ev.Time.IsZero())
+	set(flagHasReason, ev.HasReason)
+	set(flagNoCT, ev.NoCT)
+	set(flagTimeZero, ev.Time.IsZero())
 	set(hasNFHook, ev.NFHook != 0)
 	set(hasCTInfo, ev.CTInfo != 0)
 	set(hasICMP, ev.ICMPType != 0 || ev.ICMPCode != 0)
-	nsIdx, interned := ep.netnsIndex(ev.Netns)
-	set(hasNetnsIdx, ev.Netns != 0 && interned)
-	set(hasNetns, ev.Netns != 0 && !interned)
+	var nsIdx byte
+	if ev.Netns != 0 {
+		var interned bool
+		nsIdx, interned = ep.netnsIndex(ev.Netns)
+		set(hasNetnsIdx, interned)
+		set(hasNetns, !interned)
+	}
 	set(hasCTStatus, ev.CTStatus != 0)
 	set(hasCTMark, ev.CTMark != 0)
-	set(hasReason32, ev.Reason != 0)
+	set(hasReason, ev.Reason != 0)
 	set(hasFlags, ev.To.Flags != 0)
 	set(hasCTZone, ev.CTZone != 0)
 	b = append(b, byte(ev.Kind), byte(ev.Hook), byte(ev.Via))
@@ -185,7 +191,7 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c tupleContext) ([]
 	for _, f := range [...]struct {
 		bit uint16
 		v   uint32
-	}{{hasNetns, ev.Netns}, {hasCTStatus, ev.CTStatus}, {hasCTMark, ev.CTMark}, {hasReason32, ev.Reason}, {hasFlags, ev.To.Flags}, {hasCTZone, uint32(ev.CTZone)}} {
+	}{{hasNetns, ev.Netns}, {hasCTStatus, ev.CTStatus}, {hasCTMark, ev.CTMark}, {hasReason, ev.Reason}, {hasFlags, ev.To.Flags}, {hasCTZone, uint32(ev.CTZone)}} {
 		if mask&f.bit != 0 {
 			b = binary.AppendUvarint(b, uint64(f.v))
 		}
@@ -207,11 +213,11 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c tupleContext) ([]
 // events.
 func appendWhole(b []byte, i int) []byte {
 	b = append(b, 0, 0, 0)
-	b = binary.LittleEndian.AppendUint16(b, hasWhole)
+	b = binary.LittleEndian.AppendUint16(b, flagWhole)
 	return binary.AppendUvarint(b, uint64(i))
 }
 
-func appendTuple(b []byte, t event.Tuple, c tupleContext) []byte {
+func appendTuple(b []byte, t event.Tuple, c flowContext) []byte {
 	if t == (event.Tuple{}) {
 		return append(b, tagZero)
 	}
@@ -241,25 +247,23 @@ func appendTuple(b []byte, t event.Tuple, c tupleContext) []byte {
 	return append(b, t.Proto)
 }
 
-// readEvent reads one packed event from b. A whole event's record reads
-// as an event of kind 0 with its index in Reason; ok is false when b is
-// not a packed event.
-func (ep *eventPacker) readEvent(b []byte, c tupleContext) (ev event.Event, rest []byte, ok bool) {
+// readEvent reads one packed event from b, or the whole event its record
+// refers to; ok is false when b is not a packed event.
+func (ep *eventPacker) readEvent(b []byte, c flowContext) (ev event.Event, rest []byte, ok bool) {
 	if len(b) < packedHeader {
 		return ev, nil, false
 	}
 	ev.Kind, ev.Hook, ev.Via = event.Kind(b[0]), event.Hook(b[1]), event.Via(b[2])
 	mask := binary.LittleEndian.Uint16(b[3:])
 	b = b[packedHeader:]
-	if mask&hasWhole != 0 {
+	if mask&flagWhole != 0 {
 		i, n := binary.Uvarint(b)
-		if n <= 0 {
+		if n <= 0 || i >= uint64(len(c.whole)) {
 			return ev, nil, false
 		}
-		ev.Reason = uint32(i)
-		return ev, b[n:], true
+		return c.whole[i], b[n:], true
 	}
-	ev.HasReason, ev.NoCT = mask&hasReason != 0, mask&hasNoCT != 0
+	ev.HasReason, ev.NoCT = mask&flagHasReason != 0, mask&flagNoCT != 0
 	for _, f := range [...]struct {
 		bit uint16
 		v   *uint8
@@ -281,7 +285,7 @@ func (ep *eventPacker) readEvent(b []byte, c tupleContext) (ev event.Event, rest
 	for _, f := range [...]struct {
 		bit uint16
 		v   *uint32
-	}{{hasNetns, &ev.Netns}, {hasCTStatus, &ev.CTStatus}, {hasCTMark, &ev.CTMark}, {hasReason32, &ev.Reason}, {hasFlags, &ev.To.Flags}, {hasCTZone, &zone}} {
+	}{{hasNetns, &ev.Netns}, {hasCTStatus, &ev.CTStatus}, {hasCTMark, &ev.CTMark}, {hasReason, &ev.Reason}, {hasFlags, &ev.To.Flags}, {hasCTZone, &zone}} {
 		if mask&f.bit != 0 {
 			v, n := binary.Uvarint(b)
 			if n <= 0 || v > 1<<32-1 {
@@ -294,7 +298,7 @@ func (ep *eventPacker) readEvent(b []byte, c tupleContext) (ev event.Event, rest
 		return ev, nil, false
 	}
 	ev.CTZone = uint16(zone)
-	if mask&hasTimeZero == 0 {
+	if mask&flagTimeZero == 0 {
 		d, n := binary.Varint(b)
 		if n <= 0 {
 			return ev, nil, false
@@ -311,7 +315,7 @@ func (ep *eventPacker) readEvent(b []byte, c tupleContext) (ev event.Event, rest
 	return ev, b, true
 }
 
-func readTuple(b []byte, t *event.Tuple, c tupleContext) ([]byte, bool) {
+func readTuple(b []byte, t *event.Tuple, c flowContext) ([]byte, bool) {
 	if len(b) < 1 {
 		return nil, false
 	}
@@ -379,8 +383,7 @@ const pendingInline = 88
 type pending struct {
 	deadline time.Duration // since the joiner's epoch
 	rare     *rarePending
-	n        uint16 // events, up to 65535: how many to make room for
-	used     uint8  // bytes of inline in use, unless spilled
+	used     uint8 // bytes of inline in use, unless spilled
 	// wide: the key and reply are held as ptuple (38 bytes each) rather
 	// than as IPv4 (13 each).
 	wide     bool
@@ -504,8 +507,12 @@ func (p *pending) oldReplies() []ptuple {
 }
 
 // context is what p's events are packed against.
-func (p *pending) context() tupleContext {
-	return tupleContext{key: p.key(), reply: p.reply(), old: p.oldReplies()}
+func (p *pending) context() flowContext {
+	c := flowContext{key: p.key(), reply: p.reply()}
+	if p.rare != nil {
+		c.old, c.whole = p.rare.oldReplies, p.rare.whole
+	}
+	return c
 }
 
 func putSlot(b []byte, t ptuple, wide bool) {
@@ -548,9 +555,6 @@ func (j *Joiner) addEvent(p *pending, ev event.Event) {
 		b = appendWhole(b, len(r.whole)-1)
 	}
 	p.setBytes(b)
-	if p.n < math.MaxUint16 {
-		p.n++
-	}
 }
 
 // eachEvent calls fn with p's events in the order they came, until fn
@@ -562,9 +566,6 @@ func (j *Joiner) eachEvent(p *pending, fn func(event.Event) bool) {
 		ev, rest, ok := j.packer.readEvent(b, c)
 		if !ok {
 			return // never: the log is written by addEvent alone
-		}
-		if ev.Kind == 0 && p.rare != nil && int(ev.Reason) < len(p.rare.whole) {
-			ev = p.rare.whole[ev.Reason]
 		}
 		if !fn(ev) {
 			return
