@@ -9,7 +9,7 @@ import (
 // tupleIndex leads each tuple an open flow holds (its key, its reply and
 // that reversed, its earlier replies) to the flow; it holds the key and
 // the replies, and finds the reversed ones through them. A busy node keeps
-// hundreds of thousands of flows open, three tuples each, so the index
+// hundreds of thousands of flows open, two tuples each, so the index
 // keys a tuple by a 64-bit hash and checks the flow it finds: 16 bytes an
 // entry instead of a 40-byte tuple and a pointer, and a hash of five
 // words rather than of the key's bytes. A tuple whose hash another flow's
@@ -30,19 +30,23 @@ func newTupleIndex() tupleIndex {
 // client's packet after its DNAT) is not indexed: it is found under the
 // reply, which costs a second look only for a tuple no flow has under
 // itself.
-func (x *tupleIndex) get(t ptuple) *pending {
-	if p := x.find(t); p != nil {
+func (x *tupleIndex) get(t ptuple) *pending { return x.getHashed(t, x.hash(t)) }
+
+// getHashed is get of t whose hash is h.
+func (x *tupleIndex) getHashed(t ptuple, h uint64) *pending {
+	if p := x.find(t, h); p != nil {
 		return p
 	}
-	if p := x.find(t.reverse()); p != nil && p.holds(t) {
+	r := t.reverse()
+	if p := x.find(r, x.hash(r)); p != nil && p.holds(t) {
 		return p
 	}
 	return nil
 }
 
-// find is the flow indexed under t.
-func (x *tupleIndex) find(t ptuple) *pending {
-	if p := x.byHash[x.hash(t)]; p != nil && p.holds(t) {
+// find is the flow indexed under t, whose hash is h.
+func (x *tupleIndex) find(t ptuple, h uint64) *pending {
+	if p := x.byHash[h]; p != nil && p.holds(t) {
 		return p
 	}
 	if len(x.collided) == 0 {
@@ -54,10 +58,10 @@ func (x *tupleIndex) find(t ptuple) *pending {
 // claim leads t to p unless t already leads to a flow: the first flow to
 // see a tuple keeps it.
 func (x *tupleIndex) claim(p *pending, t ptuple) {
-	if x.get(t) != nil {
+	h := x.hash(t)
+	if x.getHashed(t, h) != nil {
 		return
 	}
-	h := x.hash(t)
 	if _, taken := x.byHash[h]; !taken {
 		x.byHash[h] = p
 		return
