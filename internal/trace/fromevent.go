@@ -35,7 +35,7 @@ type encodedEndpoint struct {
 }
 
 // Event is EventOf.
-func (c *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
+func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	r := Event{
 		Kind:  e.Kind.String(),
 		Time:  e.Time,
@@ -49,13 +49,13 @@ func (c *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	}
 	r.Proto = event.ProtoName(main.Proto)
 	if e.Packet.Valid() {
-		r.Packet = c.Tuple(e.Packet)
+		r.Packet = enc.Tuple(e.Packet)
 	}
 	if e.Orig.Valid() {
-		r.Orig = c.Tuple(e.Orig)
+		r.Orig = enc.Tuple(e.Orig)
 	}
 	if e.Reply.Valid() {
-		r.Reply = c.Tuple(e.Reply)
+		r.Reply = enc.Tuple(e.Reply)
 	}
 	if e.NFHook != event.NFHookNone {
 		r.NFHook = event.NFHookName(e.NFHook)
@@ -67,11 +67,11 @@ func (c *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 		r.CTMark = e.CTMark
 		r.CTZone = e.CTZone
 	case event.KindIPVS:
-		r.To = c.endpoint(e.To.MinAddr, e.To.MinPort)
-		r.Virtual = c.endpoint(e.Orig.Dst, e.Orig.DstPort)
+		r.To = enc.endpoint(e.To.MinAddr, e.To.MinPort)
+		r.Virtual = enc.endpoint(e.Orig.Dst, e.Orig.DstPort)
 		r.Forward = event.IPVSForward(e.Reason)
 	case event.KindIPVSNoDest:
-		r.Virtual = c.endpoint(e.Orig.Dst, e.Orig.DstPort)
+		r.Virtual = enc.endpoint(e.Orig.Dst, e.Orig.DstPort)
 	case event.KindReject:
 		t, c := e.ICMPType, e.ICMPCode
 		r.ICMPType, r.ICMPCode = &t, &c
@@ -94,23 +94,23 @@ func (c *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 }
 
 // Tuple is TupleOf.
-func (c *Encoder) Tuple(t event.Tuple) *Tuple {
+func (enc *Encoder) Tuple(t event.Tuple) *Tuple {
 	if t.Proto == 1 || t.Proto == 58 {
 		// ICMP has no ports: conntrack keys it by echo id.
 		return &Tuple{Src: t.Src.String(), Dst: t.Dst.String()}
 	}
-	return &Tuple{Src: c.endpoint(t.Src, t.SrcPort), Dst: c.endpoint(t.Dst, t.DstPort)}
+	return &Tuple{Src: enc.endpoint(t.Src, t.SrcPort), Dst: enc.endpoint(t.Dst, t.DstPort)}
 }
 
-func (c *Encoder) endpoint(a netip.Addr, port uint16) string {
+func (enc *Encoder) endpoint(a netip.Addr, port uint16) string {
 	if !a.IsValid() {
 		return ""
 	}
 	ap := netip.AddrPortFrom(a, port)
-	if c == nil {
+	if enc == nil {
 		return ap.String()
 	}
-	slot := &c.recent[endpointSlot(ap)]
+	slot := &enc.recent[endpointSlot(ap)]
 	if slot.s == "" || slot.ap != ap {
 		*slot = encodedEndpoint{ap: ap, s: ap.String()}
 	}
