@@ -47,16 +47,7 @@ func TestPackedEventsReadBack(t *testing.T) {
 	for _, ev := range evs {
 		j.addEvent(p, ev)
 	}
-	var got []event.Event
-	j.eachEvent(p, func(ev event.Event) bool { got = append(got, ev); return true })
-	if len(got) != len(evs) {
-		t.Fatalf("read back %d events, want %d", len(got), len(evs))
-	}
-	for i := range evs {
-		if got[i] != evs[i] {
-			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], evs[i])
-		}
-	}
+	readsBack(t, &j, p, evs)
 	if p.rare == nil || len(p.rare.whole) != 2 {
 		t.Errorf("want the zoned event and the other location's kept whole, got rare %+v", p.rare)
 	}
@@ -94,16 +85,7 @@ func TestPackedRepliesChange(t *testing.T) {
 	if old := p.oldReplies(); len(old) != 2 || old[0] != packTuple(r1) || old[1] != packTuple(r2) {
 		t.Errorf("old replies %+v, want r1 and r2", old)
 	}
-	var got []event.Event
-	j.eachEvent(p, func(ev event.Event) bool { got = append(got, ev); return true })
-	if len(got) != len(want) {
-		t.Fatalf("read back %d events, want %d", len(got), len(want))
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], want[i])
-		}
-	}
+	readsBack(t, &j, p, want)
 }
 
 // TestPackedUsualFlowsInline: the usual IPv4 flows, a DNAT and its
@@ -206,5 +188,20 @@ func TestPackedManyNamespaces(t *testing.T) {
 	})
 	if i != len(want) || p.rare != nil && len(p.rare.whole) > 0 {
 		t.Fatalf("read back %d of %d events, %v kept whole", i, len(want), p.rare)
+	}
+}
+
+// readsBack requires p's events to read back as want, in order.
+func readsBack(t *testing.T, j *Joiner, p *pending, want []event.Event) {
+	t.Helper()
+	var got []event.Event
+	j.eachEvent(p, func(ev event.Event) bool { got = append(got, ev); return true })
+	if len(got) != len(want) {
+		t.Fatalf("read back %d events, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], want[i])
+		}
 	}
 }
