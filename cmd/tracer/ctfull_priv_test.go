@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -166,11 +167,15 @@ func mustNamespace(t *testing.T, lab *netlab.Lab, name string) netlab.Namespace 
 }
 
 // listenAndHold accepts connections on addr inside ns and keeps them open;
-// accepted counts them.
+// accepted counts them. The held connections send no keepalive probes: a
+// probe of a connection whose conntrack entry a test flushed needs a new
+// entry, which a full table refuses, and conntrack counts that drop
+// whenever it falls, inside a trace's window or not.
 func listenAndHold(t *testing.T, ns netlab.Namespace, addr string) (accepted func() int) {
 	t.Helper()
 	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+	lc := net.ListenConfig{KeepAlive: -1}
+	if err := ns.Do(func() (err error) { ln, err = lc.Listen(context.Background(), "tcp", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	var (
