@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -21,12 +21,22 @@ const ctMsgDelete = 2
 // read without blocking whenever the tracker asks, so that a lookup can
 // take in every DESTROY the kernel queued before it answered "no such
 // entry".
+//
+// The socket is kept out of Go's netpoller. The netpoller's edge-triggered
+// epoll wakes an idle thread for every datagram that arrives, even while
+// no goroutine waits for the socket: one wakeup per connection on a busy
+// node, which the batching of the wait loop cannot save. Here the socket
+// is polled only while wait runs, so the kernel wakes nobody between.
 type destroyReader struct {
-	conn *netlink.Conn
-	raw  syscall.RawConn
-	buf  []byte
-	// overrun keeps an ENOBUFS that Wait's peek took from the socket
-	// for the next Drain to report.
+	// mu keeps fd open while a wait or a drain uses it; Close takes it
+	// for writing after waking the wait.
+	mu      sync.RWMutex
+	fd      int
+	wake    int // an eventfd that Close writes to end a wait
+	closing atomic.Bool
+	buf     []byte
+	// overrun keeps an ENOBUFS that wait took from the socket for the
+	// next drain to report.
 	overrun      atomic.Bool
 	decodeErrors atomic.Uint64
 }
@@ -36,76 +46,120 @@ func newDestroyReader(cfg *netlink.Config, readBuffer int) (*destroyReader, erro
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack destroy event socket: %w", err)
 	}
-	d := &destroyReader{conn: c, buf: make([]byte, 32<<10)}
-	if err := d.setup(readBuffer); err != nil {
-		c.Close()
+	// netlink.Dial made the socket in the namespace; the reader keeps a
+	// duplicate of it, and closing the Conn takes the socket out of the
+	// netpoller (its epoll_ctl DEL) while the duplicate keeps it open.
+	fd, err := setupDestroys(c, readBuffer)
+	if cerr := c.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close conntrack destroy event socket: %w", cerr)
+	}
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
 		return nil, err
 	}
-	return d, nil
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open conntrack destroy reader's eventfd: %w", err)
+	}
+	return &destroyReader{fd: fd, wake: wake, buf: make([]byte, 32<<10)}, nil
 }
 
-func (d *destroyReader) setup(readBuffer int) error {
+// setupDestroys joins c to the DESTROY group and returns a duplicate of
+// its descriptor (-1 on error).
+func setupDestroys(c *netlink.Conn, readBuffer int) (int, error) {
 	if readBuffer > 0 {
-		if err := d.conn.SetReadBuffer(readBuffer); err != nil {
-			return fmt.Errorf("set conntrack event socket buffer: %w", err)
+		if err := c.SetReadBuffer(readBuffer); err != nil {
+			return -1, fmt.Errorf("set conntrack event socket buffer: %w", err)
 		}
 	}
-	if err := d.conn.JoinGroup(nfnlGroupCTDestroy); err != nil {
-		return fmt.Errorf("join conntrack destroy events: %w", err)
+	if err := c.JoinGroup(nfnlGroupCTDestroy); err != nil {
+		return -1, fmt.Errorf("join conntrack destroy events: %w", err)
 	}
-	raw, err := d.conn.SyscallConn()
+	raw, err := c.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("conntrack destroy event socket: %w", err)
+		return -1, fmt.Errorf("conntrack destroy event socket: %w", err)
 	}
-	d.raw = raw
+	dup, derr := -1, error(nil)
+	if err := raw.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, fmt.Errorf("conntrack destroy event socket: %w", err)
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("duplicate conntrack destroy event socket: %w", derr)
+	}
+	return dup, nil
+}
+
+// Close ends a wait in progress and closes the socket.
+func (d *destroyReader) Close() error {
+	d.closing.Store(true)
+	one := [8]byte{1}
+	_, werr := unix.Write(d.wake, one[:])
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := errors.Join(werr, unix.Close(d.fd), unix.Close(d.wake))
+	if err != nil {
+		return fmt.Errorf("close conntrack destroy event socket: %w", err)
+	}
 	return nil
 }
 
-func (d *destroyReader) Close() error { return d.conn.Close() }
-
-// wait blocks until an event (or an overrun) is queued.
+// wait blocks until an event (or an overrun) is queued, or Close is
+// called.
 func (d *destroyReader) wait() error {
-	var one [1]byte
-	err := d.raw.Read(func(fd uintptr) bool {
-		_, _, rerr := unix.Recvfrom(int(fd), one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		if errors.Is(rerr, unix.ENOBUFS) {
-			d.overrun.Store(true)
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for !d.closing.Load() {
+		fds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.wake), Events: unix.POLLIN}}
+		_, err := unix.Poll(fds, -1)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("wait for conntrack events: %w", err)
+		case fds[1].Revents != 0:
+			return nil
+		case fds[0].Revents&unix.POLLERR != 0:
+			// The socket's error is ENOBUFS, an overrun: reading takes it.
+			var one [1]byte
+			if _, _, rerr := unix.Recvfrom(d.fd, one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT); errors.Is(rerr, unix.ENOBUFS) {
+				d.overrun.Store(true)
+			}
+			return nil
+		case fds[0].Revents != 0:
+			return nil
 		}
-		return !errors.Is(rerr, unix.EAGAIN)
-	})
-	if err != nil {
-		return fmt.Errorf("wait for conntrack events: %w", err)
 	}
 	return nil
 }
 
-// drain hands every DESTROY queued now to fn without blocking. It goes
-// through Control, not Read, so it never waits behind wait's read lock.
+// drain hands every DESTROY queued now to fn without blocking.
 func (d *destroyReader) drain(fn func(change)) error {
-	var rerr error
-	err := d.raw.Control(func(fd uintptr) {
-		for {
-			n, _, err := unix.Recvfrom(int(fd), d.buf, unix.MSG_DONTWAIT)
-			switch {
-			case errors.Is(err, unix.EAGAIN):
-				return
-			case errors.Is(err, unix.ENOBUFS):
-				d.overrun.Store(true)
-				continue
-			case err != nil:
-				rerr = fmt.Errorf("receive conntrack events: %w", err)
-				return
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closing.Load() {
+		return nil
+	}
+	for {
+		n, _, err := unix.Recvfrom(d.fd, d.buf, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			if d.overrun.Swap(false) {
+				return errOverrun
 			}
-			d.parse(d.buf[:n], fn)
+			return nil
+		case errors.Is(err, unix.ENOBUFS):
+			d.overrun.Store(true)
+			continue
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("receive conntrack events: %w", err)
 		}
-	})
-	if err := errors.Join(err, rerr); err != nil {
-		return err
+		d.parse(d.buf[:n], fn)
 	}
-	if d.overrun.Swap(false) {
-		return errOverrun
-	}
-	return nil
 }
 
 // parse hands the DESTROY events of one datagram to fn.

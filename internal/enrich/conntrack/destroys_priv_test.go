@@ -1,0 +1,132 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestPrivDestroyReaderOutsideNetpoller: the DESTROY socket is in none of
+// the process's epoll sets, so a DESTROY wakes no thread while the
+// tracker is not waiting; its wait still returns when a DESTROY is queued
+// (a `conntrack -D` in the namespace) and when the reader is closed. The
+// truth is the kernel's own list of each epoll set's targets
+// (/proc/self/fdinfo), checked against a netlink socket that is in Go's
+// netpoller, which it must find.
+func TestPrivDestroyReaderOutsideNetpoller(t *testing.T) {
+	requirePriv(t)
+	ns := nodeNamespace(t, "trdr")
+	var d *destroyReader
+	err := withNetns(ns.Path(), func(nsFD int) (err error) {
+		d, err = newDestroyReader(&netlink.Config{NetNS: nsFD}, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	polled, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer polled.Close()
+	if !inEpollSet(t, socketInode(t, polledFD(t, polled))) {
+		t.Fatal("the netpoller's netlink socket is in no epoll set of the process: the check cannot see one")
+	}
+	if inEpollSet(t, socketInode(t, d.fd)) {
+		t.Error("the DESTROY socket is in an epoll set: every DESTROY wakes a thread")
+	}
+
+	inserter(t, ns)("-p", "tcp", "-s", "10.1.0.1", "-d", "10.1.0.2", "--sport", "40000", "--dport", "80", "--state", "ESTABLISHED")
+	waited := make(chan error, 1)
+	go func() { waited <- d.wait() }()
+	mustRun(t, ns, "conntrack", "-D", "-p", "tcp", "-s", "10.1.0.1")
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait did not return within 5s of conntrack -D")
+	}
+	var got []change
+	if err := d.drain(func(c change) { got = append(got, c) }); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if len(got) != 1 || !got[0].destroy || got[0].entry.Orig.Src.String() != "10.1.0.1" {
+		t.Fatalf("drained %+v, want the one DESTROY of 10.1.0.1's entry", got)
+	}
+
+	go func() { waited <- d.wait() }()
+	time.Sleep(50 * time.Millisecond) // let wait block in poll
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("wait after Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end a wait")
+	}
+}
+
+func polledFD(t *testing.T, c *netlink.Conn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+func socketInode(t *testing.T, fd int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// inEpollSet says whether the file of inode ino is a target of any epoll
+// set of this process: each target is a "tfd:" line of the epoll fd's
+// fdinfo, with the target's inode in hex after "ino:".
+func inEpollSet(t *testing.T, ino uint64) bool {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ino:" + strconv.FormatUint(ino, 16)
+	for _, f := range fds {
+		link, err := os.Readlink("/proc/self/fd/" + f.Name())
+		if err != nil || link != "anon_inode:[eventpoll]" {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + f.Name())
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(fmt.Errorf("read epoll fdinfo: %w", err))
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if strings.HasPrefix(line, "tfd:") && strings.Contains(line+" ", " "+want+" ") {
+				return true
+			}
+		}
+	}
+	return false
+}
