@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
-	"syscall"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -17,30 +16,45 @@ import (
 // getter asks the kernel for one conntrack entry at a time, without
 // ti-mo/conntrack's per-call allocations and acknowledgement: the kernel
 // answers a GET inside the sendmsg that carries it, so its reply is
-// already queued when one recvmsg reads it into a reused buffer.
+// already queued when one recvmsg reads it into a reused buffer. The
+// socket is outside Go's netpoller (outsideNetpoller), where each reply
+// would wake a parked thread for nothing.
 type getter struct {
-	mu   sync.Mutex
-	conn *netlink.Conn
-	raw  syscall.RawConn
-	seq  uint32
-	req  []byte
-	buf  []byte
+	mu     sync.Mutex
+	fd     int
+	closed bool
+	seq    uint32
+	req    []byte
+	buf    []byte
 }
+
+// getTimeout bounds a wait for a reply the kernel did not queue at once.
+const getTimeout = 5000 // ms
 
 func newGetter(cfg *netlink.Config) (*getter, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack get socket: %w", err)
 	}
-	raw, err := c.SyscallConn()
+	fd, err := outsideNetpoller(c)
 	if err != nil {
-		c.Close()
 		return nil, fmt.Errorf("open conntrack get socket: %w", err)
 	}
-	return &getter{conn: c, raw: raw, req: make([]byte, 0, 128), buf: make([]byte, 16<<10)}, nil
+	return &getter{fd: fd, req: make([]byte, 0, 128), buf: make([]byte, 16<<10)}, nil
 }
 
-func (g *getter) Close() error { return g.conn.Close() }
+func (g *getter) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	if err := unix.Close(g.fd); err != nil {
+		return fmt.Errorf("close conntrack get socket: %w", err)
+	}
+	return nil
+}
 
 // ctnetlink message and attribute numbers (linux/netfilter/nfnetlink.h,
 // nfnetlink_conntrack.h).
@@ -72,23 +86,17 @@ const (
 func (g *getter) get(tu event.Tuple) (e Entry, ok bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.closed {
+		return Entry{}, false, errClosed
+	}
 	g.seq++
 	g.req = appendGetRequest(g.req[:0], tu, g.seq)
-	var n int
-	var serr, rerr error
-	werr := g.raw.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), g.req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		return !errors.Is(serr, unix.EAGAIN)
-	})
-	if err := errors.Join(werr, serr); err != nil {
+	if err := g.send(); err != nil {
 		return Entry{}, false, fmt.Errorf("send conntrack get: %w", err)
 	}
 	for {
-		rdErr := g.raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), g.buf, 0)
-			return !errors.Is(rerr, unix.EAGAIN)
-		})
-		if err := errors.Join(rdErr, rerr); err != nil {
+		n, err := g.receive()
+		if err != nil {
 			return Entry{}, false, fmt.Errorf("receive conntrack get reply: %w", err)
 		}
 		e, ok, done, err := parseGetReply(g.buf[:n], g.seq)
@@ -96,6 +104,30 @@ func (g *getter) get(tu event.Tuple) (e Entry, ok bool, err error) {
 			return e, ok, err
 		}
 		// A stale reply to an earlier request: read on.
+	}
+}
+
+func (g *getter) send() error {
+	for {
+		err := unix.Sendto(g.fd, g.req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if ready, err := pollFor(g.fd, unix.POLLOUT, getTimeout); err != nil || !ready {
+			return errors.Join(err, errors.New("socket not writable in 5s"))
+		}
+	}
+}
+
+func (g *getter) receive() (int, error) {
+	for {
+		n, _, err := unix.Recvfrom(g.fd, g.buf, unix.MSG_DONTWAIT)
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+		if ready, err := pollFor(g.fd, unix.POLLIN, getTimeout); err != nil || !ready {
+			return 0, errors.Join(err, errors.New("no reply in 5s"))
+		}
 	}
 }
 

@@ -22,11 +22,9 @@ const ctMsgDelete = 2
 // take in every DESTROY the kernel queued before it answered "no such
 // entry".
 //
-// The socket is kept out of Go's netpoller. The netpoller's edge-triggered
-// epoll wakes an idle thread for every datagram that arrives, even while
-// no goroutine waits for the socket: one wakeup per connection on a busy
-// node, which the batching of the wait loop cannot save. Here the socket
-// is polled only while wait runs, so the kernel wakes nobody between.
+// The socket is outside Go's netpoller (outsideNetpoller) and polled only
+// while wait runs, so the DESTROYs that arrive during the wait loop's
+// batch wake nobody.
 type destroyReader struct {
 	// mu keeps fd open while a wait or a drain uses it; Close takes it
 	// for writing after waking the wait.
@@ -46,18 +44,13 @@ func newDestroyReader(cfg *netlink.Config, readBuffer int) (*destroyReader, erro
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack destroy event socket: %w", err)
 	}
-	// netlink.Dial made the socket in the namespace; the reader keeps a
-	// duplicate of it, and closing the Conn takes the socket out of the
-	// netpoller (its epoll_ctl DEL) while the duplicate keeps it open.
-	fd, err := setupDestroys(c, readBuffer)
-	if cerr := c.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("close conntrack destroy event socket: %w", cerr)
-	}
-	if err != nil {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
+	if err := joinDestroys(c, readBuffer); err != nil {
+		c.Close()
 		return nil, err
+	}
+	fd, err := outsideNetpoller(c)
+	if err != nil {
+		return nil, fmt.Errorf("open conntrack destroy event socket: %w", err)
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -67,29 +60,16 @@ func newDestroyReader(cfg *netlink.Config, readBuffer int) (*destroyReader, erro
 	return &destroyReader{fd: fd, wake: wake, buf: make([]byte, 32<<10)}, nil
 }
 
-// setupDestroys joins c to the DESTROY group and returns a duplicate of
-// its descriptor (-1 on error).
-func setupDestroys(c *netlink.Conn, readBuffer int) (int, error) {
+func joinDestroys(c *netlink.Conn, readBuffer int) error {
 	if readBuffer > 0 {
 		if err := c.SetReadBuffer(readBuffer); err != nil {
-			return -1, fmt.Errorf("set conntrack event socket buffer: %w", err)
+			return fmt.Errorf("set conntrack event socket buffer: %w", err)
 		}
 	}
 	if err := c.JoinGroup(nfnlGroupCTDestroy); err != nil {
-		return -1, fmt.Errorf("join conntrack destroy events: %w", err)
+		return fmt.Errorf("join conntrack destroy events: %w", err)
 	}
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return -1, fmt.Errorf("conntrack destroy event socket: %w", err)
-	}
-	dup, derr := -1, error(nil)
-	if err := raw.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return -1, fmt.Errorf("conntrack destroy event socket: %w", err)
-	}
-	if derr != nil {
-		return -1, fmt.Errorf("duplicate conntrack destroy event socket: %w", derr)
-	}
-	return dup, nil
+	return nil
 }
 
 // Close ends a wait in progress and closes the socket.

@@ -3,6 +3,7 @@ package conntrack
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -11,26 +12,37 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
 )
 
-// TestPrivDestroyReaderOutsideNetpoller: the DESTROY socket is in none of
-// the process's epoll sets, so a DESTROY wakes no thread while the
-// tracker is not waiting; its wait still returns when a DESTROY is queued
-// (a `conntrack -D` in the namespace) and when the reader is closed. The
-// truth is the kernel's own list of each epoll set's targets
+// TestPrivSocketsOutsideNetpoller: the DESTROY socket and the lookup
+// socket are in none of the process's epoll sets, so the datagram each
+// connection brings (a DESTROY, a lookup's reply) wakes no parked thread.
+// They still work: a lookup finds an entry `conntrack -I` made and not one
+// it did not; the DESTROY reader's wait returns when `conntrack -D`
+// queues a DESTROY, and when the reader is closed. The truth for "in an
+// epoll set" is the kernel's own list of each set's targets
 // (/proc/self/fdinfo), checked against a netlink socket that is in Go's
 // netpoller, which it must find.
-func TestPrivDestroyReaderOutsideNetpoller(t *testing.T) {
+func TestPrivSocketsOutsideNetpoller(t *testing.T) {
 	requirePriv(t)
 	ns := nodeNamespace(t, "trdr")
-	var d *destroyReader
+	var (
+		d *destroyReader
+		g *getter
+	)
 	err := withNetns(ns.Path(), func(nsFD int) (err error) {
-		d, err = newDestroyReader(&netlink.Config{NetNS: nsFD}, 0)
+		if d, err = newDestroyReader(&netlink.Config{NetNS: nsFD}, 0); err != nil {
+			return err
+		}
+		g, err = newGetter(&netlink.Config{NetNS: nsFD})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.Close() })
 	polled, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -42,8 +54,19 @@ func TestPrivDestroyReaderOutsideNetpoller(t *testing.T) {
 	if inEpollSet(t, socketInode(t, d.fd)) {
 		t.Error("the DESTROY socket is in an epoll set: every DESTROY wakes a thread")
 	}
+	if inEpollSet(t, socketInode(t, g.fd)) {
+		t.Error("the lookup socket is in an epoll set: every lookup's reply wakes a thread")
+	}
 
 	inserter(t, ns)("-p", "tcp", "-s", "10.1.0.1", "-d", "10.1.0.2", "--sport", "40000", "--dport", "80", "--state", "ESTABLISHED")
+	tu := event.Tuple{Src: netip.MustParseAddr("10.1.0.1"), Dst: netip.MustParseAddr("10.1.0.2"), SrcPort: 40000, DstPort: 80, Proto: unix.IPPROTO_TCP}
+	if e, ok, err := g.get(tu); err != nil || !ok || e.Orig != tu {
+		t.Fatalf("lookup of the inserted entry: %+v, %v, %v", e, ok, err)
+	}
+	tu.SrcPort++
+	if e, ok, err := g.get(tu); err != nil || ok {
+		t.Fatalf("lookup of an entry nobody made: %+v, %v, %v", e, ok, err)
+	}
 	waited := make(chan error, 1)
 	go func() { waited <- d.wait() }()
 	mustRun(t, ns, "conntrack", "-D", "-p", "tcp", "-s", "10.1.0.1")
