@@ -6,7 +6,6 @@
 package diagnose
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -121,20 +120,14 @@ func (d *diagnosis) rejectReason() string {
 }
 
 // target names what the client addressed: "10.96.0.20:3306 (Service ns/name)".
-func (d *diagnosis) target() string {
-	s := d.f.Orig.Dst
-	if sv := d.f.Service; sv != nil {
-		s += fmt.Sprintf(" (Service %s/%s)", sv.Namespace, sv.Name)
-	}
-	return s
-}
+func (d *diagnosis) target() string { return string(d.appendTarget(nil)) }
 
 // where names an endpoint with its pod when known.
 func (d *diagnosis) where(ap string, pod *trace.PodRef) string {
-	if pod != nil {
-		return fmt.Sprintf("%s (pod %s)", ap, pod.Key())
+	if pod == nil {
+		return ap
 	}
-	return ap
+	return string(appendWhere(nil, ap, pod))
 }
 
 func (d *diagnosis) ruleIn(chain string) bool {
@@ -145,60 +138,9 @@ func (d *diagnosis) ruleIn(chain string) bool {
 	return r.Chain == chain || r.EntryChain == chain || slices.Contains(r.Path, chain)
 }
 
-func (d *diagnosis) ruleEvidence() string {
-	r := d.f.Rule
-	if r == nil {
-		return ""
-	}
-	s := fmt.Sprintf("Rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
-	switch {
-	case r.NFTables():
-		s = fmt.Sprintf("nftables rule `%s` (table %s %s, chain path %s, handle %d)", r.Text, r.Family, r.Table, strings.Join(rulePath(r), " → "), r.Handle)
-		if e := r.Element; e != nil {
-			s += fmt.Sprintf(", reached through element %s", e.Key)
-			if e.Map != "" {
-				s += " of map " + e.Map
-			}
-			if e.Comment != "" {
-				s += fmt.Sprintf(" (comment %q)", e.Comment)
-			}
-		}
-	case r.Family == "ip6":
-		// ip6tables-save prints rules just as iptables-save does, so the
-		// text alone would pass for an IPv4 rule.
-		s = fmt.Sprintf("ip6tables rule `%s` (table %s, chain path %s)", r.Text, r.Table, strings.Join(rulePath(r), " → "))
-	}
-	if r.Uncertain != "" {
-		s += "; attribution uncertain: " + r.Uncertain
-	}
-	return s
-}
+func (d *diagnosis) ruleEvidence() string { return string(d.appendRuleEvidence(nil)) }
 
-func rulePath(r *trace.Rule) []string {
-	if len(r.Path) > 0 {
-		return r.Path
-	}
-	if r.EntryChain != "" && r.EntryChain != r.Chain {
-		return []string{r.EntryChain, r.Chain}
-	}
-	return []string{r.Chain}
-}
-
-func (d *diagnosis) conntrackEvidence() string {
-	ct := d.f.Conntrack
-	if ct == nil {
-		return ""
-	}
-	state := "replied"
-	if !ct.Replied {
-		state = "never replied (UNREPLIED)"
-	}
-	s := "Conntrack entry " + state
-	if ct.State != "" {
-		s += ", state " + ct.State
-	}
-	return s
-}
+func (d *diagnosis) conntrackEvidence() string { return string(d.appendConntrackEvidence(nil)) }
 
 // sentences joins the non-empty parts with spaces, each ending in a full
 // stop, into one allocation: every flow's explanation is made of them.

@@ -344,22 +344,42 @@ func orDefault(s, def string) string {
 
 // ok: translated or passed as the Service intends.
 func (d *diagnosis) ok() Result {
-	var parts []string
+	p := newProse()
+	p.begin()
 	switch {
 	case d.has(trace.KindIPVS):
 		ev := d.event(trace.KindIPVS)
-		parts = append(parts, fmt.Sprintf("ok: IPVS sent %s from %s to real server %s (%s)", d.target(), d.f.Orig.Src, d.where(ev.To, d.f.DstPod), orDefault(ev.Forward, "masq")))
+		p.b = d.appendTarget(append(p.b, "ok: IPVS sent "...))
+		p.b = append(append(p.b, " from "...), d.f.Orig.Src...)
+		p.b = appendWhere(append(p.b, " to real server "...), ev.To, d.f.DstPod)
+		p.b = append(append(append(p.b, " ("...), orDefault(ev.Forward, "masq")...), ')')
 	case d.has(trace.KindDNAT):
-		parts = append(parts, fmt.Sprintf("ok: %s from %s was DNAT'd to %s", d.target(), d.f.Orig.Src, d.where(d.wentTo().String(), d.f.DstPod)))
+		p.b = d.appendTarget(append(p.b, "ok: "...))
+		p.b = append(append(p.b, " from "...), d.f.Orig.Src...)
+		p.b = append(p.b, " was DNAT'd to "...)
+		p.b = appendPod(d.wentTo().AppendTo(p.b), d.f.DstPod)
 		if d.isPortmapRule() {
-			parts = append(parts, "a hostPort used as intended: nothing else owns that address and port")
+			p.end()
+			p.begin()
+			p.b = append(p.b, "a hostPort used as intended: nothing else owns that address and port"...)
 		}
 	case d.has(trace.KindSNAT):
 		ev := d.event(trace.KindSNAT)
-		parts = append(parts, fmt.Sprintf("ok: %s to %s leaves with source %s (SNAT/MASQUERADE)", d.f.Orig.Src, d.target(), ev.To))
+		p.b = append(append(p.b, "ok: "...), d.f.Orig.Src...)
+		p.b = d.appendTarget(append(p.b, " to "...))
+		p.b = append(append(p.b, " leaves with source "...), ev.To...)
+		p.b = append(p.b, " (SNAT/MASQUERADE)"...)
 	default:
-		parts = append(parts, fmt.Sprintf("ok: %s to %s passed untranslated", d.f.Orig.Src, d.target()))
+		p.b = append(append(p.b, "ok: "...), d.f.Orig.Src...)
+		p.b = d.appendTarget(append(p.b, " to "...))
+		p.b = append(p.b, " passed untranslated"...)
 	}
-	parts = append(parts, d.ruleEvidence(), d.conntrackEvidence())
-	return Result{trace.VerdictOK, sentences(parts...)}
+	p.end()
+	p.begin()
+	p.b = d.appendRuleEvidence(p.b)
+	p.end()
+	p.begin()
+	p.b = d.appendConntrackEvidence(p.b)
+	p.end()
+	return Result{trace.VerdictOK, p.done()}
 }
