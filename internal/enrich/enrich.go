@@ -51,18 +51,27 @@ func EnrichBetween(f *trace.Flow, env, next Env) {
 // Service is the one the client addressed.
 func names(f *trace.Flow, env Env) {
 	src, dst := trace.ParseEndpoint(f.Orig.Src), trace.ParseEndpoint(f.Orig.Dst)
-	if p, ok := env.PodByIP(src.Addr(), f.Time); ok {
-		f.SrcPod = &p
-	}
 	went := dst
 	if f.Reply != nil {
 		went = trace.ParseEndpoint(f.Reply.Src)
 	}
-	if p, ok := env.PodByIP(went.Addr(), f.Time); ok {
-		f.DstPod = &p
-	}
-	if s, ok := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time); ok {
-		f.Service = &s
+	var n flowNames
+	var srcOK, dstOK, svcOK bool
+	n.src, srcOK = env.PodByIP(src.Addr(), f.Time)
+	n.dst, dstOK = env.PodByIP(went.Addr(), f.Time)
+	n.svc, svcOK = env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
+	if srcOK || dstOK || svcOK {
+		named := new(flowNames)
+		*named = n
+		if srcOK {
+			f.SrcPod = &named.src
+		}
+		if dstOK {
+			f.DstPod = &named.dst
+		}
+		if svcOK {
+			f.Service = &named.svc
+		}
 	}
 	if r := f.Rule; r != nil && r.Owner != nil {
 		if to := dnatTarget(f); to.IsValid() {
@@ -71,6 +80,12 @@ func names(f *trace.Flow, env Env) {
 			}
 		}
 	}
+}
+
+// flowNames are a flow's pods and Service in one allocation.
+type flowNames struct {
+	src, dst trace.PodRef
+	svc      trace.ServiceRef
 }
 
 func dnatTarget(f *trace.Flow) netip.AddrPort {

@@ -38,7 +38,7 @@ func TestPackedEventsReadBack(t *testing.T) {
 	zoned.Packet.Src = zoned.Packet.Src.WithZone("eth0") // the kernel never gives a zone: kept whole
 	otherZone := evs[0]
 	otherZone.Time = otherZone.Time.In(time.FixedZone("X", 3600)) // another location than the first event's
-	kindless := evs[3] // kind 0, reason 0, read as itself, not as the first whole event
+	kindless := evs[3]                                            // kind 0, reason 0, read as itself, not as the first whole event
 	kindless.Kind = 0
 	evs = append(evs, zoned, otherZone, kindless)
 

@@ -93,13 +93,19 @@ func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	return r
 }
 
-// Tuple is TupleOf.
+// Tuple is TupleOf. It inlines, so a caller that copies the result
+// (a flow's Orig) keeps it off the heap.
 func (enc *Encoder) Tuple(t event.Tuple) *Tuple {
+	v := enc.tuple(t)
+	return &v
+}
+
+func (enc *Encoder) tuple(t event.Tuple) Tuple {
 	if t.Proto == 1 || t.Proto == 58 {
 		// ICMP has no ports: conntrack keys it by echo id.
-		return &Tuple{Src: t.Src.String(), Dst: t.Dst.String()}
+		return Tuple{Src: t.Src.String(), Dst: t.Dst.String()}
 	}
-	return &Tuple{Src: enc.endpoint(t.Src, t.SrcPort), Dst: enc.endpoint(t.Dst, t.DstPort)}
+	return Tuple{Src: enc.endpoint(t.Src, t.SrcPort), Dst: enc.endpoint(t.Dst, t.DstPort)}
 }
 
 func (enc *Encoder) endpoint(a netip.Addr, port uint16) string {
