@@ -63,10 +63,15 @@ func TestConntrackTableFull(t *testing.T) {
 	listenAndHold(t, node, "10.78.0.1:8080")
 	listenAndHold(t, node, "[fd78::1]:8080")
 	for _, vip := range vips {
-		if err := dialFrom(client, vip, 2*time.Second); err != nil {
+		if err := dialAndReset(client, vip, 2*time.Second); err != nil {
 			t.Fatalf("before the table filled, the client could not connect to %s: %v", vip, err)
 		}
 	}
+	// Those connections end with a reset, and are gone from both sides
+	// before the flush: a half-closed one retransmits its FIN after the
+	// flush, the full table drops each retransmission, and conntrack -S
+	// counts those drops before and after the trace's window as well.
+	waitNoTCPSockets(t, client, node)
 
 	// That connection's entry, closing, is one early drop may evict
 	// (tcp_can_early_drop): only the established ones stay.
@@ -217,6 +222,44 @@ func dialFrom(ns netlab.Namespace, addr string, timeout time.Duration) error {
 		}
 		return err
 	})
+}
+
+// dialAndReset connects from ns to addr and ends the connection with a
+// reset (SO_LINGER 0), which leaves no socket on either side.
+func dialAndReset(ns netlab.Namespace, addr string, timeout time.Duration) error {
+	return ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			return err
+		}
+		if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+			c.Close()
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// waitNoTCPSockets waits until no namespace of nss has a TCP socket other
+// than its listeners, as ss lists them.
+func waitNoTCPSockets(t *testing.T, nss ...netlab.Namespace) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, ns := range nss {
+		for {
+			out, err := ns.Run("ss", "-Htan", "exclude", "listening")
+			if err != nil {
+				t.Fatalf("ss in %s: %v %s", ns.Name, err, out)
+			}
+			if strings.TrimSpace(out) == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("TCP sockets in %s still open after 5s:\n%s", ns.Name, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 // conntrackMaxFor is the limit the node's table is filled to. The limit
