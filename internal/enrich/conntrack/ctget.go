@@ -107,9 +107,11 @@ func (g *getter) get(tu event.Tuple) (e Entry, ok bool, err error) {
 	}
 }
 
+// send writes the request: a netlink socket's unaddressed write goes to the
+// kernel, and needs no address allocated per request as sendto does.
 func (g *getter) send() error {
 	for {
-		err := unix.Sendto(g.fd, g.req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		_, err := unix.Write(g.fd, g.req)
 		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return err
 		}
@@ -119,9 +121,11 @@ func (g *getter) send() error {
 	}
 }
 
+// receive reads a reply; the socket is non-blocking, and read returns no
+// sender address to allocate, as recvfrom does.
 func (g *getter) receive() (int, error) {
 	for {
-		n, _, err := unix.Recvfrom(g.fd, g.buf, unix.MSG_DONTWAIT)
+		n, err := unix.Read(g.fd, g.buf)
 		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return n, err
 		}

@@ -123,7 +123,9 @@ func (d *destroyReader) drain(fn func(change)) error {
 		return nil
 	}
 	for {
-		n, _, err := unix.Recvfrom(d.fd, d.buf, unix.MSG_DONTWAIT)
+		// The socket is non-blocking; read, unlike recvfrom, allocates
+		// no sender address per datagram.
+		n, err := unix.Read(d.fd, d.buf)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			if d.overrun.Swap(false) {
