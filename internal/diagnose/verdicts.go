@@ -3,6 +3,7 @@ package diagnose
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -72,26 +73,44 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 	if !byRule && !(d.has(trace.KindReject) && d.env.OnKubeIPVS(dst.Addr())) {
 		return Result{}, false
 	}
-	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
-	if d.isPing() {
-		what = "ICMP (ping)"
-	}
 	ports := d.env.ServicePortsOn(dst.Addr())
-	accepted := "no service port"
-	if len(ports) > 0 {
-		accepted = "only " + strings.Join(ports, ", ")
+	p := newProse()
+	p.begin()
+	p.b = append(p.b, "rejected by KUBE-IPVS-FILTER: "...)
+	if d.isPing() {
+		p.b = append(p.b, "ICMP (ping)"...)
+	} else {
+		p.b = strconv.AppendUint(append(append(p.b, d.f.Proto...), " port "...), uint64(dst.Port()), 10)
 	}
-	evidence := d.ruleEvidence()
-	if evidence == "" {
-		evidence = "the rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"
+	p.b = d.appendTarget(append(p.b, " to "...))
+	p.b = dst.Addr().AppendTo(append(p.b, " is refused because "...))
+	p.b = append(append(p.b, " is bound to kube-ipvs0 (ipset "...), ipvsIPsSet(dst.Addr())...)
+	p.b = append(p.b, ") while kube-proxy's ipsets accept "...)
+	if len(ports) == 0 {
+		p.b = append(p.b, "no service port"...)
+	} else {
+		p.b = append(p.b, "only "...)
+		for i, port := range ports {
+			if i > 0 {
+				p.b = append(p.b, ", "...)
+			}
+			p.b = append(p.b, port...)
+		}
 	}
-	parts := []string{
-		fmt.Sprintf("rejected by KUBE-IPVS-FILTER: %s to %s is refused because %s is bound to kube-ipvs0 (ipset %s) while kube-proxy's ipsets accept %s there, so the filter (kube-proxy IPVS mode ≥ 1.26) REJECTs new connections with %s",
-			what, d.target(), dst.Addr(), ipvsIPsSet(dst.Addr()), accepted, d.rejectReason()),
-		evidence,
+	p.b = append(p.b, " there, so the filter (kube-proxy IPVS mode ≥ 1.26) REJECTs new connections with "...)
+	p.b = append(p.b, d.rejectReason()...)
+	p.end()
+	p.begin()
+	if d.f.Rule != nil {
+		p.b = d.appendRuleEvidence(p.b)
+	} else {
+		p.b = append(p.b, "the rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"...)
 	}
-	parts = append(parts, d.filterFix(dst)...)
-	return Result{trace.VerdictIPVSFilterReject, sentences(parts...)}, true
+	p.end()
+	for _, fix := range d.filterFix(dst) {
+		p.sentence(fix)
+	}
+	return Result{trace.VerdictIPVSFilterReject, p.done()}, true
 }
 
 // ipvsIPsSet is kube-proxy's ipset of kube-ipvs0 addresses for a's family:
@@ -136,7 +155,7 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	var bypassed []string
 	onIPVS := d.env.OnKubeIPVS(dst.Addr())
 	if sv := d.f.Service; sv != nil {
-		bypassed = append(bypassed, fmt.Sprintf("Service %s/%s", sv.Namespace, sv.Name))
+		bypassed = append(bypassed, "Service "+sv.Namespace+"/"+sv.Name)
 	} else if onIPVS {
 		bypassed = append(bypassed, "the Service VIP "+dst.Addr().String())
 	}
@@ -163,19 +182,34 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 	if r := d.f.Rule; r.Owner != nil && r.Owner.Pod != nil {
 		owner = "pod " + r.Owner.Pod.Key()
 	}
-	why := d.hijackWhy(onIPVS, localOnly)
-	if order := d.nftHookOrder(); order != "" {
-		why += "; " + order
+	p := newProse()
+	p.begin()
+	p.b = d.appendTarget(append(p.b, "hijacked: "...))
+	p.b = appendPod(d.wentTo().AppendTo(append(p.b, " was DNAT'd to "...)), d.f.DstPod)
+	p.b = append(append(p.b, " by the hostPort rule of "...), owner...)
+	p.b = append(append(p.b, " in chain "...), d.f.Rule.Chain...)
+	p.b = append(p.b, ", bypassing "...)
+	for i, what := range bypassed {
+		if i > 0 {
+			p.b = append(p.b, " and "...)
+		}
+		p.b = append(p.b, what...)
 	}
-	landed := d.where(d.wentTo().String(), d.f.DstPod)
-	return Result{trace.VerdictHostportHijack, sentences(
-		fmt.Sprintf("hijacked: %s was DNAT'd to %s by the hostPort rule of %s in chain %s, bypassing %s",
-			d.target(), landed, owner, d.f.Rule.Chain, strings.Join(bypassed, " and ")),
-		"Why: "+why,
-		d.ruleEvidence(),
-		"No socket holds a hostPort, so ss, netstat, lsof and ipvsadm show nothing",
-		d.hijackFix(dst.Port(), owner, listener),
-	)}, true
+	p.end()
+	p.begin()
+	p.b = append(append(p.b, "Why: "...), d.hijackWhy(onIPVS, localOnly)...)
+	if order := d.nftHookOrder(); order != "" {
+		p.b = append(append(p.b, "; "...), order...)
+	}
+	p.end()
+	p.begin()
+	p.b = d.appendRuleEvidence(p.b)
+	p.end()
+	p.sentence("No socket holds a hostPort, so ss, netstat, lsof and ipvsadm show nothing")
+	p.begin()
+	p.b = d.appendHijackFix(p.b, dst.Port(), owner, listener)
+	p.end()
+	return Result{trace.VerdictHostportHijack, p.done()}, true
 }
 
 // hijackWhy says which locality check let the hostPort rule take the
@@ -210,15 +244,17 @@ func (d *diagnosis) nftHookOrder() string {
 	return "kube-proxy's nat-prerouting and portmap's prerouting chain both hook prerouting at priority dstnat; of base chains with the same priority the one registered last runs first, and a connection keeps the first DNAT it gets, so portmap's rule took it before kube-proxy's Service rules could"
 }
 
-func (d *diagnosis) hijackFix(port uint16, owner string, listener bool) string {
-	fix := fmt.Sprintf("Fix: remove hostPort %d from %s or move it to a port no Service, NodePort or host listener uses", port, owner)
+func (d *diagnosis) appendHijackFix(b []byte, port uint16, owner string, listener bool) []byte {
+	b = strconv.AppendUint(append(b, "Fix: remove hostPort "...), uint64(port), 10)
+	b = append(append(b, " from "...), owner...)
+	b = append(b, " or move it to a port no Service, NodePort or host listener uses"...)
 	if _, localOnly := portmapNFT(d.f.Rule); d.f.Rule.NFTables() && !localOnly {
-		fix += "; and upgrade portmap to v1.9 or later, whose nftables backend captures only the node's own addresses"
+		b = append(b, "; and upgrade portmap to v1.9 or later, whose nftables backend captures only the node's own addresses"...)
 	}
 	if listener {
-		fix += "; a hostNetwork listener and a hostPort on the same port conflict: pick one"
+		b = append(b, "; a hostNetwork listener and a hostPort on the same port conflict: pick one"...)
 	}
-	return fix
+	return b
 }
 
 // returnPathMismatch: DNAT without SNAT to a backend that replies around
