@@ -299,18 +299,19 @@ func appendStrings(b []byte, ss []string) []byte {
 // &; valid UTF-8 other than U+2028 and U+2029) goes straight in; a string
 // with anything else is left to encoding/json.
 func appendString(b []byte, s string) []byte {
-	i := 0
-	// Eight bytes at a time while none needs a look (most of a rule's
-	// text): a word with no byte below 0x20, at or above 0x80, or equal
-	// to one of the five that JSON or HTML escape.
-	for ; i+8 <= len(s); i += 8 {
-		w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
-		if w&hiBits != 0 || hasLess(w, 0x20)|hasByte(w, '"')|hasByte(w, '\\')|hasByte(w, '<')|hasByte(w, '>')|hasByte(w, '&') != 0 {
-			break
+	for i := 0; i < len(s); {
+		// Eight bytes at a time while none needs a look (most of a
+		// rule's text, and an explanation between its arrows): a word
+		// with no byte below 0x20, at or above 0x80, or equal to one of
+		// the five that JSON or HTML escape.
+		if i+8 <= len(s) {
+			w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+				uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+			if w&hiBits == 0 && hasLess(w, 0x20)|hasByte(w, '"')|hasByte(w, '\\')|hasByte(w, '<')|hasByte(w, '>')|hasByte(w, '&') == 0 {
+				i += 8
+				continue
+			}
 		}
-	}
-	for i < len(s) {
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
