@@ -104,7 +104,7 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 	if d.f.Rule != nil {
 		p.b = d.appendRuleEvidence(p.b)
 	} else {
-		p.b = append(p.b, "the rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"...)
+		p.b = append(p.b, "The rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"...)
 	}
 	p.end()
 	for _, fix := range d.filterFix(dst) {
