@@ -8,7 +8,6 @@ package diagnose
 import (
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -127,7 +126,7 @@ func (d *diagnosis) where(ap string, pod *trace.PodRef) string {
 	if pod == nil {
 		return ap
 	}
-	return string(appendWhere(nil, ap, pod))
+	return string(appendPod([]byte(ap), pod))
 }
 
 func (d *diagnosis) ruleIn(chain string) bool {
@@ -142,26 +141,13 @@ func (d *diagnosis) ruleEvidence() string { return string(d.appendRuleEvidence(n
 
 func (d *diagnosis) conntrackEvidence() string { return string(d.appendConntrackEvidence(nil)) }
 
-// sentences joins the non-empty parts with spaces, each ending in a full
-// stop, into one allocation: every flow's explanation is made of them.
+// sentences joins the non-empty parts with spaces, each trimmed of
+// spaces and ending in a full stop: every flow's explanation is made of
+// them.
 func sentences(parts ...string) string {
-	n := 0
-	for _, p := range parts {
-		n += len(p) + 2
+	p := newProse()
+	for _, s := range parts {
+		p.sentence(s)
 	}
-	var b strings.Builder
-	b.Grow(n)
-	for _, p := range parts {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		if b.Len() > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(p)
-		if !strings.HasSuffix(p, ".") {
-			b.WriteByte('.')
-		}
-	}
-	return b.String()
+	return p.done()
 }

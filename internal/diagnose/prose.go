@@ -8,24 +8,23 @@ import (
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// prose is an explanation written into one buffer: what sentences makes of
-// its parts, without a string per part. Every flow is explained, so the
-// common verdicts write their text here.
+// prose is an explanation written sentence by sentence into one buffer,
+// without a string per part: every flow is explained, so the common
+// verdicts write their text here, and sentences joins its parts here too.
 type prose struct {
 	b []byte
-	// start is where the open sentence's text begins; sep whether a space
-	// precedes it.
+	// start is where the open sentence's text begins, after the space
+	// that separates it from the one before (none for the first).
 	start int
-	sep   bool
 }
 
-// proses are reused: the text is copied out by String, and a buffer per
-// flow would be garbage at once.
+// proses are reused: done copies the text out, and a buffer per flow
+// would be garbage at once.
 var proses = sync.Pool{New: func() any { return &prose{b: make([]byte, 0, 512)} }}
 
 func newProse() *prose {
 	p := proses.Get().(*prose)
-	p.b, p.start, p.sep = p.b[:0], 0, false
+	p.b, p.start = p.b[:0], 0
 	return p
 }
 
@@ -40,22 +39,18 @@ func (p *prose) done() string {
 
 // begin opens a sentence.
 func (p *prose) begin() {
-	p.sep = len(p.b) > 0
-	if p.sep {
+	if len(p.b) > 0 {
 		p.b = append(p.b, ' ')
 	}
 	p.start = len(p.b)
 }
 
-// end closes the open sentence as sentences does a part: trimmed of
-// spaces, dropped when empty, ending in a full stop.
+// end closes the open sentence: trimmed of spaces, dropped (with its
+// separating space) when empty, ending in a full stop.
 func (p *prose) end() {
 	part := bytes.TrimSpace(p.b[p.start:])
 	if len(part) == 0 {
-		p.b = p.b[:p.start]
-		if p.sep {
-			p.b = p.b[:p.start-1]
-		}
+		p.b = p.b[:max(p.start-1, 0)]
 		return
 	}
 	n := copy(p.b[p.start:], part)
@@ -69,6 +64,14 @@ func (p *prose) end() {
 func (p *prose) sentence(s string) {
 	p.begin()
 	p.b = append(p.b, s...)
+	p.end()
+}
+
+// add writes one sentence that write appends (evidence, which may be
+// none).
+func (p *prose) add(write func([]byte) []byte) {
+	p.begin()
+	p.b = write(p.b)
 	p.end()
 }
 
@@ -86,25 +89,16 @@ func (d *diagnosis) appendTarget(b []byte) []byte {
 	return b
 }
 
-// appendWhere appends an endpoint with its pod when known.
-func appendWhere(b []byte, ap string, pod *trace.PodRef) []byte {
-	return appendPod(append(b, ap...), pod)
-}
-
 // appendPod appends " (pod ns/name)", or nothing for no pod.
 func appendPod(b []byte, pod *trace.PodRef) []byte {
 	if pod != nil {
 		b = append(b, " (pod "...)
-		b = appendPodKey(b, pod)
+		b = append(b, pod.Namespace...)
+		b = append(b, '/')
+		b = append(b, pod.Name...)
 		b = append(b, ')')
 	}
 	return b
-}
-
-func appendPodKey(b []byte, p *trace.PodRef) []byte {
-	b = append(b, p.Namespace...)
-	b = append(b, '/')
-	return append(b, p.Name...)
 }
 
 // appendRuleEvidence appends the rule that decided and its chain path;

@@ -1,6 +1,7 @@
 package diagnose
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -89,7 +90,8 @@ func TestOKExplanationsWordForWord(t *testing.T) {
 }
 
 // FuzzProseJoinsAsSentences: a prose written sentence by sentence says
-// exactly what sentences makes of the same parts.
+// exactly what the plain rule for joining parts says (sentencesReference,
+// the way sentences was written before it was built on prose).
 func FuzzProseJoinsAsSentences(f *testing.F) {
 	f.Add("ok: a", " ", "Rule `x`.", "")
 	f.Add("", "  b  ", "c.", "d")
@@ -98,8 +100,27 @@ func FuzzProseJoinsAsSentences(f *testing.F) {
 		for _, s := range []string{a, b, c, d} {
 			p.sentence(s)
 		}
-		if got, want := p.done(), sentences(a, b, c, d); got != want {
-			t.Fatalf("prose %q, sentences %q", got, want)
+		if got, want := p.done(), sentencesReference(a, b, c, d); got != want {
+			t.Fatalf("prose %q, the joining rule %q", got, want)
 		}
 	})
+}
+
+// sentencesReference joins the non-empty parts, trimmed of spaces, with
+// spaces, each ending in a full stop.
+func sentencesReference(parts ...string) string {
+	var b strings.Builder
+	for _, p := range parts {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(p)
+		if !strings.HasSuffix(p, ".") {
+			b.WriteByte('.')
+		}
+	}
+	return b.String()
 }

@@ -202,9 +202,7 @@ func (d *diagnosis) hostportHijack() (Result, bool) {
 		p.b = append(append(p.b, "; "...), order...)
 	}
 	p.end()
-	p.begin()
-	p.b = d.appendRuleEvidence(p.b)
-	p.end()
+	p.add(d.appendRuleEvidence)
 	p.sentence("No socket holds a hostPort, so ss, netstat, lsof and ipvsadm show nothing")
 	p.begin()
 	p.b = d.appendHijackFix(p.b, dst.Port(), owner, listener)
@@ -387,7 +385,7 @@ func (d *diagnosis) ok() Result {
 		ev := d.event(trace.KindIPVS)
 		p.b = d.appendTarget(append(p.b, "ok: IPVS sent "...))
 		p.b = append(append(p.b, " from "...), d.f.Orig.Src...)
-		p.b = appendWhere(append(p.b, " to real server "...), ev.To, d.f.DstPod)
+		p.b = appendPod(append(append(p.b, " to real server "...), ev.To...), d.f.DstPod)
 		p.b = append(append(append(p.b, " ("...), orDefault(ev.Forward, "masq")...), ')')
 	case d.has(trace.KindDNAT):
 		p.b = d.appendTarget(append(p.b, "ok: "...))
@@ -411,11 +409,7 @@ func (d *diagnosis) ok() Result {
 		p.b = append(p.b, " passed untranslated"...)
 	}
 	p.end()
-	p.begin()
-	p.b = d.appendRuleEvidence(p.b)
-	p.end()
-	p.begin()
-	p.b = d.appendConntrackEvidence(p.b)
-	p.end()
+	p.add(d.appendRuleEvidence)
+	p.add(d.appendConntrackEvidence)
 	return Result{trace.VerdictOK, p.done()}
 }
