@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -29,7 +30,7 @@ type getter struct {
 }
 
 // getTimeout bounds a wait for a reply the kernel did not queue at once.
-const getTimeout = 5000 // ms
+const getTimeout = 5 * time.Second
 
 func newGetter(cfg *netlink.Config) (*getter, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
@@ -110,27 +111,27 @@ func (g *getter) get(tu event.Tuple) (e Entry, ok bool, err error) {
 // send writes the request: a netlink socket's unaddressed write goes to the
 // kernel, and needs no address allocated per request as sendto does.
 func (g *getter) send() error {
-	for {
-		_, err := unix.Write(g.fd, g.req)
-		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
-			return err
-		}
-		if ready, err := pollFor(g.fd, unix.POLLOUT, getTimeout); err != nil || !ready {
-			return errors.Join(err, errors.New("socket not writable in 5s"))
-		}
-	}
+	_, err := g.whenReady(unix.POLLOUT, "socket not writable", func() (int, error) { return unix.Write(g.fd, g.req) })
+	return err
 }
 
 // receive reads a reply; the socket is non-blocking, and read returns no
 // sender address to allocate, as recvfrom does.
 func (g *getter) receive() (int, error) {
+	return g.whenReady(unix.POLLIN, "no reply", func() (int, error) { return unix.Read(g.fd, g.buf) })
+}
+
+// whenReady runs op on the non-blocking socket until it neither would
+// block nor was interrupted, waiting up to getTimeout for events in
+// between; what names the timeout.
+func (g *getter) whenReady(events int16, what string, op func() (int, error)) (int, error) {
 	for {
-		n, err := unix.Read(g.fd, g.buf)
+		n, err := op()
 		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return n, err
 		}
-		if ready, err := pollFor(g.fd, unix.POLLIN, getTimeout); err != nil || !ready {
-			return 0, errors.Join(err, errors.New("no reply in 5s"))
+		if ready, err := pollFor(g.fd, events, int(getTimeout.Milliseconds())); err != nil || !ready {
+			return 0, errors.Join(err, fmt.Errorf("%s in %v", what, getTimeout))
 		}
 	}
 }
