@@ -55,14 +55,11 @@ func names(f *trace.Flow, env Env) {
 	if f.Reply != nil {
 		went = trace.ParseEndpoint(f.Reply.Src)
 	}
-	var n flowNames
-	var srcOK, dstOK, svcOK bool
-	n.src, srcOK = env.PodByIP(src.Addr(), f.Time)
-	n.dst, dstOK = env.PodByIP(went.Addr(), f.Time)
-	n.svc, svcOK = env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
+	srcPod, srcOK := env.PodByIP(src.Addr(), f.Time)
+	dstPod, dstOK := env.PodByIP(went.Addr(), f.Time)
+	svc, svcOK := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
 	if srcOK || dstOK || svcOK {
-		named := new(flowNames)
-		*named = n
+		named := &flowNames{src: srcPod, dst: dstPod, svc: svc}
 		if srcOK {
 			f.SrcPod = &named.src
 		}

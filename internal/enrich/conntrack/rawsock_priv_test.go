@@ -70,14 +70,7 @@ func TestPrivSocketsOutsideNetpoller(t *testing.T) {
 	waited := make(chan error, 1)
 	go func() { waited <- d.wait() }()
 	mustRun(t, ns, "conntrack", "-D", "-p", "tcp", "-s", "10.1.0.1")
-	select {
-	case err := <-waited:
-		if err != nil {
-			t.Fatalf("wait: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait did not return within 5s of conntrack -D")
-	}
+	waitEnds(t, waited, "conntrack -D")
 	var got []change
 	if err := d.drain(func(c change) { got = append(got, c) }); err != nil {
 		t.Fatalf("drain: %v", err)
@@ -91,13 +84,20 @@ func TestPrivSocketsOutsideNetpoller(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
+	waitEnds(t, waited, "Close")
+}
+
+// waitEnds requires the wait whose result comes on waited to end, without
+// error, within 5s of what.
+func waitEnds(t *testing.T, waited <-chan error, what string) {
+	t.Helper()
 	select {
 	case err := <-waited:
 		if err != nil {
-			t.Fatalf("wait after Close: %v", err)
+			t.Fatalf("wait ended by %s: %v", what, err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not end a wait")
+		t.Fatalf("wait did not end within 5s of %s", what)
 	}
 }
 
