@@ -80,11 +80,7 @@ func (p *prose) add(write func([]byte) []byte) {
 func (d *diagnosis) appendTarget(b []byte) []byte {
 	b = append(b, d.f.Orig.Dst...)
 	if sv := d.f.Service; sv != nil {
-		b = append(b, " (Service "...)
-		b = append(b, sv.Namespace...)
-		b = append(b, '/')
-		b = append(b, sv.Name...)
-		b = append(b, ')')
+		b = appendNamed(b, "Service", sv.Namespace, sv.Name)
 	}
 	return b
 }
@@ -92,13 +88,16 @@ func (d *diagnosis) appendTarget(b []byte) []byte {
 // appendPod appends " (pod ns/name)", or nothing for no pod.
 func appendPod(b []byte, pod *trace.PodRef) []byte {
 	if pod != nil {
-		b = append(b, " (pod "...)
-		b = append(b, pod.Namespace...)
-		b = append(b, '/')
-		b = append(b, pod.Name...)
-		b = append(b, ')')
+		b = appendNamed(b, "pod", pod.Namespace, pod.Name)
 	}
 	return b
+}
+
+// appendNamed appends " (what namespace/name)".
+func appendNamed(b []byte, what, namespace, name string) []byte {
+	b = append(append(append(b, " ("...), what...), ' ')
+	b = append(append(append(b, namespace...), '/'), name...)
+	return append(b, ')')
 }
 
 // appendRuleEvidence appends the rule that decided and its chain path;
