@@ -53,15 +53,41 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-/* Packets of the connections the tracer reported on, in both directions:
- * a drop is worth reporting only for these (or when netfilter dropped it).
- * The value says why a tuple is followed (FOLLOW_*). */
+/* Packets of the connections the tracer reported on: a drop is worth
+ * reporting only for these (or when netfilter dropped it). A translated
+ * connection's packets are told by their conntrack entry instead
+ * (ct_translated). The rest are followed by their tuples, looked up by
+ * every free on the machine, so only while they can be there
+ * (follow_use): IPVS's connections in followed, once one was followed;
+ * packets answered with an error or reset, and their connections, in
+ * answered, for a minute after the last answer (the answered packet is
+ * freed right after its answer). The value says why a tuple is followed
+ * (FOLLOW_*). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct flow_key);
 	__type(value, __u8);
 } followed SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct flow_key);
+	__type(value, __u8);
+} answered SEC(".maps");
+
+/* FOLLOW_USE_IPVS is set once followed holds a tuple; FOLLOW_USE_ANSWERED
+ * is when answered last took one (bpf_ktime_get_ns). */
+#define FOLLOW_USE_IPVS 0
+#define FOLLOW_USE_ANSWERED 1
+#define ANSWERED_FOR_NS (60ULL * 1000000000)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} follow_use SEC(".maps");
 
 /* Forces BTF for the types userspace decodes. */
 const struct event *unused_event __attribute__((unused));
@@ -200,10 +226,11 @@ static __always_inline struct event *reserve(__u8 kind, __u8 hook, __u8 via)
 	return e;
 }
 
-/* Why a packet's tuple is followed: the connection was translated, or this
- * very packet was answered with an ICMP error or a reset (the kernel frees
- * it right after, and on kernels without drop reasons that free is the
- * only sign of the drop). */
+/* Why a packet's tuple is followed: the tracer reported its connection
+ * (IPVS, or the connection of an answered packet), or this very packet
+ * was answered with an ICMP error or a reset (the kernel frees it right
+ * after, and on kernels without drop reasons that free is the only sign
+ * of the drop). */
 #define FOLLOW_CONN 1
 #define FOLLOW_ANSWERED 2
 
@@ -216,23 +243,64 @@ static __always_inline void tuple_key(struct flow_key *k, const struct tuple *t)
 	k->proto = t->proto;
 }
 
-static __always_inline void follow_tuple(const struct tuple *t, __u8 why)
+static __always_inline void follow_tuple(void *map, const struct tuple *t, __u8 why)
 {
 	if (!t->family)
 		return;
 	struct flow_key k = {};
 	tuple_key(&k, t);
-	__u8 *old = bpf_map_lookup_elem(&followed, &k);
+	__u8 *old = bpf_map_lookup_elem(map, &k);
 	if (old) {
 		/* In place: an LRU update takes the map's locks and a free
-		 * node, and a connection's second decision (SNAT after DNAT)
-		 * finds its original tuple followed already. Not atomic (BPF
-		 * has no byte atomics), no more racy than the update was. */
+		 * node, and a connection's second decision finds its tuple
+		 * followed already. Not atomic (BPF has no byte atomics), no
+		 * more racy than the update was. */
 		if ((*old & why) != why)
 			*old |= why;
 		return;
 	}
-	bpf_map_update_elem(&followed, &k, &why, BPF_ANY);
+	bpf_map_update_elem(map, &k, &why, BPF_ANY);
+}
+
+static __always_inline void set_follow_use(__u32 which, __u64 v)
+{
+	__u64 *use = bpf_map_lookup_elem(&follow_use, &which);
+	if (use && *use != v)
+		*use = v;
+}
+
+static __always_inline __u64 follow_use_of(__u32 which)
+{
+	__u64 *use = bpf_map_lookup_elem(&follow_use, &which);
+	return use ? *use : 0;
+}
+
+/* Which maps of followed tuples may hold a packet's: on most nodes, most
+ * of the time, neither, and a free need not read its packet at all. */
+struct follow_maps {
+	bool answered, ipvs;
+};
+
+static __always_inline struct follow_maps follow_maps_in_use(void)
+{
+	struct follow_maps in = {};
+	__u64 last = follow_use_of(FOLLOW_USE_ANSWERED);
+	in.answered = last && bpf_ktime_get_ns() - last < ANSWERED_FOR_NS;
+	in.ipvs = follow_use_of(FOLLOW_USE_IPVS) != 0;
+	return in;
+}
+
+/* Why the packet of tuple t is followed, 0 when it is not. */
+static __always_inline __u8 followed_why(const struct tuple *t, struct follow_maps in)
+{
+	struct flow_key k = {};
+	tuple_key(&k, t);
+	__u8 *why = NULL;
+	if (in.answered)
+		why = bpf_map_lookup_elem(&answered, &k);
+	if (!why && in.ipvs)
+		why = bpf_map_lookup_elem(&followed, &k);
+	return why ? *why : 0;
 }
 
 /* Waking the reader for every record costs more than the programs
@@ -246,17 +314,28 @@ static __always_inline void submit(void *e)
 	bpf_ringbuf_submit(e, waiting >= WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
-/* Submits the event if it passes the filters, and follows its packets. */
+/* Submits the event if it passes the filters, and follows its packets.
+ * A translated connection is not followed by its tuples: its packets
+ * carry its conntrack entry, whose status says it was translated
+ * (ct_translated), and a map update per tuple was most of what a
+ * connection cost the programs (a full LRU map evicts on every insert). */
 static __always_inline void finish(struct event *e)
 {
 	if (!wanted(e)) {
 		bpf_ringbuf_discard(e, 0);
 		return;
 	}
-	bool answered = e->kind == KIND_REJECT || e->kind == KIND_RESET || e->kind == KIND_IPVS_NO_DEST;
-	follow_tuple(&e->pkt, answered ? FOLLOW_ANSWERED : FOLLOW_CONN);
-	follow_tuple(&e->orig, FOLLOW_CONN);
-	follow_tuple(&e->reply, FOLLOW_CONN);
+	if (e->kind == KIND_REJECT || e->kind == KIND_RESET || e->kind == KIND_IPVS_NO_DEST) {
+		follow_tuple(&answered, &e->pkt, FOLLOW_ANSWERED);
+		follow_tuple(&answered, &e->orig, FOLLOW_CONN);
+		follow_tuple(&answered, &e->reply, FOLLOW_CONN);
+		set_follow_use(FOLLOW_USE_ANSWERED, e->ts_ns);
+	} else if (e->kind != KIND_DNAT && e->kind != KIND_SNAT) {
+		follow_tuple(&followed, &e->pkt, FOLLOW_CONN);
+		follow_tuple(&followed, &e->orig, FOLLOW_CONN);
+		follow_tuple(&followed, &e->reply, FOLLOW_CONN);
+		set_follow_use(FOLLOW_USE_IPVS, 1);
+	}
 	submit(e);
 }
 
@@ -284,18 +363,25 @@ static __always_inline __u32 skb_netns(struct sk_buff *skb)
 	return 0;
 }
 
+/* Takes the L4 ports (or ICMP id and type/code) from h, the first 6 bytes
+ * of the L4 header. */
+static __always_inline void l4_from(struct tuple *t, const __u8 *h)
+{
+	if (t->proto == IPPROTO_TCP || t->proto == IPPROTO_UDP || t->proto == IPPROTO_SCTP) {
+		__builtin_memcpy(&t->sport, h, 2);
+		__builtin_memcpy(&t->dport, h + 2, 2);
+	} else if (t->proto == IPPROTO_ICMP || t->proto == IPPROTO_ICMPV6) {
+		__builtin_memcpy(&t->dport, h, 2);
+		__builtin_memcpy(&t->sport, h + 4, 2);
+	}
+}
+
 /* Reads the L4 ports (or ICMP id and type/code) at l4 into t. */
 static __always_inline void read_l4(struct tuple *t, const void *l4)
 {
-	if (t->proto == IPPROTO_TCP || t->proto == IPPROTO_UDP || t->proto == IPPROTO_SCTP) {
-		bpf_probe_read_kernel(&t->sport, 2, l4);
-		bpf_probe_read_kernel(&t->dport, 2, l4 + 2);
-	} else if (t->proto == IPPROTO_ICMP || t->proto == IPPROTO_ICMPV6) {
-		__u8 tc[2] = {};
-		bpf_probe_read_kernel(tc, 2, l4);
-		__builtin_memcpy(&t->dport, tc, 2);
-		bpf_probe_read_kernel(&t->sport, 2, l4 + 4);
-	}
+	__u8 h[6] = {};
+	bpf_probe_read_kernel(h, sizeof(h), l4);
+	l4_from(t, h);
 }
 
 /* IPv6 extension headers (RFC 8200 4.1) that may come before a packet's
@@ -347,32 +433,56 @@ static __always_inline const void *skip_ipv6_ext(struct tuple *t, __u8 next, con
 	return NULL;
 }
 
-/* Parses an IPv4 or IPv6 header at nh (and IPv6's extension headers) into
- * t and returns the L4 header's address, or NULL. */
-static __always_inline const void *read_l3(struct tuple *t, const void *nh)
+/* A packet's first bytes from its network header: an IPv4 header without
+ * options or an IPv6 header, and the 8 bytes after it, where the ports
+ * are when no options or extension headers come between. */
+union packet_head {
+	struct iphdr v4;
+	struct ipv6hdr v6;
+	__u8 b[sizeof(struct ipv6hdr) + 8];
+};
+
+/* Parses the IPv4 or IPv6 header at nh (and IPv6's extension headers)
+ * and the ports after it into t, and returns the L4 header's address, or
+ * NULL when there is none. The common packet takes one read: a read is
+ * most of what a program spends on a packet it does not report. */
+static __always_inline const void *read_packet(struct tuple *t, const void *nh)
 {
-	__u8 vihl = 0;
-	bpf_probe_read_kernel(&vihl, 1, nh);
-	if ((vihl >> 4) == 4) {
-		struct iphdr iph = {};
-		bpf_probe_read_kernel(&iph, sizeof(iph), nh);
+	union packet_head h = {};
+	bool whole = bpf_probe_read_kernel(&h, sizeof(h), nh) == 0;
+	if (!whole) {
+		/* What follows a short packet was not readable: its
+		 * headers alone. */
+		bpf_probe_read_kernel(&h, sizeof(h.v4), nh);
+		if ((h.b[0] >> 4) == 6)
+			bpf_probe_read_kernel(&h, sizeof(h.v6), nh);
+	}
+	const void *l4 = NULL;
+	if ((h.b[0] >> 4) == 4) {
 		t->family = AF_INET;
-		t->proto = iph.protocol;
-		__builtin_memcpy(t->src, &iph.saddr, 4);
-		__builtin_memcpy(t->dst, &iph.daddr, 4);
-		if (bpf_ntohs(iph.frag_off) & 0x1fff)
+		t->proto = h.v4.protocol;
+		__builtin_memcpy(t->src, &h.v4.saddr, 4);
+		__builtin_memcpy(t->dst, &h.v4.daddr, 4);
+		if (bpf_ntohs(h.v4.frag_off) & 0x1fff)
 			return NULL; /* not the first fragment: no L4 header */
-		return nh + (vihl & 0xf) * 4;
-	}
-	if ((vihl >> 4) == 6) {
-		struct ipv6hdr ip6 = {};
-		bpf_probe_read_kernel(&ip6, sizeof(ip6), nh);
+		l4 = nh + (h.b[0] & 0xf) * 4;
+		if (whole && l4 == nh + sizeof(struct iphdr)) {
+			l4_from(t, h.b + sizeof(struct iphdr));
+			return l4;
+		}
+	} else if ((h.b[0] >> 4) == 6) {
 		t->family = AF_INET6;
-		__builtin_memcpy(t->src, &ip6.saddr, 16);
-		__builtin_memcpy(t->dst, &ip6.daddr, 16);
-		return skip_ipv6_ext(t, ip6.nexthdr, nh + sizeof(ip6));
+		__builtin_memcpy(t->src, &h.v6.saddr, 16);
+		__builtin_memcpy(t->dst, &h.v6.daddr, 16);
+		l4 = skip_ipv6_ext(t, h.v6.nexthdr, nh + sizeof(struct ipv6hdr));
+		if (whole && l4 == nh + sizeof(struct ipv6hdr)) {
+			l4_from(t, h.b + sizeof(struct ipv6hdr));
+			return l4;
+		}
 	}
-	return NULL;
+	if (l4)
+		read_l4(t, l4);
+	return l4;
 }
 
 /* Reads the five-tuple of the packet in skb from its network header and
@@ -386,10 +496,7 @@ static __always_inline const void *read_skb_l4(struct tuple *t, struct sk_buff *
 	__u16 nhoff = BPF_CORE_READ(skb, network_header);
 	if (!head || nhoff == (__u16)~0U)
 		return NULL;
-	const void *l4 = read_l3(t, head + nhoff);
-	if (t->family && l4)
-		read_l4(t, l4);
-	return l4;
+	return read_packet(t, head + nhoff);
 }
 
 /* Reads the five-tuple of the packet in skb from its network header. */
@@ -809,28 +916,43 @@ int tr_rst_tp(struct bpf_raw_tracepoint_args *ctx)
 
 /* ---- skb:kfree_skb: drops, for followed packets or netfilter's ---- */
 
+/* The packet's conntrack entry (its skb's _nfct) is one NAT translated:
+ * the packet is one of a connection the NAT hooks reported, in either
+ * direction, before or after its translation. */
+static __always_inline bool ct_translated(unsigned long nfct)
+{
+	struct nf_conn *ct = (struct nf_conn *)(nfct & NFCT_PTRMASK);
+	if (!ct)
+		return false;
+	return BPF_CORE_READ(ct, status) & (IPS_SRC_NAT | IPS_DST_NAT);
+}
+
 static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool has_reason)
 {
 	if (!skb)
 		return 0;
-	struct tuple t = {};
-	if (!read_skb(&t, skb))
-		return 0;
 	bool nf_drop = has_reason &&
 		       bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP) &&
 		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP);
-	if (!nf_drop) {
-		struct flow_key k = {};
-		tuple_key(&k, &t);
-		__u8 *why = bpf_map_lookup_elem(&followed, &k);
-		if (!why)
+	unsigned long nfct = BPF_CORE_READ(skb, _nfct);
+	/* Without a reason (before 5.17, or NOT_SPECIFIED, which many
+	 * ordinary frees still use), a free is a drop only for the packet
+	 * that was just answered with an error or reset. */
+	bool vague = !has_reason ||
+		     reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED);
+	bool by_tuple = !nf_drop && (vague || !ct_translated(nfct));
+	struct follow_maps in = {};
+	if (by_tuple) {
+		in = follow_maps_in_use();
+		if (!in.answered && !in.ipvs)
 			return 0;
-		/* Without a reason (before 5.17, or NOT_SPECIFIED, which many
-		 * ordinary frees still use), a free is a drop only for the
-		 * packet that was just answered with an error or reset. */
-		bool vague = !has_reason ||
-			     reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED);
-		if (vague && !(*why & FOLLOW_ANSWERED))
+	}
+	struct tuple t = {};
+	if (!read_skb(&t, skb))
+		return 0;
+	if (by_tuple) {
+		__u8 why = followed_why(&t, in);
+		if (!why || (vague && !(why & FOLLOW_ANSWERED)))
 			return 0;
 	}
 	__u32 ns = skb_netns(skb);
@@ -846,7 +968,7 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 	/* Conntrack attaches its entry at PREROUTING or OUTPUT (priority
 	 * -200): a packet netfilter dropped without one was dropped by a raw
 	 * table rule or by conntrack itself (its table full). */
-	e->no_ct = BPF_CORE_READ(skb, _nfct) == 0;
+	e->no_ct = nfct == 0;
 	if (!wanted(e)) {
 		bpf_ringbuf_discard(e, 0);
 		return 0;
@@ -881,8 +1003,10 @@ static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb, __u8 *ctinfo)
  * connection, right after the nat hook that translated it. */
 static __always_inline void nf_nat_event(struct sk_buff *skb, __u8 hook, __u32 nat_bit, __u8 kind)
 {
-	__u8 ctinfo;
-	struct nf_conn *ct = skb_ct(skb, &ctinfo);
+	/* Almost every packet leaves here, after one plain load. */
+	unsigned long nfct = skb->_nfct;
+	__u8 ctinfo = nfct & 7;
+	struct nf_conn *ct = (struct nf_conn *)(nfct & NFCT_PTRMASK);
 	if (!ct || ctinfo != IP_CT_NEW)
 		return;
 	__u32 status = (__u32)BPF_CORE_READ(ct, status);
@@ -924,16 +1048,17 @@ static __always_inline void reverse_tuple(struct tuple *dst, const struct tuple 
 
 /* netfilter's IPv6 RST, told from the stack's: nf_send_reset6 attaches
  * the rejected packet's conntrack entry as RELATED (where conntrack runs),
- * and otherwise sends it with the hook's socket, none for a forwarded or
- * incoming packet; the stack's go out in their connection's entry, on a
- * control socket. Both skbs have no owner, unlike IPv4's stack RSTs. */
-static __always_inline bool nf_reset6(struct sk_buff *skb, bool state_sk)
+ * and otherwise sends it with the hook's socket: none for a forwarded or
+ * incoming packet, the sending socket for one of the host's own. The
+ * stack's go out in their connection's entry, on its raw control socket.
+ * Both skbs have no owner, unlike IPv4's stack RSTs. */
+static __always_inline bool nf_reset6(struct sk_buff *skb, struct sock *state_sk)
 {
 	__u8 ctinfo;
 	struct nf_conn *ct = skb_ct(skb, &ctinfo);
 	if (ct)
 		return ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY;
-	return !state_sk;
+	return !state_sk || state_sk->sk_type == 1 /* SOCK_STREAM */;
 }
 
 /* Packets the kernel generates to answer another packet, seen leaving at
@@ -941,7 +1066,7 @@ static __always_inline bool nf_reset6(struct sk_buff *skb, bool state_sk)
  * IPv4's goes without a socket, the stack's on a control socket, and the
  * stack's are seen by their own hook), and ICMP errors (their payload
  * holds the packet they answer). */
-static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns, bool state_sk)
+static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns, struct sock *state_sk)
 {
 	struct tuple t = {};
 	const void *l4 = read_skb_l4(&t, skb);
@@ -980,9 +1105,7 @@ static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns
 	} else {
 		e->icmp_type = icmp[0];
 		e->icmp_code = icmp[1];
-		const void *inner_l4 = read_l3(&e->pkt, l4 + 8);
-		if (e->pkt.family && inner_l4)
-			read_l4(&e->pkt, inner_l4);
+		read_packet(&e->pkt, l4 + 8);
 	}
 	__u8 ctinfo;
 	struct nf_conn *ct = skb_ct(skb, &ctinfo);
@@ -994,17 +1117,42 @@ static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns
 	finish(e);
 }
 
-/* PRE_ROUTING and LOCAL_OUT, priority -99: just after DNAT. */
+/* Whether a packet leaving the host may be an answer to another (an ICMP
+ * error, netfilter's RST), told from its skb alone before any of the
+ * packet is read: almost every packet leaving the host is a TCP or UDP
+ * socket's own. Answers go without a socket (IPv4's RST, and IPv6's for a
+ * forwarded or incoming packet), on an ICMP socket, or in the answered
+ * connection's entry as RELATED where conntrack runs (nf_reset6). */
+static __always_inline bool nf_may_be_answer(struct sk_buff *skb)
+{
+	struct sock *sk = skb->sk;
+	if (!sk)
+		return true;
+	unsigned long nfct = skb->_nfct;
+	__u8 ctinfo = nfct & 7;
+	if ((nfct & NFCT_PTRMASK) && (ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY))
+		return true;
+	/* Timewait and request sockets are TCP's, and have no sk_protocol. */
+	__u8 state = sk->__sk_common.skc_state;
+	if (state == 6 /* TCP_TIME_WAIT */ || state == 12 /* TCP_NEW_SYN_RECV */)
+		return false;
+	__u16 proto = sk->sk_protocol;
+	return proto != IPPROTO_TCP && proto != IPPROTO_UDP;
+}
+
+/* PRE_ROUTING and LOCAL_OUT, priority -99: just after DNAT. The context's
+ * skb and hook state are trusted pointers, read with plain loads. */
 SEC("netfilter")
 int tr_nf_dnat(struct bpf_nf_ctx *ctx)
 {
 	struct sk_buff *skb = ctx->skb;
-	__u8 hook = BPF_CORE_READ(ctx->state, hook);
+	__u8 hook = ctx->state->hook;
 	if (cfg_nf_roles & NF_ROLE_NAT)
 		nf_nat_event(skb, hook, IPS_DST_NAT, KIND_DNAT);
 	if (hook == NF_INET_LOCAL_OUT &&
-	    (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP | NF_ROLE_RESET6 | NF_ROLE_ICMP6)))
-		nf_local_out_answer(skb, net_inum(BPF_CORE_READ(ctx->state, net)), BPF_CORE_READ(ctx->state, sk) != NULL);
+	    (cfg_nf_roles & (NF_ROLE_RESET | NF_ROLE_ICMP | NF_ROLE_RESET6 | NF_ROLE_ICMP6)) &&
+	    nf_may_be_answer(skb))
+		nf_local_out_answer(skb, ctx->state->net->ns.inum, ctx->state->sk);
 	return NF_ACCEPT;
 }
 
@@ -1013,6 +1161,6 @@ SEC("netfilter")
 int tr_nf_snat(struct bpf_nf_ctx *ctx)
 {
 	if (cfg_nf_roles & NF_ROLE_NAT)
-		nf_nat_event(ctx->skb, BPF_CORE_READ(ctx->state, hook), IPS_SRC_NAT, KIND_SNAT);
+		nf_nat_event(ctx->skb, ctx->state->hook, IPS_SRC_NAT, KIND_SNAT);
 	return NF_ACCEPT;
 }

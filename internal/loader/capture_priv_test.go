@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -548,6 +550,63 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			// A DNAT'd packet the router may not forward (forwarding off
+			// on its way in): dropped without an answer, after its
+			// translation, so its tuple is neither of its connection's
+			// own; only its conntrack entry says it was translated.
+			name:    "dnat-then-dropped-unforwarded",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", rAddrC, "-p", "udp", "--dport", "81",
+					"-j", "DNAT", "--to-destination", sAddr+":8080")
+			},
+			needs: func(Plan) string {
+				if !slices.Contains(slices.Collect(maps.Values(LoadReasonNames().drop)), "IP_INADDRERRORS") {
+					return "this kernel gives the drop no reason (no SKB_DROP_REASON_IP_INADDRERRORS), and a free without one is reported only for a packet the kernel answered"
+				}
+				return ""
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				const forwarding = "net.ipv4.conf.r-c.forwarding"
+				before := ipStat(t, tp.r, "InAddrErrors")
+				must(t, tp.r.Sysctl(forwarding, "0"))
+				defer func() { must(t, tp.r.Sysctl(forwarding, "1")) }()
+				client, err := sendUDP(tp.c, rAddrC+":81")
+				must(t, err)
+				// The kernel's own count of the drop, so forwarding is not
+				// turned back on under the packet.
+				deadline := time.Now().Add(5 * time.Second)
+				for ipStat(t, tp.r, "InAddrErrors") == before {
+					if time.Now().After(deadline) {
+						t.Fatalf("the router's InAddrErrors stayed %d: the packet was not dropped as unforwardable", before)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				return client
+			},
+			kinds: []event.Kind{event.KindDNAT, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				checkEq(t, "dnat to", evs[event.KindDNAT].To.String(), sAddr+":8080")
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":8080", "IP_INADDRERRORS")
+			},
+		},
+		{
+			name:    "reject-output-tcp-reset",
+			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.c, "iptables", "-A", "OUTPUT", "-p", "tcp", "--dport", "82", "-j", "REJECT",
+					"--reject-with", "tcp-reset")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, sAddr+":82") },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset")
+				checkTuple(t, "reset packet", e.Packet, client, sAddr+":82")
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":82", "NETFILTER_DROP")
+			},
+		},
+		{
 			name:    "closed-port",
 			observe: func(tp *topology) netlab.Namespace { return tp.s },
 			setup:   func(t *testing.T, tp *topology) {},
@@ -654,6 +713,50 @@ func scenarios6() []scenario {
 				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset6")
 				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 81))
 				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 81), "NETFILTER_DROP")
+			},
+		},
+		// The host's own packets rejected in OUTPUT (kube-proxy's
+		// no-endpoint rules for the node's own clients): the answers
+		// leave beside the host's sockets' own packets.
+		{
+			name:    "reject6-output-tcp-reset",
+			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.c, "ip6tables", "-A", "OUTPUT", "-p", "tcp", "--dport", "82", "-j", "REJECT",
+					"--reject-with", "tcp-reset")
+			},
+			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, hostPort(sAddr6, 82)) },
+			kinds:   []event.Kind{event.KindReset, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReset]
+				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset6")
+				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 82))
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 82), "NETFILTER_DROP")
+			},
+		},
+		{
+			name:    "reject6-output-icmp6-port-unreachable",
+			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.c, "ip6tables", "-A", "OUTPUT", "-p", "udp", "--dport", "83", "-j", "REJECT",
+					"--reject-with", "icmp6-port-unreachable")
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				// The sender's own datagram dropped in OUTPUT: the send
+				// itself fails.
+				client, err := sendUDP(tp.c, hostPort(sAddr6, 83))
+				if !errors.Is(err, syscall.EPERM) {
+					t.Fatalf("udp to [%s]:83: want the send refused (EPERM), got %v", sAddr6, err)
+				}
+				return client
+			},
+			kinds:   []event.Kind{event.KindReject, event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				e := evs[event.KindReject]
+				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
+				checkTuple(t, "rejected packet", e.Packet, client, hostPort(sAddr6, 83))
+				checkEq(t, "icmpv6 type/code", fmt.Sprintf("%d/%d", e.ICMPType, e.ICMPCode), "1/4")
+				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 83), "NETFILTER_DROP")
 			},
 		},
 		{
@@ -997,4 +1100,32 @@ func checkPlan(t *testing.T, plan Plan, tr tier) {
 			}
 		}
 	}
+}
+
+// ipStat reads one of the Ip: counters of /proc/net/snmp in ns.
+func ipStat(t *testing.T, ns netlab.Namespace, name string) uint64 {
+	t.Helper()
+	var b []byte
+	must(t, ns.Do(func() (err error) {
+		b, err = os.ReadFile("/proc/thread-self/net/snmp")
+		return err
+	}))
+	var names []string
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "Ip:" {
+			continue
+		}
+		if names == nil {
+			names = fields
+			continue
+		}
+		if i := slices.Index(names, name); i > 0 && i < len(fields) {
+			n, err := strconv.ParseUint(fields[i], 10, 64)
+			must(t, err)
+			return n
+		}
+	}
+	t.Fatalf("/proc/net/snmp has no Ip: %s", name)
+	return 0
 }

@@ -272,7 +272,7 @@ func prefixFilter(p netip.Prefix) tracerPrefix {
 }
 
 // sharedMaps are created once and handed to every program's collection.
-var sharedMaps = []string{"events", "lost", "followed"}
+var sharedMaps = []string{"events", "lost", "followed", "answered", "follow_use"}
 
 func (t *Tracer) createMaps() error {
 	for _, name := range sharedMaps {

@@ -96,7 +96,9 @@ type tracerPrefix struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	tracerMapAnswered       = "answered"
 	tracerMapEvents         = "events"
+	tracerMapFollowUse      = "follow_use"
 	tracerMapFollowed       = "followed"
 	tracerMapLost           = "lost"
 	tracerProgTrDropTp      = "tr_drop_tp"
@@ -203,9 +205,11 @@ type tracerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tracerMapSpecs struct {
-	Events   *ebpf.MapSpec `ebpf:"events"`
-	Followed *ebpf.MapSpec `ebpf:"followed"`
-	Lost     *ebpf.MapSpec `ebpf:"lost"`
+	Answered  *ebpf.MapSpec `ebpf:"answered"`
+	Events    *ebpf.MapSpec `ebpf:"events"`
+	FollowUse *ebpf.MapSpec `ebpf:"follow_use"`
+	Followed  *ebpf.MapSpec `ebpf:"followed"`
+	Lost      *ebpf.MapSpec `ebpf:"lost"`
 }
 
 // tracerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -244,14 +248,18 @@ func (o *tracerObjects) Close() error {
 //
 // It can be passed to loadTracerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tracerMaps struct {
-	Events   *ebpf.Map `ebpf:"events"`
-	Followed *ebpf.Map `ebpf:"followed"`
-	Lost     *ebpf.Map `ebpf:"lost"`
+	Answered  *ebpf.Map `ebpf:"answered"`
+	Events    *ebpf.Map `ebpf:"events"`
+	FollowUse *ebpf.Map `ebpf:"follow_use"`
+	Followed  *ebpf.Map `ebpf:"followed"`
+	Lost      *ebpf.Map `ebpf:"lost"`
 }
 
 func (m *tracerMaps) Close() error {
 	return _TracerClose(
+		m.Answered,
 		m.Events,
+		m.FollowUse,
 		m.Followed,
 		m.Lost,
 	)
