@@ -418,6 +418,31 @@ type scenario struct {
 
 func router(tp *topology) netlab.Namespace { return tp.r }
 
+func clientNS(tp *topology) netlab.Namespace { return tp.c }
+
+// tcpResetReject is a connection to dst that a REJECT --reject-with
+// tcp-reset in chain of the observed namespace refuses: netfilter's RST
+// (hook), and its drop of the packet.
+func tcpResetReject(name string, observe func(*topology) netlab.Namespace, iptables, chain, dst, hook string) scenario {
+	_, port, _ := net.SplitHostPort(dst)
+	return scenario{
+		name:    name,
+		observe: observe,
+		setup: func(t *testing.T, tp *topology) {
+			run(t, observe(tp), iptables, "-A", chain, "-p", "tcp", "--dport", port, "-j", "REJECT",
+				"--reject-with", "tcp-reset")
+		},
+		traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, dst) },
+		kinds:   []event.Kind{event.KindReset, event.KindDrop},
+		check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+			e := evs[event.KindReset]
+			checkEq(t, "reset hook", e.Hook.String(), hook)
+			checkTuple(t, "reset packet", e.Packet, client, dst)
+			checkDrop(t, evs[event.KindDrop], client, dst, "NETFILTER_DROP")
+		},
+	}
+}
+
 func scenarios() []scenario {
 	return []scenario{
 		{
@@ -506,22 +531,7 @@ func scenarios() []scenario {
 				checkDrop(t, evs[event.KindDrop], client, sAddr+":9", "NETFILTER_DROP")
 			},
 		},
-		{
-			name:    "reject-tcp-reset",
-			observe: router,
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.r, "iptables", "-A", "FORWARD", "-p", "tcp", "--dport", "81", "-j", "REJECT",
-					"--reject-with", "tcp-reset")
-			},
-			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, sAddr+":81") },
-			kinds:   []event.Kind{event.KindReset, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReset]
-				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset")
-				checkTuple(t, "reset packet", e.Packet, client, sAddr+":81")
-				checkDrop(t, evs[event.KindDrop], client, sAddr+":81", "NETFILTER_DROP")
-			},
-		},
+		tcpResetReject("reject-tcp-reset", router, "iptables", "FORWARD", sAddr+":81", "nf_send_reset"),
 		{
 			// A server on a dual-stack socket ([::], as most Go and Java
 			// servers listen) aborts an IPv4 connection: its socket is
@@ -590,22 +600,10 @@ func scenarios() []scenario {
 				checkDrop(t, evs[event.KindDrop], client, sAddr+":8080", "IP_INADDRERRORS")
 			},
 		},
-		{
-			name:    "reject-output-tcp-reset",
-			observe: func(tp *topology) netlab.Namespace { return tp.c },
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.c, "iptables", "-A", "OUTPUT", "-p", "tcp", "--dport", "82", "-j", "REJECT",
-					"--reject-with", "tcp-reset")
-			},
-			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, sAddr+":82") },
-			kinds:   []event.Kind{event.KindReset, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReset]
-				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset")
-				checkTuple(t, "reset packet", e.Packet, client, sAddr+":82")
-				checkDrop(t, evs[event.KindDrop], client, sAddr+":82", "NETFILTER_DROP")
-			},
-		},
+		// The host's own packet rejected in OUTPUT (kube-proxy's
+		// no-endpoint rules for the node's own clients): the answer
+		// leaves beside the host's sockets' own packets.
+		tcpResetReject("reject-output-tcp-reset", clientNS, "iptables", "OUTPUT", sAddr+":82", "nf_send_reset"),
 		{
 			name:    "closed-port",
 			observe: func(tp *topology) netlab.Namespace { return tp.s },
@@ -699,44 +697,14 @@ func scenarios6() []scenario {
 		// The rejected datagram carries a destination options header
 		// between its IPv6 and UDP headers: the tuple is read past it.
 		udpReject6("reject6-icmp6-extension-header", 10, sendUDPDestOpts),
-		{
-			name:    "reject6-tcp-reset",
-			observe: router,
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.r, "ip6tables", "-A", "FORWARD", "-p", "tcp", "--dport", "81", "-j", "REJECT",
-					"--reject-with", "tcp-reset")
-			},
-			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, hostPort(sAddr6, 81)) },
-			kinds:   []event.Kind{event.KindReset, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReset]
-				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset6")
-				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 81))
-				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 81), "NETFILTER_DROP")
-			},
-		},
-		// The host's own packets rejected in OUTPUT (kube-proxy's
-		// no-endpoint rules for the node's own clients): the answers
-		// leave beside the host's sockets' own packets.
-		{
-			name:    "reject6-output-tcp-reset",
-			observe: func(tp *topology) netlab.Namespace { return tp.c },
-			setup: func(t *testing.T, tp *topology) {
-				run(t, tp.c, "ip6tables", "-A", "OUTPUT", "-p", "tcp", "--dport", "82", "-j", "REJECT",
-					"--reject-with", "tcp-reset")
-			},
-			traffic: func(t *testing.T, tp *topology) string { return mustBeRefused(t, tp.c, hostPort(sAddr6, 82)) },
-			kinds:   []event.Kind{event.KindReset, event.KindDrop},
-			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
-				e := evs[event.KindReset]
-				checkEq(t, "reset hook", e.Hook.String(), "nf_send_reset6")
-				checkTuple(t, "reset packet", e.Packet, client, hostPort(sAddr6, 82))
-				checkDrop(t, evs[event.KindDrop], client, hostPort(sAddr6, 82), "NETFILTER_DROP")
-			},
-		},
+		tcpResetReject("reject6-tcp-reset", router, "ip6tables", "FORWARD", hostPort(sAddr6, 81), "nf_send_reset6"),
+		// IPv6's RST for the host's own packet goes with the sending
+		// socket; where conntrack does not run, that tells it from the
+		// stack's.
+		tcpResetReject("reject6-output-tcp-reset", clientNS, "ip6tables", "OUTPUT", hostPort(sAddr6, 82), "nf_send_reset6"),
 		{
 			name:    "reject6-output-icmp6-port-unreachable",
-			observe: func(tp *topology) netlab.Namespace { return tp.c },
+			observe: clientNS,
 			setup: func(t *testing.T, tp *topology) {
 				run(t, tp.c, "ip6tables", "-A", "OUTPUT", "-p", "udp", "--dport", "83", "-j", "REJECT",
 					"--reject-with", "icmp6-port-unreachable")
@@ -750,7 +718,7 @@ func scenarios6() []scenario {
 				}
 				return client
 			},
-			kinds:   []event.Kind{event.KindReject, event.KindDrop},
+			kinds: []event.Kind{event.KindReject, event.KindDrop},
 			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
 				e := evs[event.KindReject]
 				checkEq(t, "reject hook", e.Hook.String(), "icmp6_send")
