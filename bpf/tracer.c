@@ -506,32 +506,71 @@ static __always_inline bool read_skb(struct tuple *t, struct sk_buff *skb)
 	return t->family != 0;
 }
 
-static __always_inline void read_ct_tuple(struct tuple *t, struct nf_conn *ct, int dir)
+static __always_inline void tuple_of_ct(struct tuple *t, const struct nf_conntrack_tuple *ctt)
 {
-	struct nf_conntrack_tuple ctt = {};
-	bpf_core_read(&ctt, sizeof(ctt), &ct->tuplehash[dir].tuple);
-	t->family = ctt.src.l3num;
-	t->proto = ctt.dst.protonum;
-	__builtin_memcpy(t->src, &ctt.src.u3, 16);
-	__builtin_memcpy(t->dst, &ctt.dst.u3, 16);
-	t->sport = ctt.src.u.all;
-	t->dport = ctt.dst.u.all;
+	t->family = ctt->src.l3num;
+	t->proto = ctt->dst.protonum;
+	__builtin_memcpy(t->src, &ctt->src.u3, 16);
+	__builtin_memcpy(t->dst, &ctt->dst.u3, 16);
+	t->sport = ctt->src.u.all;
+	t->dport = ctt->dst.u.all;
 	if (t->family == AF_INET) {
 		__builtin_memset(t->src + 4, 0, 12);
 		__builtin_memset(t->dst + 4, 0, 12);
 	}
 }
 
+static __always_inline void read_ct_tuple(struct tuple *t, struct nf_conn *ct, int dir)
+{
+	struct nf_conntrack_tuple ctt = {};
+	bpf_core_read(&ctt, sizeof(ctt), &ct->tuplehash[dir].tuple);
+	tuple_of_ct(t, &ctt);
+}
+
+/* nf_conn's tuples, status and namespace, which follow one another in
+ * every kernel the tracer knows: one read for the four, where the
+ * kernel's layout is this one (ct_span_fits, decided at load time). */
+struct ct_span {
+	struct nf_conntrack_tuple_hash tuplehash[2];
+	__u64 status;
+	struct net *net;
+};
+
+static __always_inline bool ct_span_fits(void)
+{
+	struct ct_span *s = 0;
+	return bpf_core_type_size(struct nf_conntrack_tuple_hash) == sizeof(s->tuplehash[0]) &&
+	       bpf_core_field_offset(struct nf_conntrack_tuple_hash, tuple) ==
+		       __builtin_offsetof(struct nf_conntrack_tuple_hash, tuple) &&
+	       bpf_core_field_offset(struct nf_conn, status) ==
+		       bpf_core_field_offset(struct nf_conn, tuplehash) + __builtin_offsetof(struct ct_span, status) &&
+	       bpf_core_field_size(struct nf_conn, status) == sizeof(s->status) &&
+	       bpf_core_field_offset(struct nf_conn, ct_net) ==
+		       bpf_core_field_offset(struct nf_conn, tuplehash) + __builtin_offsetof(struct ct_span, net) &&
+	       bpf_core_field_size(struct nf_conn, ct_net) == sizeof(s->net);
+}
+
 static __always_inline void read_ct(struct event *e, struct nf_conn *ct)
 {
-	read_ct_tuple(&e->orig, ct, 0);
-	read_ct_tuple(&e->reply, ct, 1);
-	e->ct_status = (__u32)BPF_CORE_READ(ct, status);
+	struct net *net = NULL;
+	if (ct_span_fits()) {
+		struct ct_span span = {};
+		bpf_core_read(&span, sizeof(span), &ct->tuplehash);
+		tuple_of_ct(&e->orig, &span.tuplehash[0].tuple);
+		tuple_of_ct(&e->reply, &span.tuplehash[1].tuple);
+		e->ct_status = (__u32)span.status;
+		net = span.net;
+	} else {
+		read_ct_tuple(&e->orig, ct, 0);
+		read_ct_tuple(&e->reply, ct, 1);
+		e->ct_status = (__u32)BPF_CORE_READ(ct, status);
+		net = BPF_CORE_READ(ct, ct_net.net);
+	}
 	if (bpf_core_field_exists(ct->mark))
 		e->ct_mark = BPF_CORE_READ(ct, mark);
 	if (bpf_core_field_exists(ct->zone))
 		e->ct_zone = BPF_CORE_READ(ct, zone.id);
-	e->netns = net_inum(BPF_CORE_READ(ct, ct_net.net));
+	e->netns = net_inum(net);
 }
 
 /* ---- nf_nat_setup_info: every DNAT and SNAT chosen ---- */
