@@ -955,12 +955,25 @@ int tr_rst_tp(struct bpf_raw_tracepoint_args *ctx)
 
 /* ---- skb:kfree_skb: drops, for followed packets or netfilter's ---- */
 
+/* The conntrack entry and ctinfo an skb's _nfct holds. */
+static __always_inline struct nf_conn *nfct_ct(unsigned long nfct, __u8 *ctinfo)
+{
+	*ctinfo = nfct & 7;
+	return (struct nf_conn *)(nfct & NFCT_PTRMASK);
+}
+
+static __always_inline bool ct_related(struct nf_conn *ct, __u8 ctinfo)
+{
+	return ct && (ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY);
+}
+
 /* The packet's conntrack entry (its skb's _nfct) is one NAT translated:
  * the packet is one of a connection the NAT hooks reported, in either
  * direction, before or after its translation. */
 static __always_inline bool ct_translated(unsigned long nfct)
 {
-	struct nf_conn *ct = (struct nf_conn *)(nfct & NFCT_PTRMASK);
+	__u8 ctinfo;
+	struct nf_conn *ct = nfct_ct(nfct, &ctinfo);
 	if (!ct)
 		return false;
 	return BPF_CORE_READ(ct, status) & (IPS_SRC_NAT | IPS_DST_NAT);
@@ -1033,9 +1046,7 @@ int tr_drop_tp(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb, __u8 *ctinfo)
 {
-	unsigned long nfct = BPF_CORE_READ(skb, _nfct);
-	*ctinfo = nfct & 7;
-	return (struct nf_conn *)(nfct & NFCT_PTRMASK);
+	return nfct_ct(BPF_CORE_READ(skb, _nfct), ctinfo);
 }
 
 /* A new, still unconfirmed entry that NAT translated: seen once per
@@ -1043,9 +1054,8 @@ static __always_inline struct nf_conn *skb_ct(struct sk_buff *skb, __u8 *ctinfo)
 static __always_inline void nf_nat_event(struct sk_buff *skb, __u8 hook, __u32 nat_bit, __u8 kind)
 {
 	/* Almost every packet leaves here, after one plain load. */
-	unsigned long nfct = skb->_nfct;
-	__u8 ctinfo = nfct & 7;
-	struct nf_conn *ct = (struct nf_conn *)(nfct & NFCT_PTRMASK);
+	__u8 ctinfo;
+	struct nf_conn *ct = nfct_ct(skb->_nfct, &ctinfo);
 	if (!ct || ctinfo != IP_CT_NEW)
 		return;
 	__u32 status = (__u32)BPF_CORE_READ(ct, status);
@@ -1096,7 +1106,7 @@ static __always_inline bool nf_reset6(struct sk_buff *skb, struct sock *state_sk
 	__u8 ctinfo;
 	struct nf_conn *ct = skb_ct(skb, &ctinfo);
 	if (ct)
-		return ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY;
+		return ct_related(ct, ctinfo);
 	return !state_sk || state_sk->sk_type == 1 /* SOCK_STREAM */;
 }
 
@@ -1148,7 +1158,7 @@ static __always_inline void nf_local_out_answer(struct sk_buff *skb, __u32 netns
 	}
 	__u8 ctinfo;
 	struct nf_conn *ct = skb_ct(skb, &ctinfo);
-	if (ct && (ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY)) {
+	if (ct_related(ct, ctinfo)) {
 		read_ct(e, ct);
 		e->ctinfo = ctinfo;
 		e->netns = netns;
@@ -1167,9 +1177,8 @@ static __always_inline bool nf_may_be_answer(struct sk_buff *skb)
 	struct sock *sk = skb->sk;
 	if (!sk)
 		return true;
-	unsigned long nfct = skb->_nfct;
-	__u8 ctinfo = nfct & 7;
-	if ((nfct & NFCT_PTRMASK) && (ctinfo == IP_CT_RELATED || ctinfo == IP_CT_RELATED_REPLY))
+	__u8 ctinfo;
+	if (ct_related(nfct_ct(skb->_nfct, &ctinfo), ctinfo))
 		return true;
 	/* Timewait and request sockets are TCP's, and have no sk_protocol. */
 	__u8 state = sk->__sk_common.skc_state;
