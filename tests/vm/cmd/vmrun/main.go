@@ -332,6 +332,7 @@ func commandMode(ctx context.Context, o options) (int, error) {
 		}
 	}
 	printTimings(os.Stdout, runs)
+	printCrashes(os.Stdout, runs)
 	return code, nil
 }
 
@@ -346,6 +347,19 @@ func printTimings(w io.Writer, runs []*kernelRun) {
 		fmt.Fprintf(w, "%-6s %-32s %8s %10s %8s %15s  %s\n", r.series, r.pkg,
 			r.fetch.Round(100*time.Millisecond), r.initramfs.Round(10*time.Millisecond),
 			r.result.BootTime.Round(100*time.Millisecond), r.result.Total.Round(100*time.Millisecond), res)
+	}
+}
+
+// printCrashes repeats each panicked guest's report after the summary.
+func printCrashes(w io.Writer, runs []*kernelRun) {
+	for _, r := range runs {
+		if len(r.result.Crash) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nkernel %s panicked; its console from the first oops line:\n", r.series)
+		for _, l := range r.result.Crash {
+			fmt.Fprintf(w, "  %s\n", l)
+		}
 	}
 }
 

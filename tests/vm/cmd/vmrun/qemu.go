@@ -35,6 +35,7 @@ type bootResult struct {
 	TimedOut   bool
 	Panicked   bool
 	InitFailed bool
+	Crash      []string      // the console's last lines up to a panic, from its first oops line
 	BootTime   time.Duration // qemu start until the command started
 	Total      time.Duration // qemu start until the result
 	QEMUErr    error
@@ -103,8 +104,9 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		return res, fmt.Errorf("start qemu-system-x86_64: %w", err)
 	}
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu     sync.Mutex
+		wg     sync.WaitGroup
+		recent consoleTail
 	)
 	wg.Add(1)
 	go func() {
@@ -114,6 +116,7 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		for sc.Scan() {
 			line := cleanConsole(sc.Text())
 			mu.Lock()
+			recent.add(line)
 			switch {
 			case strings.Contains(line, markStarted) && res.BootTime == 0:
 				res.BootTime = time.Since(start)
@@ -124,8 +127,9 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 				} else if v == "init-failed" {
 					res.InitFailed = true
 				}
-			case strings.Contains(line, "Kernel panic - not syncing"):
+			case strings.Contains(line, "Kernel panic - not syncing") && !res.Panicked:
 				res.Panicked = true
+				res.Crash = recent.crash()
 			}
 			mu.Unlock()
 			fmt.Fprintf(c.Console, "%s%s\n", c.Prefix, line)
@@ -147,6 +151,34 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// consoleTail keeps a guest's last console lines, so that a panic's
+// report survives into the summary, where CI's truncated log keeps it.
+type consoleTail struct {
+	lines []string
+}
+
+const consoleTailLines = 80
+
+func (t *consoleTail) add(line string) {
+	if len(t.lines) == consoleTailLines {
+		t.lines = t.lines[1:]
+	}
+	t.lines = append(t.lines, line)
+}
+
+// reOops matches the first line of a kernel's report of what went wrong.
+var reOops = regexp.MustCompile(`BUG: |Oops|general protection fault|WARNING: |Unable to handle|RIP: |Call Trace:|Kernel panic - not syncing`)
+
+// crash returns the kept lines from the first that starts a report.
+func (t *consoleTail) crash() []string {
+	for i, l := range t.lines {
+		if reOops.MatchString(l) {
+			return append([]string(nil), t.lines[i:]...)
+		}
+	}
+	return append([]string(nil), t.lines...)
 }
 
 // Terminal control sequences the firmware writes (clear screen, reset).

@@ -147,6 +147,7 @@ func testMode(ctx context.Context, o options) (int, error) {
 			fmt.Println("  " + line)
 		}
 	}
+	printCrashes(os.Stdout, runs)
 	fmt.Printf("\nvm: %d passed, %d failed, %d skipped\n", pass, fail, skip)
 	if failed {
 		fmt.Println("vm: FAIL")
