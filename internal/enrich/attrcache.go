@@ -58,7 +58,9 @@ func keysOf(pkt rules.Packet, act rules.KernelAction) (anyPort, byPort attrKey) 
 }
 
 // attributeCached answers from the cache or by eval, which is given the
-// packet with a Reads to fill. The rule returned is the caller's own copy.
+// packet with a Reads to fill. The rule returned is shared with the cache
+// and every flow it answered: it is never changed (names copies it to set
+// its owner's pod).
 func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAction, eval func(rules.Packet) (*trace.Rule, bool)) (*trace.Rule, bool) {
 	anyKey, portKey := keysOf(pkt, act)
 	c.mu.Lock()
@@ -69,7 +71,7 @@ func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAct
 	if ok {
 		c.hits++
 		c.mu.Unlock()
-		return copyRule(a.rule), a.known
+		return a.rule, a.known
 	}
 	c.misses++
 	c.mu.Unlock()
@@ -77,7 +79,7 @@ func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAct
 	var reads rules.Reads
 	pkt.Reads = &reads
 	r, known := eval(pkt)
-	a = attrAnswer{rule: copyRule(r), known: known}
+	a = attrAnswer{rule: r, known: known}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -102,18 +104,4 @@ func (c *attributionCache) stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses
-}
-
-// copyRule copies what enrichment changes afterwards (the owner's pod);
-// the path and the map element are never changed once made.
-func copyRule(r *trace.Rule) *trace.Rule {
-	if r == nil {
-		return nil
-	}
-	c := *r
-	if r.Owner != nil {
-		o := *r.Owner
-		c.Owner = &o
-	}
-	return &c
 }

@@ -96,23 +96,34 @@ COMMIT
 	})
 }
 
-// TestAttributionCacheOwnCopies: a cached hostPort rule is each flow's own,
-// so naming one flow's owner pod does not change another's.
-func TestAttributionCacheOwnCopies(t *testing.T) {
-	env, err := NewNodeEnv("node-1", portmapNode(t, "v1.10.0"), nil)
+// TestAttributionCacheRuleUnchanged: flows answered from the cache share
+// its rule, so naming a flow's owner pod copies the rule rather than
+// change the one the cache holds for the next flow.
+func TestAttributionCacheRuleUnchanged(t *testing.T) {
+	snap := portmapNode(t, "v1.10.0")
+	env, err := NewNodeEnv("node-1", snap, NewSnapshotMetadata(snap.Pods, snap.Services))
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := enrichOne(t, env, "203.0.113.5:40000", "192.168.0.2:8080", "10.88.0.2:80")
 	b := enrichOne(t, env, "203.0.113.5:40001", "192.168.0.2:8080", "10.88.0.2:80")
-	if a.Rule == nil || b.Rule == nil || a.Rule.Owner == nil || b.Rule.Owner == nil {
-		t.Fatalf("rules %+v %+v", a.Rule, b.Rule)
-	}
-	if a.Rule == b.Rule || a.Rule.Owner == b.Rule.Owner {
-		t.Fatal("two flows share one rule object")
+	for _, f := range []*trace.Flow{a, b} {
+		if f.Rule == nil || f.Rule.Owner == nil || f.Rule.Owner.Pod == nil || f.Rule.Owner.Pod.Key() != "web/hp-0" {
+			t.Fatalf("rule %+v, want its owner's pod web/hp-0", f.Rule)
+		}
 	}
 	if hits, _ := env.AttributionCacheStats(); hits != 1 {
 		t.Errorf("%d hits, want the second flow answered from the cache", hits)
+	}
+	c := env.attributions()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, answers := range []map[attrKey]attrAnswer{c.anyPort, c.byPort} {
+		for _, ans := range answers {
+			if r := ans.rule; r != nil && r.Owner != nil && r.Owner.Pod != nil {
+				t.Errorf("the cache's rule %q was given the pod %s", r.Text, r.Owner.Pod.Key())
+			}
+		}
 	}
 }
 

@@ -58,31 +58,48 @@ func names(f *trace.Flow, env Env) {
 	srcPod, srcOK := env.PodByIP(src.Addr(), f.Time)
 	dstPod, dstOK := env.PodByIP(went.Addr(), f.Time)
 	svc, svcOK := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
-	if srcOK || dstOK || svcOK {
-		named := &flowNames{src: srcPod, dst: dstPod, svc: svc}
-		if srcOK {
-			f.SrcPod = &named.src
-		}
-		if dstOK {
-			f.DstPod = &named.dst
-		}
-		if svcOK {
-			f.Service = &named.svc
-		}
-	}
+	var ownerPod trace.PodRef
+	ownerOK := false
 	if r := f.Rule; r != nil && r.Owner != nil {
 		if to := dnatTarget(f); to.IsValid() {
-			if p, ok := env.PodByIP(to.Addr(), f.Time); ok {
-				r.Owner.Pod = &p
-			}
+			ownerPod, ownerOK = env.PodByIP(to.Addr(), f.Time)
 		}
+	}
+	if !srcOK && !dstOK && !svcOK && !ownerOK {
+		return
+	}
+	named := &flowNames{src: srcPod, dst: dstPod, svc: svc, owner: ownerPod}
+	if srcOK {
+		f.SrcPod = &named.src
+	}
+	if dstOK {
+		f.DstPod = &named.dst
+	}
+	if svcOK {
+		f.Service = &named.svc
+	}
+	if ownerOK {
+		f.Rule = withOwnerPod(f.Rule, &named.owner)
 	}
 }
 
-// flowNames are a flow's pods and Service in one allocation.
+// withOwnerPod is r, whose owner's pod is pod: a copy, since a rule may be
+// shared by the flows the attribution cache answered.
+func withOwnerPod(r *trace.Rule, pod *trace.PodRef) *trace.Rule {
+	c := &struct {
+		rule  trace.Rule
+		owner trace.Owner
+	}{rule: *r, owner: *r.Owner}
+	c.owner.Pod = pod
+	c.rule.Owner = &c.owner
+	return &c.rule
+}
+
+// flowNames are a flow's pods, its Service and its rule owner's pod in
+// one allocation.
 type flowNames struct {
-	src, dst trace.PodRef
-	svc      trace.ServiceRef
+	src, dst, owner trace.PodRef
+	svc             trace.ServiceRef
 }
 
 func dnatTarget(f *trace.Flow) netip.AddrPort {

@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
@@ -79,6 +80,8 @@ type Joiner struct {
 	packer eventPacker
 	// enc writes finished flows' tuples and events in the trace format.
 	enc trace.Encoder
+	// flowEvents is flowOf's scratch.
+	flowEvents []trace.Event
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -269,13 +272,28 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 }
 
 // flowOf is p in the trace format, its events in the order they came.
+// The events are gathered first so that they are allocated at their
+// count: a flow with one event, most flows, is one allocation.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
-	f := &trace.Flow{Type: trace.TypeFlow, Proto: event.ProtoName(p.key().proto), Orig: *j.enc.Tuple(p.key().tuple()),
-		Events: make([]trace.Event, 0, 2)}
+	evs := j.flowEvents[:0]
 	j.eachEvent(p, func(ev event.Event) bool {
-		f.Events = append(f.Events, j.enc.Event(ev, j.Names))
+		evs = append(evs, j.enc.Event(ev, j.Names))
 		return true
 	})
+	j.flowEvents = evs
+	var f *trace.Flow
+	if len(evs) == 1 {
+		b := &struct {
+			flow  trace.Flow
+			event [1]trace.Event
+		}{event: [1]trace.Event{evs[0]}}
+		f = &b.flow
+		f.Events = b.event[:]
+	} else {
+		f = &trace.Flow{Events: slices.Clone(evs)}
+	}
+	clear(evs) // the scratch holds no flow's strings after
+	f.Type, f.Proto, f.Orig = trace.TypeFlow, event.ProtoName(p.key().proto), *j.enc.Tuple(p.key().tuple())
 	if len(f.Events) > 0 {
 		f.Time = f.Events[0].Time
 	}

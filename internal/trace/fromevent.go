@@ -48,14 +48,24 @@ func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 		main = e.Orig
 	}
 	r.Proto = event.ProtoName(main.Proto)
+	// The event's tuples share one allocation: a NAT decision has two, an
+	// answered packet's up to three.
+	var tuples *[3]Tuple
+	tuple := func(t event.Tuple, i int) *Tuple {
+		if tuples == nil {
+			tuples = new([3]Tuple)
+		}
+		tuples[i] = enc.tuple(t)
+		return &tuples[i]
+	}
 	if e.Packet.Valid() {
-		r.Packet = enc.Tuple(e.Packet)
+		r.Packet = tuple(e.Packet, 0)
 	}
 	if e.Orig.Valid() {
-		r.Orig = enc.Tuple(e.Orig)
+		r.Orig = tuple(e.Orig, 1)
 	}
 	if e.Reply.Valid() {
-		r.Reply = enc.Tuple(e.Reply)
+		r.Reply = tuple(e.Reply, 2)
 	}
 	if e.NFHook != event.NFHookNone {
 		r.NFHook = event.NFHookName(e.NFHook)
