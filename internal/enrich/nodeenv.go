@@ -36,15 +36,24 @@ type NodeEnv struct {
 	node      *rules.MemNode
 	kubeIPVS  map[netip.Addr]bool
 	svcPorts  map[netip.Addr][]string
-	ipvs      map[string]trace.IPVSService
+	ipvs      map[ipvsKey]trace.IPVSService
 	listeners []trace.Listener
-	nft       *nft.Ruleset
-	nftErr    error
-	meta      Metadata
-	attrs     *attributionCache
+	// listenAt is each listener's address, read once: Listener is asked
+	// for every flow that reaches a local port.
+	listenAt []netip.AddrPort
+	nft      *nft.Ruleset
+	nftErr   error
+	meta     Metadata
+	attrs    *attributionCache
 }
 
 var _ Env = (*NodeEnv)(nil)
+
+// ipvsKey is an IPVS virtual service: protocol and address.
+type ipvsKey struct {
+	proto string
+	vip   netip.AddrPort
+}
 
 // kubeProxyServiceSets are the ipsets whose ip,proto:port members are the
 // service ports KUBE-IPVS-FILTER lets through. kube-proxy names a set's
@@ -76,7 +85,7 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 		meta = noMetadata{}
 	}
 	e := &NodeEnv{name: name, node: rules.NewMemNode(), kubeIPVS: map[netip.Addr]bool{},
-		svcPorts: map[netip.Addr][]string{}, ipvs: map[string]trace.IPVSService{}, listeners: snap.Listeners, meta: meta,
+		svcPorts: map[netip.Addr][]string{}, ipvs: map[ipvsKey]trace.IPVSService{}, listeners: snap.Listeners, meta: meta,
 		attrs: newAttributionCache()}
 	if err := e.loadAddresses(snap); err != nil {
 		return nil, err
@@ -91,7 +100,14 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 		e.svcPorts = servicePorts(snap.Ipsets)
 	}
 	for _, s := range snap.IPVS {
-		e.ipvs[s.Proto+" "+s.Address] = s
+		// An address that does not parse names no service a flow can reach.
+		if vip, err := netip.ParseAddrPort(s.Address); err == nil {
+			e.ipvs[ipvsKey{s.Proto, vip}] = s
+		}
+	}
+	e.listenAt = make([]netip.AddrPort, len(snap.Listeners))
+	for i, l := range snap.Listeners {
+		e.listenAt[i], _ = netip.ParseAddrPort(l.Address) // invalid: never matches
 	}
 	if n := snap.NFTables; n != nil {
 		// A ruleset that does not parse leaves native attribution uncertain
@@ -244,7 +260,7 @@ func (e *NodeEnv) OnKubeIPVS(a netip.Addr) bool { return e.kubeIPVS[a] }
 func (e *NodeEnv) ServicePortsOn(a netip.Addr) []string { return e.svcPorts[a] }
 
 func (e *NodeEnv) IPVSService(proto string, vip netip.AddrPort) (trace.IPVSService, bool) {
-	s, ok := e.ipvs[proto+" "+vip.String()]
+	s, ok := e.ipvs[ipvsKey{proto, vip}]
 	return s, ok
 }
 
@@ -254,8 +270,8 @@ func (e *NodeEnv) IPVSService(proto string, vip netip.AddrPort) (trace.IPVSServi
 func (e *NodeEnv) Listener(proto string, dst netip.AddrPort) (trace.Listener, bool) {
 	best, rank := -1, 0
 	for i, l := range e.listeners {
-		ap, err := netip.ParseAddrPort(l.Address)
-		if err != nil || l.Proto != proto || ap.Port() != dst.Port() {
+		ap := e.listenAt[i]
+		if !ap.IsValid() || l.Proto != proto || ap.Port() != dst.Port() {
 			continue
 		}
 		if r := trace.ListenerRank(ap.Addr(), l.V6Only, dst.Addr()); r > rank {

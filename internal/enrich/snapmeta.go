@@ -115,6 +115,9 @@ func (x serviceIndex) find(a netip.Addr, port uint16, proto string, nodeAddr boo
 		slices.Sort(cands)
 		cands = slices.Compact(cands)
 	}
+	if len(cands) == 0 {
+		return trace.ServiceRef{}, false
+	}
 	ip := a.String()
 	var onIP *trace.Service
 	for _, i := range cands {
