@@ -130,6 +130,9 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 			case strings.Contains(line, "Kernel panic - not syncing") && !res.Panicked:
 				res.Panicked = true
 				res.Crash = recent.crash()
+			case res.Panicked && len(res.Crash) < maxCrashLines:
+				// panic() prints its own stack after its first line.
+				res.Crash = append(res.Crash, line)
 			}
 			mu.Unlock()
 			fmt.Fprintf(c.Console, "%s%s\n", c.Prefix, line)
@@ -159,7 +162,10 @@ type consoleTail struct {
 	lines []string
 }
 
-const consoleTailLines = 80
+const (
+	consoleTailLines = 80
+	maxCrashLines    = 160
+)
 
 func (t *consoleTail) add(line string) {
 	if len(t.lines) == consoleTailLines {

@@ -37,3 +37,31 @@ func TestConsoleTailCrashWithoutOops(t *testing.T) {
 		t.Errorf("crash() = %q, want every kept line", got)
 	}
 }
+
+func TestMayBootAgain(t *testing.T) {
+	emulator := []string{
+		"int3: 0000 [#1] PREEMPT SMP NOPTI",
+		"RIP: 0010:nf_hook_slow+0x3c/0xb0",
+		"Kernel panic - not syncing: Fatal exception in interrupt",
+	}
+	ours := []string{
+		"BUG: unable to handle page fault for address: ffffc90000d3a000",
+		"RIP: 0010:bpf_prog_6deef7357e7b4530_tr_drop_tp3+0x4f/0x1a4",
+		"Kernel panic - not syncing: Fatal exception in interrupt",
+	}
+	cases := []struct {
+		name string
+		r    bootResult
+		want bool
+	}{
+		{"a panic naming no BPF code", bootResult{Panicked: true, Crash: emulator}, true},
+		{"a panic in a BPF program", bootResult{Panicked: true, Crash: ours}, false},
+		{"a panic without a report", bootResult{Panicked: true}, false},
+		{"a failing run", bootResult{HaveStatus: true, ExitStatus: 1}, false},
+	}
+	for _, c := range cases {
+		if got := mayBootAgain(c.r); got != c.want {
+			t.Errorf("%s: mayBootAgain = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -121,6 +121,9 @@ func testMode(ctx context.Context, o options) (int, error) {
 		} else {
 			m.note("kernel %s: %v", kr.series, firstLine(kr.err.Error()))
 		}
+		if kr.firstBoot != nil {
+			m.note("kernel %s: panicked on its first boot (report below), booted once more: %s", kr.series, kr.result)
+		}
 		if kr.err != nil || !kr.result.OK() {
 			failed = true
 		}
@@ -192,6 +195,16 @@ func bootAll(ctx context.Context, o options, body string) []*kernelRun {
 			defer func() { <-slots }()
 			kr.result, kr.err = bootWith(ctx, o, k, initrd, kr.dir, script)
 			logf("[%s] boot-to-result %s: %s", name, kr.result.Total.Round(100*time.Millisecond), kr.result)
+			if kr.err != nil || !mayBootAgain(kr.result) || ctx.Err() != nil {
+				return
+			}
+			first := kr.result
+			kr.firstBoot = &first
+			logf("[%s] the kernel panicked in a report that names no BPF code: booting it once more", name)
+			if kr.dir, kr.err = resultsDir(o, name); kr.err == nil {
+				kr.result, kr.err = bootWith(ctx, o, k, initrd, kr.dir, script)
+				logf("[%s] second boot-to-result %s: %s", name, kr.result.Total.Round(100*time.Millisecond), kr.result)
+			}
 		}()
 	}
 	wg.Wait()
