@@ -5,7 +5,10 @@ package event
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -193,12 +196,36 @@ var ctStatusNames = []string{"EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED", "
 	"NAT_CLASH", "HELPER", "OFFLOAD", "HW_OFFLOAD"}
 
 // CTStatusNames lists the names of the bits set in a conntrack status.
+// The list is shared by every caller asking for the same bits: read it,
+// never change it (its capacity is its length, so an append copies).
 func CTStatusNames(status uint32) []string {
+	status &= 1<<len(ctStatusNames) - 1
+	lists := ctStatusLists.Load()
+	if l, ok := (*lists)[status]; ok {
+		return l
+	}
 	var out []string
 	for i, n := range ctStatusNames {
 		if status&(1<<i) != 0 {
 			out = append(out, n)
 		}
 	}
+	out = slices.Clip(out)
+	if len(*lists) < maxCTStatusLists {
+		// Copy on write: a node's NAT decisions carry a handful of statuses.
+		next := make(map[uint32][]string, len(*lists)+1)
+		maps.Copy(next, *lists)
+		next[status] = out
+		ctStatusLists.CompareAndSwap(lists, &next)
+	}
 	return out
 }
+
+// ctStatusLists are the lists CTStatusNames made, by status.
+var ctStatusLists = func() *atomic.Pointer[map[uint32][]string] {
+	var p atomic.Pointer[map[uint32][]string]
+	p.Store(&map[uint32][]string{})
+	return &p
+}()
+
+const maxCTStatusLists = 256
