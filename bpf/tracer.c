@@ -979,9 +979,21 @@ static __always_inline bool ct_translated(unsigned long nfct)
 	return BPF_CORE_READ(ct, status) & (IPS_SRC_NAT | IPS_DST_NAT);
 }
 
+/* A queue emptied wholesale, nearly always a closing socket's (6.7+ says
+ * QUEUE_PURGE, 6.14+ SOCKET_CLOSE for some): data the network delivered,
+ * not a drop of the network's. Nearly every connection ends with such a
+ * free, so it leaves first. */
+static __always_inline bool socket_cleanup(__u32 reason)
+{
+	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
+		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
+	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
+		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE));
+}
+
 static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool has_reason)
 {
-	if (!skb)
+	if (!skb || (has_reason && socket_cleanup(reason)))
 		return 0;
 	bool nf_drop = has_reason &&
 		       bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP) &&
