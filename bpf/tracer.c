@@ -979,25 +979,26 @@ static __always_inline bool ct_translated(unsigned long nfct)
 	return BPF_CORE_READ(ct, status) & (IPS_SRC_NAT | IPS_DST_NAT);
 }
 
+/* reason is the drop reason name, where this kernel has it. */
+#define drop_reason_is(reason, name)                                   \
+	(bpf_core_enum_value_exists(enum skb_drop_reason, name) &&     \
+	 (reason) == bpf_core_enum_value(enum skb_drop_reason, name))
+
 /* A queue emptied wholesale, nearly always a closing socket's (6.7+ says
  * QUEUE_PURGE, 6.14+ SOCKET_CLOSE for some): data the network delivered,
  * not a drop of the network's. Nearly every connection ends with such a
  * free, so it leaves first. */
 static __always_inline bool socket_cleanup(__u32 reason)
 {
-	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
-		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
-	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
-		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE));
+	return drop_reason_is(reason, SKB_DROP_REASON_QUEUE_PURGE) ||
+	       drop_reason_is(reason, SKB_DROP_REASON_SOCKET_CLOSE);
 }
 
 static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool has_reason)
 {
 	if (!skb || (has_reason && socket_cleanup(reason)))
 		return 0;
-	bool nf_drop = has_reason &&
-		       bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP) &&
-		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NETFILTER_DROP);
+	bool nf_drop = has_reason && drop_reason_is(reason, SKB_DROP_REASON_NETFILTER_DROP);
 	unsigned long nfct = BPF_CORE_READ(skb, _nfct);
 	/* Without a reason (before 5.17, or NOT_SPECIFIED, which many
 	 * ordinary frees still use), a free is a drop only for the packet

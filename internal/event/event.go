@@ -200,8 +200,12 @@ var ctStatusNames = []string{"EXPECTED", "SEEN_REPLY", "ASSURED", "CONFIRMED", "
 // never change it (its capacity is its length, so an append copies).
 func CTStatusNames(status uint32) []string {
 	status &= 1<<len(ctStatusNames) - 1
-	lists := ctStatusLists.Load()
-	if l, ok := (*lists)[status]; ok {
+	var lists map[uint32][]string
+	p := ctStatusLists.Load() // nil until the first list is made
+	if p != nil {
+		lists = *p
+	}
+	if l, ok := lists[status]; ok {
 		return l
 	}
 	var out []string
@@ -211,21 +215,17 @@ func CTStatusNames(status uint32) []string {
 		}
 	}
 	out = slices.Clip(out)
-	if len(*lists) < maxCTStatusLists {
+	if len(lists) < maxCTStatusLists {
 		// Copy on write: a node's NAT decisions carry a handful of statuses.
-		next := make(map[uint32][]string, len(*lists)+1)
-		maps.Copy(next, *lists)
+		next := make(map[uint32][]string, len(lists)+1)
+		maps.Copy(next, lists)
 		next[status] = out
-		ctStatusLists.CompareAndSwap(lists, &next)
+		ctStatusLists.CompareAndSwap(p, &next)
 	}
 	return out
 }
 
 // ctStatusLists are the lists CTStatusNames made, by status.
-var ctStatusLists = func() *atomic.Pointer[map[uint32][]string] {
-	var p atomic.Pointer[map[uint32][]string]
-	p.Store(&map[uint32][]string{})
-	return &p
-}()
+var ctStatusLists atomic.Pointer[map[uint32][]string]
 
 const maxCTStatusLists = 256
