@@ -15,6 +15,14 @@ type Conntrack interface {
 	Lookup(event.Tuple) (conntrack.Entry, bool)
 }
 
+// BatchConntrack answers many lookups at once (conntrack's
+// Tracker.LookupAll): found[i] and entries[i] are Lookup of tus[i].
+// Optional: a Conntrack that has it is asked once for the live entries of
+// all the flows an Expire finishes together.
+type BatchConntrack interface {
+	LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool)
+}
+
 // SourceIndex finds a client's connections by their source endpoint; it is
 // how a reply from the wrong five-tuple is tied to the connection it
 // answers. Optional: a Conntrack that has it is used for it.
@@ -82,6 +90,13 @@ type Joiner struct {
 	enc trace.Encoder
 	// flowEvents is flowOf's scratch.
 	flowEvents []trace.Event
+	// finishing, and the rest, are finishAll's scratch: the flows an
+	// Expire finishes and their conntrack lookups.
+	finishing []*pending
+	answers   []ctAnswer
+	lookupTus []event.Tuple
+	lookupCT  []conntrack.Entry
+	lookupOK  []bool
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -316,8 +331,12 @@ func (j *Joiner) Expire(now time.Time) {
 			j.due.heap.push(p.deadline, p)
 			continue
 		}
-		j.finish(p, now)
+		j.finishing = append(j.finishing, p)
+		if len(j.finishing) == finishChunk {
+			j.finishAll(now)
+		}
 	}
+	j.finishAll(now)
 }
 
 // Flush finishes every open flow (at exit), oldest deadline first.
@@ -327,9 +346,69 @@ func (j *Joiner) Flush() {
 		if !ok {
 			break
 		}
-		j.finish(j.due.pop(fromFIFO), time.Time{})
+		j.finishing = append(j.finishing, j.due.pop(fromFIFO))
+		if len(j.finishing) == finishChunk {
+			j.finishAll(time.Time{})
+		}
 	}
+	j.finishAll(time.Time{})
 	j.release(time.Time{})
+}
+
+// finishChunk is how many flows finishAll finishes at a time: enough to
+// ask conntrack for their entries in full batches, few enough that their
+// answers take little memory when a Flush finishes a million flows.
+const finishChunk = 256
+
+// ctAnswer is a flow's live conntrack entry when it was asked for before
+// finish, together with the other flows finishing then.
+type ctAnswer struct {
+	entry        conntrack.Entry
+	found, asked bool
+}
+
+// finishAll finishes the flows in finishing, in order, having asked a
+// BatchConntrack for all their live entries at once.
+func (j *Joiner) finishAll(now time.Time) {
+	j.answers = j.answers[:0]
+	for range j.finishing {
+		j.answers = append(j.answers, ctAnswer{})
+	}
+	j.lookUpFinishing()
+	for i, p := range j.finishing {
+		j.finish(p, j.answers[i], now)
+	}
+	clear(j.finishing)
+	j.finishing = j.finishing[:0]
+}
+
+// lookUpFinishing fills answers with the live entries of the finishing
+// flows that still hold their tuple (entryOf asks the others' history).
+func (j *Joiner) lookUpFinishing() {
+	batch, ok := j.CT.(BatchConntrack)
+	if !ok {
+		return
+	}
+	j.lookupTus = j.lookupTus[:0]
+	for _, p := range j.finishing {
+		if !p.replaced {
+			j.lookupTus = append(j.lookupTus, p.key().tuple())
+		}
+	}
+	if len(j.lookupTus) == 0 {
+		return
+	}
+	j.lookupCT = slices.Grow(j.lookupCT[:0], len(j.lookupTus))[:len(j.lookupTus)]
+	j.lookupOK = slices.Grow(j.lookupOK[:0], len(j.lookupTus))[:len(j.lookupTus)]
+	batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
+	n := 0
+	for i, p := range j.finishing {
+		if !p.replaced {
+			j.answers[i] = ctAnswer{entry: j.lookupCT[n], found: j.lookupOK[n], asked: true}
+			n++
+		}
+	}
+	clear(j.lookupCT)
 }
 
 // release emits the held flows a reading now settles, and those whose
@@ -357,13 +436,14 @@ func (j *Joiner) release(now time.Time) {
 func (j *Joiner) Open() int { return j.due.len() + len(j.held) }
 
 // finish emits p, which has left due, at now (zero at Flush: nothing
-// waits for a later reading then).
-func (j *Joiner) finish(p *pending, now time.Time) {
+// waits for a later reading then); live is its conntrack entry when
+// finishAll asked for it.
+func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 	if !p.replaced {
 		j.unindex(p)
 	}
 	f := j.flowOf(p)
-	j.addConntrack(f, p)
+	j.addConntrack(f, p, live)
 	j.addCounters(f)
 	if j.Env != nil {
 		var next Env
@@ -420,11 +500,14 @@ func (j *Joiner) addCounters(f *trace.Flow) {
 // unless its reply tuple is not what p's NAT decisions made it, which
 // means a newer connection of the tuple made it (one whose decisions are
 // not read yet) and p's own is among the destroyed ones.
-func (j *Joiner) entryOf(p *pending) (conntrack.Entry, bool) {
+func (j *Joiner) entryOf(p *pending, live ctAnswer) (conntrack.Entry, bool) {
 	answer := j.answer(p)
 	key := p.key().tuple()
 	if !p.replaced {
-		e, ok := j.CT.Lookup(key)
+		e, ok := live.entry, live.found
+		if !live.asked {
+			e, ok = j.CT.Lookup(key)
+		}
 		if !ok || answer.matches(e.Reply) {
 			return e, ok
 		}
@@ -467,14 +550,14 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 // addConntrack records the connection's entry as it stands now, and ties
 // a stray reply (a packet nobody's conntrack entry holds) to the client
 // connection it answers.
-func (j *Joiner) addConntrack(f *trace.Flow, p *pending) {
+func (j *Joiner) addConntrack(f *trace.Flow, p *pending, live ctAnswer) {
 	if j.CT == nil {
 		if p.reply().valid() {
 			f.Reply = j.enc.Tuple(p.reply().tuple())
 		}
 		return
 	}
-	e, ok := j.entryOf(p)
+	e, ok := j.entryOf(p, live)
 	if !ok && !p.replaced {
 		e, ok = j.strayReplyOwner(p.key().tuple())
 		if ok {

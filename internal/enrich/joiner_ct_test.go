@@ -1,7 +1,10 @@
 package enrich
 
 import (
+	"fmt"
 	"net/netip"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -95,5 +98,69 @@ func TestJoinStrayReplyTiedToClient(t *testing.T) {
 	}
 	if len(ct.lookups) == 0 || ct.lookups[0] != stray {
 		t.Errorf("conntrack lookups %v: the packet's tuple was not resolved through conntrack", ct.lookups)
+	}
+}
+
+// batchCT is fakeCT answering LookupAll too, recording each call's size.
+type batchCT struct {
+	*fakeCT
+	batches []int
+}
+
+func (c *batchCT) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
+	c.batches = append(c.batches, len(tus))
+	for i, tu := range tus {
+		entries[i], found[i] = conntrack.Entry{}, false
+		for _, e := range c.entries {
+			if e.Orig == tu || e.Reply == tu {
+				entries[i], found[i] = e, true
+			}
+		}
+	}
+}
+
+// TestJoinFinishedFlowsLookedUpTogether: the 300 flows one Expire
+// finishes are asked for in two LookupAll calls (256 and 44), no Lookup,
+// and come out as they do, in the same order, when each is looked up
+// alone.
+func TestJoinFinishedFlowsLookedUpTogether(t *testing.T) {
+	var entries []conntrack.Entry
+	var evs []event.Event
+	states := []string{"SYN_SENT", "ESTABLISHED", "TIME_WAIT"}
+	for i := range 300 {
+		orig := tuple(6, fmt.Sprintf("10.244.1.7:%d", 30000+i), "10.96.0.20:3306")
+		reply := tuple(6, "10.244.1.5:3306", fmt.Sprintf("10.244.1.7:%d", 30000+i))
+		evs = append(evs, event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: orig, Reply: reply})
+		if i%4 != 3 { // a quarter have no entry left
+			entries = append(entries, conntrack.Entry{Orig: orig, Reply: reply, State: states[i%3], Replied: i%3 != 0, Status: conntrack.StatusConfirmed})
+		}
+	}
+	alone := joinWithCT(t, &fakeCT{entries: entries}, evs...)
+	batch := &batchCT{fakeCT: &fakeCT{entries: entries}}
+	var together []*trace.Flow
+	j := &Joiner{CT: batch, Emit: func(f *trace.Flow) { together = append(together, f) }}
+	now := time.Unix(1700000000, 0)
+	for _, e := range evs {
+		e.Time = now
+		j.Add(e, now)
+	}
+	j.Expire(now.Add(2 * time.Second))
+	if !slices.Equal(batch.batches, []int{256, 44}) || len(batch.lookups) != 0 {
+		t.Errorf("LookupAll of %v tuples and %d single lookups, want [256 44] and none", batch.batches, len(batch.lookups))
+	}
+	if len(alone) != 300 || len(together) != 300 {
+		t.Fatalf("%d flows looked up alone, %d together; want 300", len(alone), len(together))
+	}
+	withState := 0
+	for i := range alone {
+		if !reflect.DeepEqual(alone[i], together[i]) {
+			t.Fatalf("flow %d: looked up alone %+v, together %+v", i, alone[i], together[i])
+		}
+		if together[i].Conntrack != nil && together[i].Conntrack.State != "" {
+			withState++
+		}
+	}
+	if withState != 225 {
+		t.Errorf("%d flows carry a conntrack state, want the 225 with an entry", withState)
 	}
 }

@@ -445,6 +445,31 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 	return conntrack.Entry{}, false
 }
 
+// LookupAll asks each namespace's tracker for the tuples the ones before
+// it did not have, as Lookup does one tuple.
+func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
+	clear(found)
+	for _, t := range m {
+		var missed []int
+		for i, ok := range found {
+			if !ok {
+				missed = append(missed, i)
+			}
+		}
+		if len(missed) == 0 {
+			return
+		}
+		sub, subEntries, subFound := make([]event.Tuple, len(missed)), make([]conntrack.Entry, len(missed)), make([]bool, len(missed))
+		for n, i := range missed {
+			sub[n] = tus[i]
+		}
+		t.LookupAll(sub, subEntries, subFound)
+		for n, i := range missed {
+			entries[i], found[i] = subEntries[n], subFound[n]
+		}
+	}
+}
+
 func (m multiConntrack) Destroyed(tu event.Tuple) []conntrack.Entry {
 	for _, t := range m {
 		if h := t.Destroyed(tu); len(h) > 0 {

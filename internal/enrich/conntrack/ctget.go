@@ -27,6 +27,7 @@ type getter struct {
 	seq    uint32
 	req    []byte
 	buf    []byte
+	batch  *batchBuffers
 }
 
 // getTimeout bounds a wait for a reply the kernel did not queue at once.
@@ -139,6 +140,7 @@ func (g *getter) whenReady(events int16, what string, op func() (int, error)) (i
 // appendGetRequest appends an IPCTNL_MSG_CT_GET of tu's entry, without
 // NLM_F_ACK: the reply is the entry or an error, never both.
 func appendGetRequest(b []byte, tu event.Tuple, seq uint32) []byte {
+	start := len(b)
 	family := byte(unix.AF_INET)
 	if tu.Src.Is6() {
 		family = unix.AF_INET6
@@ -150,7 +152,7 @@ func appendGetRequest(b []byte, tu event.Tuple, seq uint32) []byte {
 	b = binary.NativeEndian.AppendUint32(b, 0) // port id: the kernel's
 	b = append(b, family, 0, 0, 0)             // nfgenmsg: family, version, res_id
 	b = appendNested(b, ctaTupleOrig, func(b []byte) []byte { return appendTuple(b, tu) })
-	binary.NativeEndian.PutUint32(b[0:4], uint32(len(b)))
+	binary.NativeEndian.PutUint32(b[start:], uint32(len(b)-start))
 	return b
 }
 
@@ -215,8 +217,8 @@ func parseGetReply(b []byte, seq uint32) (e Entry, ok, done bool, err error) {
 			return Entry{}, false, true, errors.New("conntrack get reply: truncated message")
 		}
 		msg, typ := b[:l], binary.NativeEndian.Uint16(b[4:6])
-		b = b[align4(l):]
-		if binary.NativeEndian.Uint32(msg[8:12]) != seq {
+		b = b[min(align4(l), len(b)):]
+		if seqOf(msg) != seq {
 			continue
 		}
 		switch typ {
@@ -239,6 +241,9 @@ func parseGetReply(b []byte, seq uint32) (e Entry, ok, done bool, err error) {
 	}
 	return Entry{}, false, false, nil
 }
+
+// seqOf is the sequence number of the netlink message b starts with.
+func seqOf(b []byte) uint32 { return binary.NativeEndian.Uint32(b[8:12]) }
 
 func align4(n int) int { return (n + 3) &^ 3 }
 

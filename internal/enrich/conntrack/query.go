@@ -22,6 +22,14 @@ func (s *netlinkSource) Get(tu event.Tuple) (Entry, bool, error) {
 	return e, ok, nil
 }
 
+// GetAll asks for many entries a few requests to a write (getter.getAll).
+func (s *netlinkSource) GetAll(tus []event.Tuple, entries []Entry, found []bool) error {
+	if err := s.getter.getAll(tus, entries, found); err != nil {
+		return fmt.Errorf("get %d conntrack entries: %w", len(tus), err)
+	}
+	return nil
+}
+
 // ctnetlink's dump filter (linux/netfilter/nfnetlink_conntrack.h, 5.8+):
 // CTA_FILTER's CTA_FILTER_ORIG_FLAGS say which fields of CTA_TUPLE_ORIG an
 // entry's original tuple must match.

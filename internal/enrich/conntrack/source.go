@@ -42,6 +42,9 @@ type source interface {
 	// Get asks for the live entry holding tu as either of its tuples; ok
 	// is false when the table has none.
 	Get(tu event.Tuple) (e Entry, ok bool, err error)
+	// GetAll is Get of every tuple, answered into entries and found
+	// (as long as tus).
+	GetAll(tus []event.Tuple, entries []Entry, found []bool) error
 	// DumpSource returns the live entries whose original tuple leaves
 	// from src.
 	DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error)

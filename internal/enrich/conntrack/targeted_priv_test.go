@@ -1,10 +1,12 @@
 package conntrack
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -26,15 +28,19 @@ type ctToolEntry struct {
 }
 
 // conntrackList is the namespace's table as `conntrack -L` prints it,
-// for the truth the tracker is compared with.
+// for the truth the tracker is compared with. It reads stdout alone: the
+// tool's summary goes to stderr unbuffered, and lands inside a line once
+// the listing passes stdout's 4 KiB buffer.
 func conntrackList(t *testing.T, ns netlab.Namespace, args ...string) []ctToolEntry {
 	t.Helper()
-	out, err := ns.Run("conntrack", append([]string{"-L"}, args...)...)
-	if err != nil {
-		t.Fatalf("conntrack -L %v: %v %s", args, err, out)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("conntrack", append([]string{"-L"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := ns.RunCmd(cmd); err != nil {
+		t.Fatalf("conntrack -L %v: %v %s", args, err, stderr.String())
 	}
 	var entries []ctToolEntry
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(stdout.String(), "\n") {
 		if e, ok := parseToolLine(line); ok {
 			entries = append(entries, e)
 		}

@@ -450,6 +450,49 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 	return t.tab.lookup(tu, t.now())
 }
 
+// LookupAll is Lookup of every tuple, answered into entries and found (as
+// long as tus). A targeted tracker asks the kernel for all of them
+// together (getter.getAll: a third less time a connection than one GET
+// each), then looks for the missed ones among the DESTROYs as Lookup does.
+func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
+	for i := range tus {
+		tus[i].Src, tus[i].Dst = unmap(tus[i].Src), unmap(tus[i].Dst)
+	}
+	clear(found)
+	if t.opts.Targeted {
+		if t.getAll(tus, entries, found) && !slices.Contains(found, false) {
+			return
+		}
+		t.drain()
+	}
+	now := t.now()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for i, tu := range tus {
+		if !found[i] {
+			entries[i], found[i] = t.tab.lookup(tu, now)
+		}
+	}
+}
+
+// getAll asks the kernel for the tuples' live entries (targeted lookups);
+// false when it could not answer.
+func (t *Tracker) getAll(tus []event.Tuple, entries []Entry, found []bool) bool {
+	if err := t.src.GetAll(tus, entries, found); err != nil {
+		t.queryErrors.Add(1)
+		clear(found)
+		return false
+	}
+	now := t.now()
+	for i := range entries {
+		if found[i] {
+			entries[i].Seen = now
+			entries[i].Replied = entries[i].Replied || entries[i].Status&StatusSeenReply != 0
+		}
+	}
+	return true
+}
+
 // get asks the kernel for tu's live entry (targeted lookups).
 func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
 	e, ok, err := t.src.Get(tu)

@@ -84,6 +84,17 @@ func (f *fakeSource) Get(tu event.Tuple) (Entry, bool, error) {
 	return Entry{}, false, nil
 }
 
+func (f *fakeSource) GetAll(tus []event.Tuple, entries []Entry, found []bool) error {
+	for i, tu := range tus {
+		e, ok, err := f.Get(tu)
+		if err != nil {
+			return err
+		}
+		entries[i], found[i] = e, ok
+	}
+	return nil
+}
+
 func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -1,0 +1,149 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tracer-dev/tracer/internal/event"
+)
+
+// getBatch is how many GETs one write carries. The kernel answers each
+// inside that sendmsg with an skb of about a page (ctnetlink allocates
+// NLMSG_DEFAULT_SIZE for a reply), all queued before one is read: 16 take
+// about 72 KiB of the socket's default 208 KiB receive buffer, so a batch
+// never overruns it. Measured on the DNAT benchmark's host: 6.0 µs a GET
+// one by one, 3.9 µs in writes of 16 read by one recvmmsg, 3.7 in 32.
+const getBatch = 16
+
+// replySlot holds one reply: an entry's message is a few hundred bytes
+// (tuples, status, protoinfo, mark, zone, counters, labels). A reply that
+// does not fit (MSG_TRUNC) is asked for again alone, into the 16 KiB
+// buffer of get.
+const replySlot = 2048
+
+// batchBuffers are the receive slots of getAll, one per request of a
+// batch, made on the first batch.
+type batchBuffers struct {
+	data []byte
+	iovs []unix.Iovec
+	hdrs []unix.Mmsghdr
+}
+
+func newBatchBuffers() *batchBuffers {
+	b := &batchBuffers{data: make([]byte, getBatch*replySlot), iovs: make([]unix.Iovec, getBatch), hdrs: make([]unix.Mmsghdr, getBatch)}
+	for i := range b.hdrs {
+		b.iovs[i].Base = &b.data[i*replySlot]
+		b.iovs[i].SetLen(replySlot)
+		b.hdrs[i].Hdr.Iov = &b.iovs[i]
+		b.hdrs[i].Hdr.SetIovlen(1)
+	}
+	return b
+}
+
+// getAll is get of every tuple, answered into entries and found (as long
+// as tus): the requests go getBatch to a write, their replies are read
+// together. A reply the kernel dropped (its socket's buffer was full), or
+// too long for its slot, is asked for again alone.
+func (g *getter) getAll(tus []event.Tuple, entries []Entry, found []bool) error {
+	for start := 0; start < len(tus); start += getBatch {
+		end := min(start+getBatch, len(tus))
+		if err := g.getBatch(tus[start:end], entries[start:end], found[start:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *getter) getBatch(tus []event.Tuple, entries []Entry, found []bool) error {
+	answered, err := g.askTogether(tus, entries, found)
+	if err != nil {
+		return err
+	}
+	for i, tu := range tus {
+		if answered&(1<<i) != 0 {
+			continue
+		}
+		e, ok, err := g.get(tu)
+		if err != nil {
+			return err
+		}
+		entries[i], found[i] = e, ok
+	}
+	return nil
+}
+
+// askTogether sends one write of len(tus) (at most getBatch) GETs and
+// reads the replies; answered has bit i set for each tuple whose reply
+// was read. The kernel answers every GET inside the write, so what is not
+// queued once it returned was dropped: nothing is waited for.
+func (g *getter) askTogether(tus []event.Tuple, entries []Entry, found []bool) (answered uint64, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return 0, errClosed
+	}
+	if g.batch == nil {
+		g.batch = newBatchBuffers()
+	}
+	first := g.seq + 1
+	g.req = g.req[:0]
+	for _, tu := range tus {
+		g.seq++
+		g.req = appendGetRequest(g.req, tu, g.seq)
+	}
+	if err := g.send(); err != nil {
+		return 0, fmt.Errorf("send conntrack gets: %w", err)
+	}
+	want := uint64(1)<<len(tus) - 1
+	for answered != want {
+		n, err := recvmmsg(g.fd, g.batch.hdrs)
+		switch {
+		case errors.Is(err, unix.ENOBUFS), errors.Is(err, unix.EINTR):
+			// The replies queued before the overrun are still there;
+			// reading them all also ends the socket's congestion, in
+			// which the kernel drops replies without a word.
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return answered, nil
+		case err != nil:
+			return answered, fmt.Errorf("receive conntrack get replies: %w", err)
+		}
+		for i := range n {
+			h := &g.batch.hdrs[i]
+			if h.Hdr.Flags&unix.MSG_TRUNC == 0 {
+				answered |= g.takeReply(g.batch.data[i*replySlot:i*replySlot+int(h.Len)], first, entries, found)
+			}
+		}
+	}
+	return answered, nil
+}
+
+// takeReply files a reply to request first+i under i, returning its bit;
+// a stale reply to an earlier request is no one's.
+func (g *getter) takeReply(b []byte, first uint32, entries []Entry, found []bool) uint64 {
+	if len(b) < nlmsgHdrLen {
+		return 0
+	}
+	i := int(seqOf(b) - first)
+	if i >= len(entries) {
+		return 0
+	}
+	e, ok, done, err := parseGetReply(b, first+uint32(i))
+	if !done || err != nil {
+		return 0
+	}
+	entries[i], found[i] = e, ok
+	return 1 << i
+}
+
+// recvmmsg reads up to len(hdrs) datagrams without waiting.
+func recvmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
+	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
