@@ -198,6 +198,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 		return
 	}
 	p, key, reply := j.resolve(tu, ev)
+	unseen := p == nil && key == tu // no open flow holds tu
 	d, isNAT := natDecisionOf(ev)
 	if p != nil && isNAT && j.decided(p, d) {
 		// The same decision twice for one tuple: the client reused its
@@ -208,7 +209,11 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	created := p == nil
 	if created {
 		p = newPending(packTuple(key))
-		j.index(p, p.key())
+		if unseen {
+			j.byTuple.claimUnseen(p, p.key())
+		} else {
+			j.index(p, p.key())
+		}
 	}
 	if r := packTuple(reply); r.valid() && r != p.reply() {
 		p.setReply(r)

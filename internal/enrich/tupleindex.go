@@ -62,6 +62,15 @@ func (x *tupleIndex) claim(p *pending, t ptuple) {
 	if x.getHashed(t, h) != nil {
 		return
 	}
+	x.put(p, t, h)
+}
+
+// claimUnseen is claim of a tuple get has just found no flow for: a new
+// connection's key, most often, which saves looking for it twice.
+func (x *tupleIndex) claimUnseen(p *pending, t ptuple) { x.put(p, t, x.hash(t)) }
+
+// put leads t, whose hash is h, to p.
+func (x *tupleIndex) put(p *pending, t ptuple, h uint64) {
 	if _, taken := x.byHash[h]; !taken {
 		x.byHash[h] = p
 		return
