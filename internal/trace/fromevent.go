@@ -25,6 +25,13 @@ func TupleOf(t event.Tuple) *Tuple { return (*Encoder)(nil).Tuple(t) }
 // writes every endpoint afresh. Not safe for concurrent use.
 type Encoder struct {
 	recent [1 << encoderBits]encodedEndpoint
+	// recentAddr are ICMP tuples' addresses, which have no port.
+	recentAddr [1 << encoderBits]encodedAddr
+}
+
+type encodedAddr struct {
+	a netip.Addr
+	s string
 }
 
 const encoderBits = 8
@@ -72,7 +79,7 @@ func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	}
 	switch e.Kind {
 	case event.KindDNAT, event.KindSNAT:
-		r.To = e.To.String()
+		r.To = enc.natRange(e.To)
 		r.CTStatus = event.CTStatusNames(e.CTStatus)
 		r.CTMark = e.CTMark
 		r.CTZone = e.CTZone
@@ -113,7 +120,7 @@ func (enc *Encoder) Tuple(t event.Tuple) *Tuple {
 func (enc *Encoder) tuple(t event.Tuple) Tuple {
 	if t.Proto == 1 || t.Proto == 58 {
 		// ICMP has no ports: conntrack keys it by echo id.
-		return Tuple{Src: t.Src.String(), Dst: t.Dst.String()}
+		return Tuple{Src: enc.addr(t.Src), Dst: enc.addr(t.Dst)}
 	}
 	return Tuple{Src: enc.endpoint(t.Src, t.SrcPort), Dst: enc.endpoint(t.Dst, t.DstPort)}
 }
@@ -129,6 +136,27 @@ func (enc *Encoder) endpoint(a netip.Addr, port uint16) string {
 	slot := &enc.recent[endpointSlot(ap)]
 	if slot.s == "" || slot.ap != ap {
 		*slot = encodedEndpoint{ap: ap, s: ap.String()}
+	}
+	return slot.s
+}
+
+// natRange is r as Range.String writes it; a NAT to one address and port,
+// as Services' DNATs are, reads as that endpoint does.
+func (enc *Encoder) natRange(r event.Range) string {
+	single := r.MinPort != 0 && r.MaxPort == r.MinPort && (!r.MaxAddr.IsValid() || r.MaxAddr == r.MinAddr)
+	if !single || enc == nil {
+		return r.String()
+	}
+	return enc.endpoint(r.MinAddr, r.MinPort)
+}
+
+func (enc *Encoder) addr(a netip.Addr) string {
+	if enc == nil || !a.IsValid() {
+		return a.String()
+	}
+	slot := &enc.recentAddr[endpointSlot(netip.AddrPortFrom(a, 0))]
+	if slot.s == "" || slot.a != a {
+		*slot = encodedAddr{a: a, s: a.String()}
 	}
 	return slot.s
 }

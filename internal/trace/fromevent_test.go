@@ -100,3 +100,53 @@ func TestEncoderReusesOnlyItsOwnEndpoints(t *testing.T) {
 		t.Error("the same endpoint twice was written twice")
 	}
 }
+
+// TestEncoderICMPAndNATRanges: an ICMP tuple's addresses and a NAT's
+// range, written from the encoder's cache, read as EventOf writes them
+// without it: one endpoint or a range of addresses or ports, IPv4 or
+// IPv6, with a port or none; 5,000 ICMP addresses through the cache's
+// slots; and an ICMP address seen twice is one string.
+func TestEncoderICMPAndNATRanges(t *testing.T) {
+	var enc trace.Encoder
+	v4, v4b := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("10.244.1.9")
+	v6, v6b := netip.MustParseAddr("fd00::5"), netip.MustParseAddr("fd00::9")
+	ranges := []event.Range{
+		{MinAddr: v4, MinPort: 8080, MaxPort: 8080},
+		{MinAddr: v4, MaxAddr: v4, MinPort: 8080, MaxPort: 8080},
+		{MinAddr: v6, MaxAddr: v6, MinPort: 53, MaxPort: 53},
+		{MinAddr: v4, MaxAddr: v4b, MinPort: 8080, MaxPort: 8080},
+		{MinAddr: v6, MaxAddr: v6b},
+		{MinAddr: v4, MinPort: 1024, MaxPort: 65535},
+		{MinAddr: v4},
+		{MinAddr: v4, MaxAddr: v4},
+		{},
+	}
+	for round := range 2 {
+		for _, r := range ranges {
+			e := event.Event{Kind: event.KindDNAT, Orig: event.Tuple{Src: v4, Dst: v4b, SrcPort: 1, DstPort: 2, Proto: 6}, To: r}
+			if got, want := enc.Event(e, nil).To, trace.EventOf(e, nil).To; got != want || want != r.String() {
+				t.Errorf("round %d, range %+v: encoder %q, EventOf %q, Range.String %q", round, r, got, want, r.String())
+			}
+		}
+		for _, a := range []netip.Addr{v4, v6} {
+			e := event.Event{Kind: event.KindReject, Packet: event.Tuple{Src: a, Dst: a, SrcPort: 7, DstPort: 8 << 8, Proto: 1}}
+			if got, want := *enc.Event(e, nil).Packet, *trace.EventOf(e, nil).Packet; got != want {
+				t.Errorf("round %d, ICMP tuple of %v: encoder %+v, EventOf %+v", round, a, got, want)
+			}
+		}
+	}
+	for i := range 5000 {
+		a := netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1})
+		if i%3 == 0 {
+			a = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
+		}
+		tu := event.Tuple{Src: a, Dst: v4, Proto: 1}
+		if got, want := enc.Tuple(tu), trace.TupleOf(tu); *got != *want {
+			t.Fatalf("ICMP address %d: got %+v, want %+v", i, got, want)
+		}
+	}
+	icmp := event.Tuple{Src: v4, Dst: v4b, Proto: 1}
+	if first, second := enc.Tuple(icmp), enc.Tuple(icmp); unsafe.StringData(first.Src) != unsafe.StringData(second.Src) {
+		t.Error("the same ICMP address twice was written twice")
+	}
+}
