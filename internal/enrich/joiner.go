@@ -375,10 +375,8 @@ type ctAnswer struct {
 // finishAll finishes the flows in finishing, in order, having asked a
 // BatchConntrack for all their live entries at once.
 func (j *Joiner) finishAll(now time.Time) {
-	j.answers = j.answers[:0]
-	for range j.finishing {
-		j.answers = append(j.answers, ctAnswer{})
-	}
+	j.answers = slices.Grow(j.answers[:0], len(j.finishing))[:len(j.finishing)]
+	clear(j.answers)
 	j.lookUpFinishing()
 	for i, p := range j.finishing {
 		j.finish(p, j.answers[i], now)

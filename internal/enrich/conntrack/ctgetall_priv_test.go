@@ -2,16 +2,19 @@ package conntrack
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/netlab"
 )
 
 // batchTable fills a table with 41 entries (more than two batches): TCP
 // in three states, half DNAT'd and replied, UDP over IPv4 and IPv6, ICMP.
-func batchTable(t *testing.T, insert func(args ...string)) {
+func batchTable(t testing.TB, insert func(args ...string)) {
 	t.Helper()
 	states := []string{"SYN_SENT", "ESTABLISHED", "TIME_WAIT"}
 	for i := range 30 {
@@ -115,4 +118,54 @@ func checkAgainstTool(t *testing.T, tus []event.Tuple, entries []Entry, found []
 			t.Errorf("%v: getter %+v (status %v), conntrack -L %+v", tu, e, FormatStatus(e.Status), *w)
 		}
 	}
+}
+
+// BenchmarkPrivGetAll is the 41 entries of batchTable asked for one GET
+// at a time (get) and getBatch to a write (getAll); ns/get is per entry.
+func BenchmarkPrivGetAll(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("privileged benchmark: needs root to create a network namespace")
+	}
+	lab, err := netlab.New("trcc-b2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lab.Close()
+	ns, err := lab.Namespace("node")
+	if err != nil {
+		b.Fatal(err)
+	}
+	batchTable(b, func(args ...string) {
+		if out, err := ns.Run("conntrack", append([]string{"-I", "--timeout", "600"}, args...)...); err != nil {
+			b.Fatalf("conntrack -I: %v %s", err, out)
+		}
+	})
+	var tus []event.Tuple
+	for _, f := range dumpFlows(b, ns) {
+		tus = append(tus, fromFlow(&f).Orig)
+	}
+	g := getterIn(b, ns)
+	defer g.Close()
+	entries, found := make([]Entry, len(tus)), make([]bool, len(tus))
+	perGet := func(b *testing.B) {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(tus)), "ns/get")
+	}
+	b.Run("get", func(b *testing.B) {
+		for b.Loop() {
+			for _, tu := range tus {
+				if _, ok, err := g.get(tu); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+			}
+		}
+		perGet(b)
+	})
+	b.Run("getAll", func(b *testing.B) {
+		for b.Loop() {
+			if err := g.getAll(tus, entries, found); err != nil || slices.Contains(found, false) {
+				b.Fatal(err, found)
+			}
+		}
+		perGet(b)
+	})
 }

@@ -451,9 +451,11 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 }
 
 // LookupAll is Lookup of every tuple, answered into entries and found (as
-// long as tus). A targeted tracker asks the kernel for all of them
-// together (getter.getAll: a third less time a connection than one GET
-// each), then looks for the missed ones among the DESTROYs as Lookup does.
+// long as tus; IPv4-mapped addresses in tus are unmapped in place). A
+// targeted tracker asks the kernel for all of them together
+// (getter.getAll: 3.4-3.6 µs an entry against 5.8-5.9 one GET at a time,
+// BenchmarkPrivGetAll), then looks for the missed ones among the
+// DESTROYs as Lookup does.
 func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
 	for i := range tus {
 		tus[i].Src, tus[i].Dst = unmap(tus[i].Src), unmap(tus[i].Dst)

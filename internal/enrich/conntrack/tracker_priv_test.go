@@ -219,7 +219,7 @@ func createFlows(t *testing.T, ns netlab.Namespace, base, n int) {
 }
 
 // dumpFlows is the namespace's conntrack table as the kernel has it.
-func dumpFlows(t *testing.T, ns netlab.Namespace) []ct.Flow {
+func dumpFlows(t testing.TB, ns netlab.Namespace) []ct.Flow {
 	t.Helper()
 	c := dialIn(t, ns)
 	defer c.Close()
