@@ -27,7 +27,7 @@ type getter struct {
 	seq    uint32
 	req    []byte
 	buf    []byte
-	batch  *batchBuffers
+	batch  *datagrams
 }
 
 // getTimeout bounds a wait for a reply the kernel did not queue at once.

@@ -3,7 +3,6 @@ package conntrack
 import (
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -24,25 +23,6 @@ const getBatch = 16
 // does not fit (MSG_TRUNC) is asked for again alone, into the 16 KiB
 // buffer of get.
 const replySlot = 2048
-
-// batchBuffers are the receive slots of getAll, one per request of a
-// batch, made on the first batch.
-type batchBuffers struct {
-	data []byte
-	iovs []unix.Iovec
-	hdrs []unix.Mmsghdr
-}
-
-func newBatchBuffers() *batchBuffers {
-	b := &batchBuffers{data: make([]byte, getBatch*replySlot), iovs: make([]unix.Iovec, getBatch), hdrs: make([]unix.Mmsghdr, getBatch)}
-	for i := range b.hdrs {
-		b.iovs[i].Base = &b.data[i*replySlot]
-		b.iovs[i].SetLen(replySlot)
-		b.hdrs[i].Hdr.Iov = &b.iovs[i]
-		b.hdrs[i].Hdr.SetIovlen(1)
-	}
-	return b
-}
 
 // getAll is get of every tuple, answered into entries and found (as long
 // as tus): the requests go getBatch to a write, their replies are read
@@ -87,7 +67,7 @@ func (g *getter) askTogether(tus []event.Tuple, entries []Entry, found []bool) (
 		return 0, errClosed
 	}
 	if g.batch == nil {
-		g.batch = newBatchBuffers()
+		g.batch = newDatagrams(getBatch, replySlot)
 	}
 	first := g.seq + 1
 	g.req = g.req[:0]
@@ -100,7 +80,7 @@ func (g *getter) askTogether(tus []event.Tuple, entries []Entry, found []bool) (
 	}
 	want := uint64(1)<<len(tus) - 1
 	for answered != want {
-		n, err := recvmmsg(g.fd, g.batch.hdrs)
+		n, err := g.batch.receive(g.fd)
 		switch {
 		case errors.Is(err, unix.ENOBUFS), errors.Is(err, unix.EINTR):
 			// The replies queued before the overrun are still there;
@@ -113,9 +93,8 @@ func (g *getter) askTogether(tus []event.Tuple, entries []Entry, found []bool) (
 			return answered, fmt.Errorf("receive conntrack get replies: %w", err)
 		}
 		for i := range n {
-			h := &g.batch.hdrs[i]
-			if h.Hdr.Flags&unix.MSG_TRUNC == 0 {
-				answered |= g.takeReply(g.batch.data[i*replySlot:i*replySlot+int(h.Len)], first, entries, found)
+			if b, truncated := g.batch.at(i); !truncated {
+				answered |= g.takeReply(b, first, entries, found)
 			}
 		}
 	}
@@ -138,13 +117,4 @@ func (g *getter) takeReply(b []byte, first uint32, entries []Entry, found []bool
 	}
 	entries[i], found[i] = e, ok
 	return 1 << i
-}
-
-// recvmmsg reads up to len(hdrs) datagrams without waiting.
-func recvmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
-	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
 }

@@ -3,6 +3,7 @@ package conntrack
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -48,4 +49,38 @@ func pollFor(fd int, events int16, timeoutMs int) (ready bool, err error) {
 		}
 		return n > 0, err
 	}
+}
+
+// datagrams are receive slots for recvmmsg: slot bytes each.
+type datagrams struct {
+	data []byte
+	slot int
+	iovs []unix.Iovec
+	hdrs []unix.Mmsghdr
+}
+
+func newDatagrams(n, slot int) *datagrams {
+	d := &datagrams{data: make([]byte, n*slot), slot: slot, iovs: make([]unix.Iovec, n), hdrs: make([]unix.Mmsghdr, n)}
+	for i := range d.hdrs {
+		d.iovs[i].Base = &d.data[i*slot]
+		d.iovs[i].SetLen(slot)
+		d.hdrs[i].Hdr.Iov = &d.iovs[i]
+		d.hdrs[i].Hdr.SetIovlen(1)
+	}
+	return d
+}
+
+// receive reads up to a slot's worth of datagrams without waiting.
+func (d *datagrams) receive(fd int) (int, error) {
+	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&d.hdrs[0])), uintptr(len(d.hdrs)), unix.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// at is the i-th datagram read; truncated says it did not fit its slot.
+func (d *datagrams) at(i int) (b []byte, truncated bool) {
+	h := &d.hdrs[i]
+	return d.data[i*d.slot : i*d.slot+int(h.Len)], h.Hdr.Flags&unix.MSG_TRUNC != 0
 }
