@@ -39,7 +39,7 @@ func (c *fakeCT) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
 	return out
 }
 
-func joinWithCT(t *testing.T, ct *fakeCT, evs ...event.Event) []*trace.Flow {
+func joinWithCT(t *testing.T, ct Conntrack, evs ...event.Event) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
 	j := &Joiner{CT: ct, Emit: func(f *trace.Flow) { out = append(out, f) }}
@@ -137,14 +137,7 @@ func TestJoinFinishedFlowsLookedUpTogether(t *testing.T) {
 	}
 	alone := joinWithCT(t, &fakeCT{entries: entries}, evs...)
 	batch := &batchCT{fakeCT: &fakeCT{entries: entries}}
-	var together []*trace.Flow
-	j := &Joiner{CT: batch, Emit: func(f *trace.Flow) { together = append(together, f) }}
-	now := time.Unix(1700000000, 0)
-	for _, e := range evs {
-		e.Time = now
-		j.Add(e, now)
-	}
-	j.Expire(now.Add(2 * time.Second))
+	together := joinWithCT(t, batch, evs...)
 	if !slices.Equal(batch.batches, []int{256, 44}) || len(batch.lookups) != 0 {
 		t.Errorf("LookupAll of %v tuples and %d single lookups, want [256 44] and none", batch.batches, len(batch.lookups))
 	}

@@ -106,18 +106,8 @@ func BenchmarkPrivGet(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("privileged benchmark: needs root to create a network namespace")
 	}
-	lab, err := netlab.New("trcc-b1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if out, err := ns.Run("conntrack", "-I", "--timeout", "600", "-p", "udp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "5353", "--dport", "53"); err != nil {
-		b.Fatalf("conntrack -I: %v %s", err, out)
-	}
+	ns := nodeNamespace(b, "trcc-b1")
+	inserter(b, ns)("-p", "udp", "-s", "10.1.0.5", "-d", "10.2.0.1", "--sport", "5353", "--dport", "53")
 	tu := event.Tuple{Src: netip.MustParseAddr("10.1.0.5"), Dst: netip.MustParseAddr("10.2.0.1"), SrcPort: 5353, DstPort: 53, Proto: 17}
 	g := getterIn(b, ns)
 	defer g.Close()

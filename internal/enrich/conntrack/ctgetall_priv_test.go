@@ -9,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
-	"github.com/tracer-dev/tracer/internal/netlab"
 )
 
 // batchTable fills a table with 41 entries (more than two batches): TCP
@@ -126,20 +125,8 @@ func BenchmarkPrivGetAll(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("privileged benchmark: needs root to create a network namespace")
 	}
-	lab, err := netlab.New("trcc-b2")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lab.Close()
-	ns, err := lab.Namespace("node")
-	if err != nil {
-		b.Fatal(err)
-	}
-	batchTable(b, func(args ...string) {
-		if out, err := ns.Run("conntrack", append([]string{"-I", "--timeout", "600"}, args...)...); err != nil {
-			b.Fatalf("conntrack -I: %v %s", err, out)
-		}
-	})
+	ns := nodeNamespace(b, "trcc-b2")
+	batchTable(b, inserter(b, ns))
 	var tus []event.Tuple
 	for _, f := range dumpFlows(b, ns) {
 		tus = append(tus, fromFlow(&f).Orig)

@@ -28,7 +28,7 @@ func requirePriv(t *testing.T) {
 	}
 }
 
-func mustRun(t *testing.T, ns netlab.Namespace, args ...string) {
+func mustRun(t testing.TB, ns netlab.Namespace, args ...string) {
 	t.Helper()
 	if out, err := ns.Run(args[0], args[1:]...); err != nil {
 		t.Fatalf("%v: %v %s", args, err, out)
@@ -37,7 +37,7 @@ func mustRun(t *testing.T, ns netlab.Namespace, args ...string) {
 
 // nodeNamespace is a throwaway namespace "node" under prefix, removed when
 // the test ends.
-func nodeNamespace(t *testing.T, prefix string) netlab.Namespace {
+func nodeNamespace(t testing.TB, prefix string) netlab.Namespace {
 	t.Helper()
 	lab, err := netlab.New(prefix)
 	if err != nil {
@@ -53,7 +53,7 @@ func nodeNamespace(t *testing.T, prefix string) netlab.Namespace {
 
 // inserter adds entries to ns's conntrack table with `conntrack -I`, for
 // ten minutes.
-func inserter(t *testing.T, ns netlab.Namespace) func(args ...string) {
+func inserter(t testing.TB, ns netlab.Namespace) func(args ...string) {
 	return func(args ...string) {
 		t.Helper()
 		mustRun(t, ns, append([]string{"conntrack", "-I", "--timeout", "600"}, args...)...)
