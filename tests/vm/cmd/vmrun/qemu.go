@@ -157,9 +157,16 @@ func boot(ctx context.Context, c bootConfig) (bootResult, error) {
 }
 
 // consoleTail keeps a guest's last console lines, so that a panic's
-// report survives into the summary, where CI's truncated log keeps it.
+// report survives into the summary, where CI's truncated log keeps it. A
+// report can be longer than the tail (an int3 Oops in softirq, with both
+// stacks, was 82 lines): from its first line the tail keeps everything,
+// up to maxCrashLines, so its header is not lost.
 type consoleTail struct {
 	lines []string
+	// open says a report began at lines[start] within the last
+	// maxCrashLines lines.
+	open  bool
+	start int
 }
 
 const (
@@ -168,10 +175,21 @@ const (
 )
 
 func (t *consoleTail) add(line string) {
-	if len(t.lines) == consoleTailLines {
-		t.lines = t.lines[1:]
+	if !t.open && reOops.MatchString(line) {
+		t.open, t.start = true, len(t.lines)
 	}
 	t.lines = append(t.lines, line)
+	if t.open && len(t.lines)-t.start > maxCrashLines {
+		t.open = false
+	}
+	drop := len(t.lines) - consoleTailLines
+	if t.open {
+		drop = min(drop, t.start)
+	}
+	if drop > 0 {
+		t.lines = t.lines[drop:]
+		t.start -= drop
+	}
 }
 
 // reOops matches the first line of a kernel's report of what went wrong.

@@ -29,6 +29,33 @@ func TestConsoleTailCrash(t *testing.T) {
 	}
 }
 
+// TestConsoleTailLongReport: a report longer than the tail (CI's 6.12
+// int3 Oops was 82 lines) is kept from its header, and the tail goes back
+// to its length once a report is more than maxCrashLines behind.
+func TestConsoleTailLongReport(t *testing.T) {
+	var tail consoleTail
+	for i := range 100 {
+		tail.add(fmt.Sprintf("=== RUN   Test%d", i))
+	}
+	report := []string{"Oops: int3: 0000 [#1] PREEMPT SMP NOPTI", "RIP: 0010:ip_local_deliver+0x61/0x120", "Call Trace:"}
+	for i := range 100 {
+		report = append(report, fmt.Sprintf(" frame%d+0x10/0x20", i))
+	}
+	report = append(report, "Kernel panic - not syncing: Fatal exception in interrupt")
+	for _, l := range report {
+		tail.add(l)
+	}
+	if got := tail.crash(); !reflect.DeepEqual(got, report) {
+		t.Errorf("crash() kept %d lines from %q, want the %d of the report from its header", len(got), got[0], len(report))
+	}
+	for i := range maxCrashLines {
+		tail.add(fmt.Sprintf("after %d", i))
+	}
+	if n := len(tail.lines); n != consoleTailLines {
+		t.Errorf("kept %d lines long after the report, want %d", n, consoleTailLines)
+	}
+}
+
 func TestConsoleTailCrashWithoutOops(t *testing.T) {
 	var tail consoleTail
 	tail.add("a")
