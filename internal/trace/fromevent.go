@@ -25,20 +25,16 @@ func TupleOf(t event.Tuple) *Tuple { return (*Encoder)(nil).Tuple(t) }
 // writes every endpoint afresh. Not safe for concurrent use.
 type Encoder struct {
 	recent [1 << encoderBits]encodedEndpoint
-	// recentAddr are ICMP tuples' addresses, which have no port.
-	recentAddr [1 << encoderBits]encodedAddr
-}
-
-type encodedAddr struct {
-	a netip.Addr
-	s string
 }
 
 const encoderBits = 8
 
+// encodedEndpoint is ap's text; bare: its address alone, as an ICMP
+// tuple, which has no ports, writes it.
 type encodedEndpoint struct {
-	ap netip.AddrPort
-	s  string
+	ap   netip.AddrPort
+	bare bool
+	s    string
 }
 
 // Event is EventOf.
@@ -129,13 +125,32 @@ func (enc *Encoder) endpoint(a netip.Addr, port uint16) string {
 	if !a.IsValid() {
 		return ""
 	}
-	ap := netip.AddrPortFrom(a, port)
-	if enc == nil {
+	return enc.text(netip.AddrPortFrom(a, port), false)
+}
+
+// addr is an ICMP tuple's address.
+func (enc *Encoder) addr(a netip.Addr) string {
+	if !a.IsValid() {
+		return a.String()
+	}
+	return enc.text(netip.AddrPortFrom(a, 0), true)
+}
+
+// text writes ap, or bare its address alone, reusing the text its slot
+// holds when that is ap's.
+func (enc *Encoder) text(ap netip.AddrPort, bare bool) string {
+	write := func() string {
+		if bare {
+			return ap.Addr().String()
+		}
 		return ap.String()
 	}
+	if enc == nil {
+		return write()
+	}
 	slot := &enc.recent[endpointSlot(ap)]
-	if slot.s == "" || slot.ap != ap {
-		*slot = encodedEndpoint{ap: ap, s: ap.String()}
+	if slot.s == "" || slot.ap != ap || slot.bare != bare {
+		*slot = encodedEndpoint{ap: ap, bare: bare, s: write()}
 	}
 	return slot.s
 }
@@ -148,17 +163,6 @@ func (enc *Encoder) natRange(r event.Range) string {
 		return r.String()
 	}
 	return enc.endpoint(r.MinAddr, r.MinPort)
-}
-
-func (enc *Encoder) addr(a netip.Addr) string {
-	if enc == nil || !a.IsValid() {
-		return a.String()
-	}
-	slot := &enc.recentAddr[endpointSlot(netip.AddrPortFrom(a, 0))]
-	if slot.s == "" || slot.a != a {
-		*slot = encodedAddr{a: a, s: a.String()}
-	}
-	return slot.s
 }
 
 // endpointSlot mixes the address's last 8 bytes (all of an IPv4 one) and

@@ -140,9 +140,12 @@ func TestEncoderICMPAndNATRanges(t *testing.T) {
 		if i%3 == 0 {
 			a = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
 		}
-		tu := event.Tuple{Src: a, Dst: v4, Proto: 1}
-		if got, want := enc.Tuple(tu), trace.TupleOf(tu); *got != *want {
-			t.Fatalf("ICMP address %d: got %+v, want %+v", i, got, want)
+		// An ICMP tuple's bare address and the same address with port 0
+		// share a slot in turn.
+		for _, tu := range []event.Tuple{{Src: a, Dst: v4, Proto: 1}, {Src: a, Dst: v4, Proto: 17}, {Src: a, Dst: v4, Proto: 1}} {
+			if got, want := enc.Tuple(tu), trace.TupleOf(tu); *got != *want {
+				t.Fatalf("address %d, protocol %d: got %+v, want %+v", i, tu.Proto, got, want)
+			}
 		}
 	}
 	icmp := event.Tuple{Src: v4, Dst: v4b, Proto: 1}
