@@ -93,7 +93,6 @@ type Joiner struct {
 	// finishing, and the rest, are finishAll's scratch: the flows an
 	// Expire finishes and their conntrack lookups.
 	finishing []*pending
-	answers   []ctAnswer
 	lookupTus []event.Tuple
 	lookupCT  []conntrack.Entry
 	lookupOK  []bool
@@ -373,45 +372,35 @@ type ctAnswer struct {
 }
 
 // finishAll finishes the flows in finishing, in order, having asked a
-// BatchConntrack for all their live entries at once.
+// BatchConntrack for the live entries of all of them that still hold
+// their tuple (entryOf reads a replaced flow's history), in that order.
 func (j *Joiner) finishAll(now time.Time) {
-	j.answers = slices.Grow(j.answers[:0], len(j.finishing))[:len(j.finishing)]
-	clear(j.answers)
-	j.lookUpFinishing()
-	for i, p := range j.finishing {
-		j.finish(p, j.answers[i], now)
+	batch, batched := j.CT.(BatchConntrack)
+	if batched {
+		j.lookupTus = j.lookupTus[:0]
+		for _, p := range j.finishing {
+			if !p.replaced {
+				j.lookupTus = append(j.lookupTus, p.key().tuple())
+			}
+		}
+		n := len(j.lookupTus)
+		j.lookupCT = slices.Grow(j.lookupCT[:0], n)[:n]
+		j.lookupOK = slices.Grow(j.lookupOK[:0], n)[:n]
+		if n > 0 {
+			batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
+		}
+	}
+	asked := 0
+	for _, p := range j.finishing {
+		var live ctAnswer
+		if batched && !p.replaced {
+			live = ctAnswer{entry: j.lookupCT[asked], found: j.lookupOK[asked], asked: true}
+			asked++
+		}
+		j.finish(p, live, now)
 	}
 	clear(j.finishing)
 	j.finishing = j.finishing[:0]
-}
-
-// lookUpFinishing fills answers with the live entries of the finishing
-// flows that still hold their tuple (entryOf asks the others' history).
-func (j *Joiner) lookUpFinishing() {
-	batch, ok := j.CT.(BatchConntrack)
-	if !ok {
-		return
-	}
-	j.lookupTus = j.lookupTus[:0]
-	for _, p := range j.finishing {
-		if !p.replaced {
-			j.lookupTus = append(j.lookupTus, p.key().tuple())
-		}
-	}
-	if len(j.lookupTus) == 0 {
-		return
-	}
-	j.lookupCT = slices.Grow(j.lookupCT[:0], len(j.lookupTus))[:len(j.lookupTus)]
-	j.lookupOK = slices.Grow(j.lookupOK[:0], len(j.lookupTus))[:len(j.lookupTus)]
-	batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
-	n := 0
-	for i, p := range j.finishing {
-		if !p.replaced {
-			j.answers[i] = ctAnswer{entry: j.lookupCT[n], found: j.lookupOK[n], asked: true}
-			n++
-		}
-	}
-	clear(j.lookupCT)
 }
 
 // release emits the held flows a reading now settles, and those whose

@@ -21,6 +21,10 @@ type fakeCT struct {
 
 func (c *fakeCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 	c.lookups = append(c.lookups, tu)
+	return c.find(tu)
+}
+
+func (c *fakeCT) find(tu event.Tuple) (conntrack.Entry, bool) {
 	for _, e := range c.entries {
 		if e.Orig == tu || e.Reply == tu {
 			return e, true
@@ -110,12 +114,7 @@ type batchCT struct {
 func (c *batchCT) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
 	c.batches = append(c.batches, len(tus))
 	for i, tu := range tus {
-		entries[i], found[i] = conntrack.Entry{}, false
-		for _, e := range c.entries {
-			if e.Orig == tu || e.Reply == tu {
-				entries[i], found[i] = e, true
-			}
-		}
+		entries[i], found[i] = c.find(tu)
 	}
 }
 
