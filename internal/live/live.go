@@ -446,10 +446,15 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 }
 
 // LookupAll asks each namespace's tracker for the tuples the ones before
-// it did not have, as Lookup does one tuple.
+// it did not have, as Lookup does one tuple. The first is asked for all
+// of them in place: one namespace is the common case.
 func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
 	clear(found)
-	for _, t := range m {
+	if len(m) == 0 {
+		return
+	}
+	m[0].LookupAll(tus, entries, found)
+	for _, t := range m[1:] {
 		var missed []int
 		for i, ok := range found {
 			if !ok {

@@ -70,7 +70,7 @@ func newDatagrams(n, slot int) *datagrams {
 	return d
 }
 
-// receive reads up to a slot's worth of datagrams without waiting.
+// receive reads up to one datagram a slot without waiting.
 func (d *datagrams) receive(fd int) (int, error) {
 	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&d.hdrs[0])), uintptr(len(d.hdrs)), unix.MSG_DONTWAIT, 0, 0)
 	if errno != 0 {
