@@ -50,12 +50,26 @@ type Result struct {
 // Diagnose gives the flow its verdict. Rules are tried from the most
 // specific incident to the generic outcomes; a flow that matches none of
 // the incidents is ok when it was only translated.
-func Diagnose(f *trace.Flow, env Env) Result {
-	d := &diagnosis{f: f, env: env, dstAP: trace.ParseEndpoint(f.Orig.Dst)}
-	d.wentAP = d.dstAP
+func Diagnose(f *trace.Flow, env Env) Result { return DiagnoseAddrs(f, AddrsOf(f), env) }
+
+// Addrs are a flow's destination and where it went (its reply's source,
+// or the destination when it has none) as netip values: the joiner has
+// them from its typed events, a recorded flow's are read from its text.
+type Addrs struct{ Dst, Went netip.AddrPort }
+
+// AddrsOf reads a recorded flow's Addrs from its text.
+func AddrsOf(f *trace.Flow) Addrs {
+	a := Addrs{Dst: trace.ParseEndpoint(f.Orig.Dst)}
+	a.Went = a.Dst
 	if f.Reply != nil {
-		d.wentAP = trace.ParseEndpoint(f.Reply.Src)
+		a.Went = trace.ParseEndpoint(f.Reply.Src)
 	}
+	return a
+}
+
+// DiagnoseAddrs is Diagnose of a flow whose Addrs are known.
+func DiagnoseAddrs(f *trace.Flow, a Addrs, env Env) Result {
+	d := &diagnosis{f: f, env: env, dstAP: a.Dst, wentAP: a.Went}
 	for _, rule := range []func() (Result, bool){
 		d.conntrackDrop,
 		d.ipvsNoEndpoint,
@@ -77,8 +91,7 @@ func Diagnose(f *trace.Flow, env Env) Result {
 type diagnosis struct {
 	f   *trace.Flow
 	env Env
-	// dstAP and wentAP are the flow's destination and where it went,
-	// read from their text once.
+	// dstAP and wentAP are the flow's destination and where it went.
 	dstAP, wentAP netip.AddrPort
 }
 

@@ -2,7 +2,6 @@ package enrich
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/event"
@@ -14,11 +13,9 @@ import (
 // decidingEvent picks the event whose rule the flow is about: a REJECT or
 // netfilter reset or drop decided the flow's fate; otherwise the DNAT,
 // otherwise the SNAT. Stack resets, IPVS and non-netfilter drops have no
-// rule.
-func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
-	var best *trace.Event
-	var kind rules.ActionKind
-	rank := 0
+// rule. It gives the event's index, -1 when none.
+func decidingEvent(f *trace.Flow) (int, rules.ActionKind) {
+	best, kind, rank := -1, rules.ActionKind(""), 0
 	for i := range f.Events {
 		e := &f.Events[i]
 		var k rules.ActionKind
@@ -36,7 +33,7 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 			k, r = rules.ActionSNAT, 1
 		}
 		if r > rank {
-			best, kind, rank = e, k, r
+			best, kind, rank = i, k, r
 		}
 	}
 	return best, kind
@@ -47,12 +44,12 @@ func decidingEvent(f *trace.Flow) (*trace.Event, rules.ActionKind) {
 // nothing can be said either way. iptables and native nftables are asked
 // alike; when both have a rule that agrees with the kernel, the one whose
 // table or base chain runs first at the hook made the decision.
-func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
-	ev, kind := decidingEvent(f)
-	if ev == nil {
+func attribute(f *trace.Flow, a *flowAddrs, env Env) (_ *trace.Rule, known bool) {
+	if a.decided < 0 {
 		return nil, true
 	}
-	pkt, ok := attributionPacket(f, ev, kind)
+	ev, kind := &f.Events[a.decided], a.kind
+	pkt, ok := attributionPacket(f, a)
 	if !ok {
 		return nil, true
 	}
@@ -62,9 +59,7 @@ func attribute(f *trace.Flow, env Env) (_ *trace.Rule, known bool) {
 	}
 	act := rules.KernelAction{Kind: kind, Hook: hookOf(ev, kind, pkt, env)}
 	if kind == rules.ActionDNAT || kind == rules.ActionSNAT {
-		if r, ok := parseRange(ev.To); ok {
-			act.To = netip.AddrPortFrom(r.MinAddr, r.MinPort)
-		}
+		act.To = a.to
 	}
 	if ev.ICMPType != nil && ev.ICMPCode != nil {
 		act.ICMPType, act.ICMPCode = *ev.ICMPType, *ev.ICMPCode
@@ -219,20 +214,16 @@ func canExplain(v rules.Verdict, kind rules.ActionKind) bool {
 // attributionPacket is the packet as the deciding hook saw it: the
 // original tuple for NAT (the rules match it before translation), the
 // packet itself for REJECT, reset and drop (after any DNAT).
-func attributionPacket(f *trace.Flow, ev *trace.Event, kind rules.ActionKind) (rules.Packet, bool) {
-	t := &f.Orig
-	if (kind == rules.ActionReject || kind == rules.ActionReset || kind == rules.ActionDrop) && ev.Packet != nil {
-		t = ev.Packet
-	}
-	src, dst := trace.ParseEndpoint(t.Src), trace.ParseEndpoint(t.Dst)
-	if kind == rules.ActionSNAT && f.Reply != nil {
+func attributionPacket(f *trace.Flow, a *flowAddrs) (rules.Packet, bool) {
+	src, dst := a.pktSrc, a.pktDst
+	if a.kind == rules.ActionSNAT && f.Reply != nil {
 		// POSTROUTING sees the destination after any DNAT.
-		dst = trace.ParseEndpoint(f.Reply.Src)
+		dst = a.Went
 	}
 	if !src.IsValid() || !dst.IsValid() {
 		return rules.Packet{}, false
 	}
-	pkt := rules.Packet{Proto: rules.ProtoNumber(f.Proto), Src: src, Dst: dst, OrigDst: trace.ParseEndpoint(f.Orig.Dst).Addr()}
+	pkt := rules.Packet{Proto: rules.ProtoNumber(f.Proto), Src: src, Dst: dst, OrigDst: a.Dst.Addr()}
 	if f.Conntrack == nil || !f.Conntrack.Replied {
 		pkt.State = rules.CTNew // the first packet: what nat sees, and REJECT met
 	}

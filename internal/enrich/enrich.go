@@ -16,14 +16,26 @@ import (
 // recorded flow: what the environment cannot tell (no rules, no metadata
 // in an old trace) keeps its recorded value.
 func Enrich(f *trace.Flow, env Env) {
+	sortEvents(f)
+	a := recordedAddrs(f)
+	enrich(f, &a, env)
+}
+
+// sortEvents puts f's events in time order.
+func sortEvents(f *trace.Flow) {
 	slices.SortStableFunc(f.Events, func(a, b trace.Event) int { return a.Time.Compare(b.Time) })
+}
+
+// enrich is Enrich of a flow, its events in time order, whose addresses a
+// holds.
+func enrich(f *trace.Flow, a *flowAddrs, env Env) {
 	// A recorded rule stays when the snapshot's rules cannot say which one
 	// did it (the rules may have changed since; the kernel's event is fact).
-	if r, known := attribute(f, env); known && (r != nil || f.Rule == nil) {
+	if r, known := attribute(f, a, env); known && (r != nil || f.Rule == nil) {
 		f.Rule = r
 	}
-	names(f, env)
-	r := diagnose.Diagnose(f, env)
+	names(f, a, env)
+	r := diagnose.DiagnoseAddrs(f, a.Addrs, env)
 	f.Verdict, f.Explanation = r.Verdict, r.Explanation
 }
 
@@ -35,12 +47,20 @@ func Enrich(f *trace.Flow, env Env) {
 // agrees, the rules had changed before the decision and next's rule is
 // the one that decided.
 func EnrichBetween(f *trace.Flow, env, next Env) {
-	Enrich(f, env)
+	sortEvents(f)
+	a := recordedAddrs(f)
+	enrichBetween(f, &a, env, next)
+}
+
+// enrichBetween is EnrichBetween of a flow, its events in time order,
+// whose addresses a holds.
+func enrichBetween(f *trace.Flow, a *flowAddrs, env, next Env) {
+	enrich(f, a, env)
 	if next == nil || f.Rule == nil || f.Rule.Uncertain == "" {
 		return
 	}
 	before := *f
-	Enrich(f, next)
+	enrich(f, a, next)
 	if f.Rule == nil || f.Rule.Uncertain != "" {
 		*f = before
 	}
@@ -49,20 +69,16 @@ func EnrichBetween(f *trace.Flow, env, next Env) {
 // names adds the pods and the Service. src_pod owns orig.src; dst_pod owns
 // where the connection really went (reply.src), or the addressed pod; the
 // Service is the one the client addressed.
-func names(f *trace.Flow, env Env) {
-	src, dst := trace.ParseEndpoint(f.Orig.Src), trace.ParseEndpoint(f.Orig.Dst)
-	went := dst
-	if f.Reply != nil {
-		went = trace.ParseEndpoint(f.Reply.Src)
-	}
+func names(f *trace.Flow, a *flowAddrs, env Env) {
+	src, dst, went := a.src, a.Dst, a.Went
 	srcPod, srcOK := env.PodByIP(src.Addr(), f.Time)
 	dstPod, dstOK := env.PodByIP(went.Addr(), f.Time)
 	svc, svcOK := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
 	var ownerPod trace.PodRef
 	ownerOK := false
 	if r := f.Rule; r != nil && r.Owner != nil {
-		if to := dnatTarget(f); to.IsValid() {
-			ownerPod, ownerOK = env.PodByIP(to.Addr(), f.Time)
+		if a.dnatTo.IsValid() {
+			ownerPod, ownerOK = env.PodByIP(a.dnatTo.Addr(), f.Time)
 		}
 	}
 	if !srcOK && !dstOK && !svcOK && !ownerOK {
@@ -100,17 +116,6 @@ func withOwnerPod(r *trace.Rule, pod *trace.PodRef) *trace.Rule {
 type flowNames struct {
 	src, dst, owner trace.PodRef
 	svc             trace.ServiceRef
-}
-
-func dnatTarget(f *trace.Flow) netip.AddrPort {
-	for _, e := range f.Events {
-		if e.Kind == trace.KindDNAT {
-			if r, ok := parseRange(e.To); ok {
-				return netip.AddrPortFrom(r.MinAddr, r.MinPort)
-			}
-		}
-	}
-	return netip.AddrPort{}
 }
 
 // parseRange reads event.Range's text form IP[-IP][:PORT[-PORT]] (IPv6 in

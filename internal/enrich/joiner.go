@@ -88,7 +88,9 @@ type Joiner struct {
 	packer eventPacker
 	// enc writes finished flows' tuples and events in the trace format.
 	enc trace.Encoder
-	// flowEvents is flowOf's scratch.
+	// joined and flowEvents are flowOf's scratch: the finishing flow's
+	// events, and their trace form.
+	joined     []event.Event
 	flowEvents []trace.Event
 	// finishing, and the rest, are finishAll's scratch: the flows an
 	// Expire finishes and their conntrack lookups.
@@ -290,15 +292,22 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 	}
 }
 
-// flowOf is p in the trace format, its events in the order they came.
-// The events are gathered first so that they are allocated at their
-// count: a flow with one event, most flows, is one allocation.
+// flowOf is p in the trace format, its events in time order; they stay
+// in joined, typed, in the same order. The events are gathered first so
+// that they are allocated at their count: a flow with one event, most
+// flows, is one allocation.
 func (j *Joiner) flowOf(p *pending) *trace.Flow {
-	evs := j.flowEvents[:0]
+	joined := j.joined[:0]
 	j.eachEvent(p, func(ev event.Event) bool {
-		evs = append(evs, j.enc.Event(ev, j.Names))
+		joined = append(joined, ev)
 		return true
 	})
+	slices.SortStableFunc(joined, func(a, b event.Event) int { return a.Time.Compare(b.Time) })
+	j.joined = joined
+	evs := j.flowEvents[:0]
+	for _, ev := range joined {
+		evs = append(evs, j.enc.Event(ev, j.Names))
+	}
 	j.flowEvents = evs
 	var f *trace.Flow
 	if len(evs) == 1 {
@@ -435,14 +444,18 @@ func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 		j.unindex(p)
 	}
 	f := j.flowOf(p)
-	j.addConntrack(f, p, live)
+	orig, reply, hasReply := j.addConntrack(f, p, live)
 	j.addCounters(f)
 	if j.Env != nil {
 		var next Env
 		if j.EnvAfter != nil {
 			next = j.EnvAfter(f.Time)
 		}
-		EnrichBetween(f, j.Env(f.Time), next)
+		a := joinedAddrs(f, j.joined, orig, reply, hasReply)
+		if testHookJoinedAddrs != nil {
+			testHookJoinedAddrs(f, a)
+		}
+		enrichBetween(f, &a, j.Env(f.Time), next)
 		if j.hold(f, next, now) {
 			return
 		}
@@ -541,30 +554,41 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 
 // addConntrack records the connection's entry as it stands now, and ties
 // a stray reply (a packet nobody's conntrack entry holds) to the client
-// connection it answers.
-func (j *Joiner) addConntrack(f *trace.Flow, p *pending, live ctAnswer) {
+// connection it answers. It gives the flow's original tuple and, when the
+// flow has one, its reply tuple: f.Orig and f.Reply as values.
+func (j *Joiner) addConntrack(f *trace.Flow, p *pending, live ctAnswer) (orig, reply event.Tuple, hasReply bool) {
+	orig = p.key().tuple()
 	if j.CT == nil {
 		if p.reply().valid() {
-			f.Reply = j.enc.Tuple(p.reply().tuple())
+			reply = p.reply().tuple()
+			f.Reply = j.enc.Tuple(reply)
 		}
-		return
+		return orig, reply, f.Reply != nil
 	}
 	e, ok := j.entryOf(p, live)
 	if !ok && !p.replaced {
-		e, ok = j.strayReplyOwner(p.key().tuple())
+		e, ok = j.strayReplyOwner(orig)
 		if ok {
-			f.Orig = *j.enc.Tuple(e.Orig)
-			f.Proto = event.ProtoName(e.Orig.Proto)
+			orig = e.Orig
+			f.Orig = *j.enc.Tuple(orig)
+			f.Proto = event.ProtoName(orig.Proto)
 		}
 	}
 	switch {
 	case ok:
-		f.Reply = j.enc.Tuple(e.Reply)
+		reply = e.Reply
+		f.Reply = j.enc.Tuple(reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
 	case p.reply().valid():
-		f.Reply = j.enc.Tuple(p.reply().tuple())
+		reply = p.reply().tuple()
+		f.Reply = j.enc.Tuple(reply)
 	}
+	return orig, reply, f.Reply != nil
 }
+
+// testHookJoinedAddrs, set by tests, sees every flow the joiner enriches
+// with the addresses it made of its typed events.
+var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
 
 // strayReplyOwner: a packet to one of our sockets from a peer it never
 // addressed (the return-path incident) belongs to the client connection

@@ -1,0 +1,120 @@
+package enrich
+
+import (
+	"net/netip"
+
+	"github.com/tracer-dev/tracer/internal/diagnose"
+	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/rules"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// flowAddrs is what enrichment reads of a flow's addresses, as netip
+// values. The joiner makes it from the typed events and tuples it joined
+// (joinedAddrs), so a live flow's text is never parsed back; a recorded
+// flow's is read once from its text (recordedAddrs). Both read the events
+// in time order.
+type flowAddrs struct {
+	diagnose.Addrs
+	src netip.AddrPort
+	// decided is the index in the flow's events of the one whose rule the
+	// flow is about (decidingEvent), -1 when none, and kind its action.
+	decided int
+	kind    rules.ActionKind
+	// pktSrc and pktDst are the packet the deciding hook saw: the original
+	// tuple for NAT, the packet itself for REJECT, reset and drop. to is
+	// the deciding event's translation: its first address and port.
+	pktSrc, pktDst, to netip.AddrPort
+	// dnatTo is the first DNAT's target, whose pod owns the DNAT rule.
+	dnatTo netip.AddrPort
+}
+
+// recordedAddrs reads a recorded flow's addresses from its text; f's
+// events are in time order.
+func recordedAddrs(f *trace.Flow) flowAddrs {
+	a := flowAddrs{Addrs: diagnose.AddrsOf(f), src: trace.ParseEndpoint(f.Orig.Src)}
+	a.decided, a.kind = decidingEvent(f)
+	if a.decided >= 0 {
+		ev := &f.Events[a.decided]
+		a.pktSrc, a.pktDst = a.src, a.Dst
+		if seesPacket(a.kind) && ev.Packet != nil {
+			a.pktSrc, a.pktDst = trace.ParseEndpoint(ev.Packet.Src), trace.ParseEndpoint(ev.Packet.Dst)
+		}
+		if r, ok := parseRange(ev.To); ok {
+			a.to = netip.AddrPortFrom(r.MinAddr, r.MinPort)
+		}
+	}
+	for _, e := range f.Events {
+		if e.Kind == trace.KindDNAT {
+			if r, ok := parseRange(e.To); ok {
+				a.dnatTo = netip.AddrPortFrom(r.MinAddr, r.MinPort)
+				break
+			}
+		}
+	}
+	return a
+}
+
+// joinedAddrs is recordedAddrs of the flow f the joiner made of evs, in
+// time order (f.Events are their trace form), from orig and, when it has
+// one, reply: the values themselves instead of their text.
+func joinedAddrs(f *trace.Flow, evs []event.Event, orig, reply event.Tuple, hasReply bool) flowAddrs {
+	src, dst := endpoints(orig)
+	a := flowAddrs{Addrs: diagnose.Addrs{Dst: dst, Went: dst}, src: src}
+	if hasReply {
+		a.Went, _ = endpoints(reply)
+	}
+	a.decided, a.kind = decidingEvent(f)
+	if a.decided >= 0 {
+		ev := &evs[a.decided]
+		a.pktSrc, a.pktDst = a.src, a.Dst
+		if seesPacket(a.kind) && ev.Packet.Valid() {
+			a.pktSrc, a.pktDst = endpoints(ev.Packet)
+		}
+		a.to = rangeStart(ev)
+	}
+	for i := range evs {
+		if evs[i].Kind == event.KindDNAT {
+			if a.dnatTo = rangeStart(&evs[i]); a.dnatTo.IsValid() {
+				break
+			}
+		}
+	}
+	return a
+}
+
+// seesPacket: the hook of a REJECT, reset or drop decided on the packet
+// itself, after any DNAT.
+func seesPacket(kind rules.ActionKind) bool {
+	return kind == rules.ActionReject || kind == rules.ActionReset || kind == rules.ActionDrop
+}
+
+// endpoints are t's two ends as its trace text reads: ICMP's without
+// ports, an invalid address as the zero AddrPort.
+func endpoints(t event.Tuple) (src, dst netip.AddrPort) {
+	icmp := t.Proto == 1 || t.Proto == 58
+	end := func(a netip.Addr, port uint16) netip.AddrPort {
+		if !a.IsValid() {
+			return netip.AddrPort{}
+		}
+		if icmp {
+			port = 0
+		}
+		return netip.AddrPortFrom(a, port)
+	}
+	return end(t.Src, t.SrcPort), end(t.Dst, t.DstPort)
+}
+
+// rangeStart is the first address and port of ev's translation, as its
+// trace text reads: only NAT and IPVS events have one.
+func rangeStart(ev *event.Event) netip.AddrPort {
+	switch ev.Kind {
+	case event.KindDNAT, event.KindSNAT, event.KindIPVS:
+	default:
+		return netip.AddrPort{}
+	}
+	if !ev.To.MinAddr.IsValid() {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(ev.To.MinAddr, ev.To.MinPort)
+}
