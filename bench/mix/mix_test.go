@@ -140,4 +140,7 @@ func BenchmarkPipeline(b *testing.B) {
 	// Flows are emitted only once quiet for the linger: how many were
 	// says how much of the run was past the joiner's filling.
 	b.ReportMetric(float64(p.Flows)/float64(max(p.Events, 1)), "flows/event")
+	// A miss of the attribution cache is a walk of the rules.
+	hits, misses := env.AttributionCacheStats()
+	b.ReportMetric(float64(misses)/float64(max(hits+misses, 1)), "walks/attribution")
 }

@@ -38,6 +38,14 @@ type Destroyed interface {
 	Destroyed(event.Tuple) []conntrack.Entry
 }
 
+// ReadDestroyed is Destroyed of a BatchConntrack whose LookupAll reads the
+// DESTROYs queued by the time it returns (conntrack's
+// Tracker.DestroyedRead): the flows finished after it are answered from
+// that read, not one more each.
+type ReadDestroyed interface {
+	DestroyedRead(event.Tuple) []conntrack.Entry
+}
+
 // DefaultLinger is how long a flow stays open after its last event: long
 // enough for the rest of its decisions (SNAT after DNAT, the drop after a
 // REJECT) and for a reply to show in conntrack, short enough to read live.
@@ -374,10 +382,11 @@ func (j *Joiner) Flush() {
 const finishChunk = 256
 
 // ctAnswer is a flow's live conntrack entry when it was asked for before
-// finish, together with the other flows finishing then.
+// finish, together with the other flows finishing then; batched: the flow
+// finishes right after a LookupAll, replaced flows too.
 type ctAnswer struct {
-	entry        conntrack.Entry
-	found, asked bool
+	entry                 conntrack.Entry
+	found, asked, batched bool
 }
 
 // finishAll finishes the flows in finishing, in order, having asked a
@@ -395,15 +404,15 @@ func (j *Joiner) finishAll(now time.Time) {
 		n := len(j.lookupTus)
 		j.lookupCT = slices.Grow(j.lookupCT[:0], n)[:n]
 		j.lookupOK = slices.Grow(j.lookupOK[:0], n)[:n]
-		if n > 0 {
+		if len(j.finishing) > 0 {
 			batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
 		}
 	}
 	asked := 0
 	for _, p := range j.finishing {
-		var live ctAnswer
+		live := ctAnswer{batched: batched}
 		if batched && !p.replaced {
-			live = ctAnswer{entry: j.lookupCT[asked], found: j.lookupOK[asked], asked: true}
+			live = ctAnswer{entry: j.lookupCT[asked], found: j.lookupOK[asked], asked: true, batched: true}
 			asked++
 		}
 		j.finish(p, live, now)
@@ -516,6 +525,9 @@ func (j *Joiner) entryOf(p *pending, live ctAnswer) (conntrack.Entry, bool) {
 		if !ok || answer.matches(e.Reply) {
 			return e, ok
 		}
+	}
+	if h, ok := j.CT.(ReadDestroyed); ok && live.batched {
+		return agreedEntry(h.DestroyedRead(key), answer)
 	}
 	h, ok := j.CT.(Destroyed)
 	if !ok {

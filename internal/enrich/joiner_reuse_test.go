@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -181,5 +182,78 @@ func TestJoinNewerConnectionNotReadYet(t *testing.T) {
 	flows := joinAll(&Joiner{CT: historyCT{orig: {newer, own}}}, evs)
 	if len(flows) != 1 || flows[0].Conntrack == nil || flows[0].Conntrack.State != "CLOSE" {
 		t.Fatalf("flows %+v: want one with its own entry (CLOSE)", flows)
+	}
+}
+
+// batchHistoryCT is historyCT read as conntrack.Tracker is in batches: its
+// LookupAll reads the DESTROYs, so the flows finished after it take their
+// history from DestroyedRead; reads counts the reads of the socket that
+// Destroyed would make.
+type batchHistoryCT struct {
+	historyCT
+	lookupAlls, reads int
+}
+
+func (b *batchHistoryCT) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
+	b.lookupAlls++
+	for i, tu := range tus {
+		entries[i], found[i] = b.Lookup(tu)
+	}
+}
+
+func (b *batchHistoryCT) Destroyed(tu event.Tuple) []conntrack.Entry {
+	b.reads++
+	return b.historyCT.Destroyed(tu)
+}
+
+func (b *batchHistoryCT) DestroyedRead(tu event.Tuple) []conntrack.Entry {
+	return b.historyCT.Destroyed(tu)
+}
+
+// TestJoinReusedPortHistoryReadOncePerBatch: with a batch conntrack, the
+// replaced connections (three of one tuple, and one whose newer entry is
+// what the tuple now leads to) get the same entries as when each reads
+// the DESTROYs itself, from the read LookupAll made: one LookupAll for
+// the Expire that finishes them, and no other read.
+func TestJoinReusedPortHistoryReadOncePerBatch(t *testing.T) {
+	backends := []string{"10.0.2.2:8080", "10.0.2.3:8080", "10.0.2.2:8080"}
+	var evs []event.Event
+	for _, be := range backends {
+		evs = append(evs, reusedPortNAT(7, be)...)
+	}
+	orig := evs[0].Orig
+	states := []string{"CLOSE", "TIME_WAIT", "ESTABLISHED"}
+	reused := historyCT{}
+	for i := len(backends) - 1; i >= 0; i-- {
+		reused[orig] = append(reused[orig], conntrack.Entry{Orig: orig, Reply: tuple(6, backends[i], "10.0.2.1:40000"),
+			State: states[i], Destroyed: i < len(backends)-1, Status: conntrack.StatusSeenReply})
+	}
+	newer := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.3:8080", "10.0.2.1:40000"), State: "ESTABLISHED"}
+	own := conntrack.Entry{Orig: orig, Reply: tuple(6, "10.0.2.2:8080", "10.0.2.1:40000"), State: "CLOSE", Destroyed: true}
+	for name, c := range map[string]struct {
+		ct     historyCT
+		evs    []event.Event
+		states []string
+	}{
+		"reused three times":            {reused, evs, states},
+		"newer connection not read yet": {historyCT{orig: {newer, own}}, reusedPortNAT(7, "10.0.2.2:8080"), []string{"CLOSE"}},
+	} {
+		alone := joinAll(&Joiner{CT: c.ct}, c.evs)
+		b := &batchHistoryCT{historyCT: c.ct}
+		batched := joinAll(&Joiner{CT: b}, c.evs)
+		if len(batched) != len(c.states) || len(alone) != len(c.states) {
+			t.Fatalf("%s: %d flows batched, %d alone, want %d", name, len(batched), len(alone), len(c.states))
+		}
+		for i, f := range batched {
+			if f.Conntrack == nil || f.Conntrack.State != c.states[i] {
+				t.Errorf("%s flow %d: conntrack %+v, want its own entry (%s)", name, i, f.Conntrack, c.states[i])
+			}
+			if !reflect.DeepEqual(f, alone[i]) {
+				t.Errorf("%s flow %d batched:\n%+v\nalone:\n%+v", name, i, f, alone[i])
+			}
+		}
+		if b.lookupAlls != 1 || b.reads != 0 {
+			t.Errorf("%s: %d LookupAll and %d reads of the DESTROYs beside them, want 1 and 0", name, b.lookupAlls, b.reads)
+		}
 	}
 }

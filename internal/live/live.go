@@ -447,7 +447,9 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 
 // LookupAll asks each namespace's tracker for the tuples the ones before
 // it did not have, as Lookup does one tuple. The first is asked for all
-// of them in place: one namespace is the common case.
+// of them in place: one namespace is the common case. Each is asked, with
+// no tuples when none are left, so that each has read its DESTROYs
+// (DestroyedRead).
 func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
 	clear(found)
 	if len(m) == 0 {
@@ -460,9 +462,6 @@ func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, 
 			if !ok {
 				missed = append(missed, i)
 			}
-		}
-		if len(missed) == 0 {
-			return
 		}
 		sub, subEntries, subFound := make([]event.Tuple, len(missed)), make([]conntrack.Entry, len(missed)), make([]bool, len(missed))
 		for n, i := range missed {
@@ -478,6 +477,15 @@ func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, 
 func (m multiConntrack) Destroyed(tu event.Tuple) []conntrack.Entry {
 	for _, t := range m {
 		if h := t.Destroyed(tu); len(h) > 0 {
+			return h
+		}
+	}
+	return nil
+}
+
+func (m multiConntrack) DestroyedRead(tu event.Tuple) []conntrack.Entry {
+	for _, t := range m {
+		if h := t.DestroyedRead(tu); len(h) > 0 {
 			return h
 		}
 	}

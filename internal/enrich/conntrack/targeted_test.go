@@ -168,3 +168,41 @@ func TestTargetedDestroyed(t *testing.T) {
 		t.Errorf("a reply tuple has no history of its own: %+v", h)
 	}
 }
+
+// TestTargetedLookupAllReadsDestroys: LookupAll reads the DESTROYs the
+// kernel queued before it returned, a batch of no tuples too, so
+// DestroyedRead answers of them without a read of its own: the replaced
+// connection's DESTROY queued while the batch was asked for, and one
+// queued before an empty batch.
+func TestTargetedLookupAllReadsDestroys(t *testing.T) {
+	replaced, newer := dnatEntry(40170, StatusSeenReply), dnatEntry(40170, 0)
+	replaced.State, newer.State = "TIME_WAIT", "SYN_SENT"
+	newer.Reply.Src = netip.MustParseAddr("10.244.2.6")
+	gone := dnatEntry(40171, 0)
+	gone.State = "CLOSE"
+	src := newFake(newer)
+	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	src.mu.Lock()
+	src.onMiss = func(event.Tuple) {
+		src.pending = append(src.pending, fakeRecv{ch: []change{{entry: replaced, destroy: true}}})
+	}
+	src.mu.Unlock()
+	missing := dnatEntry(40172, 0).Orig
+	tus := []event.Tuple{newer.Orig, missing}
+	entries, found := make([]Entry, 2), make([]bool, 2)
+	tr.LookupAll(tus, entries, found)
+	if !found[0] || entries[0].Reply != newer.Reply || found[1] {
+		t.Fatalf("LookupAll: %+v %v", entries, found)
+	}
+	if h := tr.DestroyedRead(replaced.Orig); len(h) != 1 || h[0].State != "TIME_WAIT" || h[0].Reply != replaced.Reply {
+		t.Fatalf("DestroyedRead after the batch: %+v, want the replaced connection's entry", h)
+	}
+
+	src.mu.Lock()
+	src.pending = append(src.pending, fakeRecv{ch: []change{{entry: gone, destroy: true}}})
+	src.mu.Unlock()
+	tr.LookupAll(nil, nil, nil)
+	if h := tr.DestroyedRead(gone.Orig); len(h) != 1 || h[0].State != "CLOSE" {
+		t.Fatalf("DestroyedRead after an empty batch: %+v", h)
+	}
+}

@@ -454,18 +454,20 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 // long as tus; IPv4-mapped addresses in tus are unmapped in place). A
 // targeted tracker asks the kernel for all of them together
 // (getter.getAll: 3.4-3.6 µs an entry against 5.8-5.9 one GET at a time,
-// BenchmarkPrivGetAll), then looks for the missed ones among the
-// DESTROYs as Lookup does.
+// BenchmarkPrivGetAll), then reads the DESTROYs queued by then, even with
+// no tuples, and looks for the missed ones among them as Lookup does.
+// DestroyedRead answers from that read.
 func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
 	for i := range tus {
 		tus[i].Src, tus[i].Dst = unmap(tus[i].Src), unmap(tus[i].Dst)
 	}
 	clear(found)
 	if t.opts.Targeted {
-		if t.getAll(tus, entries, found) && !slices.Contains(found, false) {
+		t.getAll(tus, entries, found)
+		t.drain()
+		if !slices.Contains(found, false) {
 			return
 		}
-		t.drain()
 	}
 	now := t.now()
 	t.mu.RLock()
@@ -512,10 +514,21 @@ func (t *Tracker) get(tu event.Tuple) (Entry, bool) {
 // a client reused its source port for. It asks the kernel nothing; a
 // targeted tracker first applies the DESTROYs queued on its socket.
 func (t *Tracker) Destroyed(tu event.Tuple) []Entry {
-	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
 	if t.opts.Targeted {
 		t.drain()
 	}
+	return t.DestroyedRead(tu)
+}
+
+// DestroyedRead is Destroyed without reading the socket first: for a
+// caller that has had LookupAll read it since it learnt that tu's
+// connection had ended (a newer connection's event, or the newer entry a
+// GET found). The kernel queues a connection's DESTROY before the entry
+// leaves its table, so before any newer entry of the tuple exists, and
+// that read holds it: one read per batch instead of one per replaced
+// connection.
+func (t *Tracker) DestroyedRead(tu event.Tuple) []Entry {
+	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return slices.DeleteFunc(t.tab.history(tu, t.now()), func(e Entry) bool { return !e.Destroyed })
