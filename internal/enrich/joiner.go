@@ -96,10 +96,8 @@ type Joiner struct {
 	packer eventPacker
 	// enc writes finished flows' tuples and events in the trace format.
 	enc trace.Encoder
-	// joined and flowEvents are flowOf's scratch: the finishing flow's
-	// events, and their trace form.
-	joined     []event.Event
-	flowEvents []trace.Event
+	// joined is flowOf's scratch: the finishing flow's events.
+	joined []event.Event
 	// finishing, and the rest, are finishAll's scratch: the flows an
 	// Expire finishes and their conntrack lookups.
 	finishing []*pending
@@ -301,10 +299,10 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 }
 
 // flowOf is p in the trace format, its events in time order; they stay
-// in joined, typed, in the same order. The events are gathered first so
-// that they are allocated at their count: a flow with one event, most
-// flows, is one allocation.
-func (j *Joiner) flowOf(p *pending) *trace.Flow {
+// in joined, typed, in the same order. reply is where the flow's reply
+// tuple goes (addConntrack). A flow of one or two events, nearly all of
+// them, is one allocation with its events, their tuples and reply.
+func (j *Joiner) flowOf(p *pending) (f *trace.Flow, reply *trace.Tuple) {
 	joined := j.joined[:0]
 	j.eachEvent(p, func(ev event.Event) bool {
 		joined = append(joined, ev)
@@ -312,28 +310,43 @@ func (j *Joiner) flowOf(p *pending) *trace.Flow {
 	})
 	slices.SortStableFunc(joined, func(a, b event.Event) int { return a.Time.Compare(b.Time) })
 	j.joined = joined
-	evs := j.flowEvents[:0]
-	for _, ev := range joined {
-		evs = append(evs, j.enc.Event(ev, j.Names))
+	var tuples [][3]trace.Tuple
+	switch len(joined) {
+	case 1:
+		b := new(flowBlock[[1]trace.Event, [1][3]trace.Tuple])
+		f, reply, tuples = &b.flow, &b.reply, b.tuples[:]
+		f.Events = b.events[:]
+	case 2:
+		b := new(flowBlock[[2]trace.Event, [2][3]trace.Tuple])
+		f, reply, tuples = &b.flow, &b.reply, b.tuples[:]
+		f.Events = b.events[:]
+	default:
+		b := new(flowBlock[struct{}, struct{}])
+		f, reply = &b.flow, &b.reply
+		f.Events = make([]trace.Event, len(joined))
 	}
-	j.flowEvents = evs
-	var f *trace.Flow
-	if len(evs) == 1 {
-		b := &struct {
-			flow  trace.Flow
-			event [1]trace.Event
-		}{event: [1]trace.Event{evs[0]}}
-		f = &b.flow
-		f.Events = b.event[:]
-	} else {
-		f = &trace.Flow{Events: slices.Clone(evs)}
+	for i, ev := range joined {
+		var in *[3]trace.Tuple
+		if i < len(tuples) {
+			in = &tuples[i]
+		}
+		f.Events[i] = j.enc.EventIn(ev, j.Names, in)
 	}
-	clear(evs) // the scratch holds no flow's strings after
 	f.Type, f.Proto, f.Orig = trace.TypeFlow, event.ProtoName(p.key().proto), *j.enc.Tuple(p.key().tuple())
 	if len(f.Events) > 0 {
 		f.Time = f.Events[0].Time
 	}
-	return f
+	return f, reply
+}
+
+// flowBlock is a finished flow with room for its events (E, an array),
+// their tuples (T, an array of one [3]trace.Tuple an event) and its reply
+// tuple.
+type flowBlock[E, T any] struct {
+	flow   trace.Flow
+	events E
+	tuples T
+	reply  trace.Tuple
 }
 
 // Expire finishes every flow quiet since its deadline, oldest deadline
@@ -452,8 +465,8 @@ func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 	if !p.replaced {
 		j.unindex(p)
 	}
-	f := j.flowOf(p)
-	orig, reply, hasReply := j.addConntrack(f, p, live)
+	f, replyIn := j.flowOf(p)
+	orig, reply, hasReply := j.addConntrack(f, replyIn, p, live)
 	j.addCounters(f)
 	if j.Env != nil {
 		var next Env
@@ -566,14 +579,19 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 
 // addConntrack records the connection's entry as it stands now, and ties
 // a stray reply (a packet nobody's conntrack entry holds) to the client
-// connection it answers. It gives the flow's original tuple and, when the
-// flow has one, its reply tuple: f.Orig and f.Reply as values.
-func (j *Joiner) addConntrack(f *trace.Flow, p *pending, live ctAnswer) (orig, reply event.Tuple, hasReply bool) {
+// connection it answers; a reply tuple goes in replyIn. It gives the
+// flow's original tuple and, when the flow has one, its reply tuple:
+// f.Orig and f.Reply as values.
+func (j *Joiner) addConntrack(f *trace.Flow, replyIn *trace.Tuple, p *pending, live ctAnswer) (orig, reply event.Tuple, hasReply bool) {
 	orig = p.key().tuple()
+	setReply := func(t event.Tuple) {
+		reply = t
+		*replyIn = *j.enc.Tuple(t)
+		f.Reply = replyIn
+	}
 	if j.CT == nil {
 		if p.reply().valid() {
-			reply = p.reply().tuple()
-			f.Reply = j.enc.Tuple(reply)
+			setReply(p.reply().tuple())
 		}
 		return orig, reply, f.Reply != nil
 	}
@@ -588,12 +606,10 @@ func (j *Joiner) addConntrack(f *trace.Flow, p *pending, live ctAnswer) (orig, r
 	}
 	switch {
 	case ok:
-		reply = e.Reply
-		f.Reply = j.enc.Tuple(reply)
+		setReply(e.Reply)
 		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
 	case p.reply().valid():
-		reply = p.reply().tuple()
-		f.Reply = j.enc.Tuple(reply)
+		setReply(p.reply().tuple())
 	}
 	return orig, reply, f.Reply != nil
 }

@@ -125,14 +125,19 @@ func (rs *Ruleset) Evaluate(table, chain string, pkt Packet, node NodeState) (*R
 	if !c.Builtin() {
 		return nil, fmt.Errorf("evaluate %s %s: %q is a user chain, not a base chain", table, chain, chain)
 	}
-	res := &Result{Table: table, Chain: chain}
+	// The result and what the walk works in are one allocation: an
+	// attribution the cache missed walks a chain for each hook.
+	b := &evaluation{res: Result{Table: table, Chain: chain}, pkt: pkt, start: [1]Step{{Chain: chain}}}
+	res := &b.res
 	if table == "nat" && pkt.State&(CTEstablished|CTInvalid|CTUntracked) != 0 {
-		res.Outcome = Outcome{Verdict: VerdictNotTraversed, Path: []Step{{Chain: chain}}, Mark: pkt.Mark}
+		res.Outcome = Outcome{Verdict: VerdictNotTraversed, Path: b.start[:], Mark: pkt.Mark}
 		return res, nil
 	}
-	w := walker{table: t, pkt: &pkt, node: node}
-	st := &state{frames: make([]frame, 1, 8), mark: pkt.Mark}
-	st.frames[0] = frame{chain: c, steps: []Step{{Chain: chain}}}
+	b.w = walker{table: t, pkt: &b.pkt, node: node}
+	w := &b.w
+	b.st = state{frames: b.frames[:1], mark: pkt.Mark}
+	st := &b.st
+	st.frames[0] = frame{chain: c, steps: b.start[:]}
 	outs := w.run(st)
 	res.Outcome = outs[0]
 	res.Alternatives = outs[1:]
@@ -156,6 +161,17 @@ func (rs *Ruleset) Evaluate(table, chain string, pkt Packet, node NodeState) (*R
 		}
 	}
 	return res, nil
+}
+
+// evaluation is what Evaluate allocates: its result, and the packet,
+// walker and first state of its walk.
+type evaluation struct {
+	res    Result
+	pkt    Packet
+	w      walker
+	st     state
+	frames [8]frame
+	start  [1]Step
 }
 
 type frame struct {

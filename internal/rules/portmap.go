@@ -22,9 +22,14 @@ const (
 // characters, as utils.MustFormatChainNameWithPrefix(netName, id, "DN-")
 // in containernetworking/plugins computes it.
 func PortmapChainName(netName, containerID string) string {
-	sum := sha512.Sum512([]byte(netName + containerID))
-	name := PortmapChainPrefix + hex.EncodeToString(sum[:])
-	return name[:portmapChainLen]
+	// Attribution asks for it on every walk through a portmap rule: one
+	// allocation, the name, when the input fits the stack buffer.
+	var in [256]byte
+	sum := sha512.Sum512(append(append(in[:0], netName...), containerID...))
+	var name [portmapChainLen + 1]byte
+	n := copy(name[:], PortmapChainPrefix)
+	hex.Encode(name[n:], sum[:(len(name)-n)/2])
+	return string(name[:portmapChainLen])
 }
 
 // IsPortmapChain reports whether chain is a portmap per-sandbox DNAT chain.

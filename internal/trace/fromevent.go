@@ -39,6 +39,12 @@ type encodedEndpoint struct {
 
 // Event is EventOf.
 func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
+	return enc.EventIn(e, names, nil)
+}
+
+// EventIn is Event whose tuples are kept in tuples, storage the caller
+// allocated with the event (nil: Event allocates it when there are any).
+func (enc *Encoder) EventIn(e event.Event, names event.ReasonNamer, tuples *[3]Tuple) Event {
 	r := Event{
 		Kind:  e.Kind.String(),
 		Time:  e.Time,
@@ -53,7 +59,6 @@ func (enc *Encoder) Event(e event.Event, names event.ReasonNamer) Event {
 	r.Proto = event.ProtoName(main.Proto)
 	// The event's tuples share one allocation: a NAT decision has two, an
 	// answered packet's up to three.
-	var tuples *[3]Tuple
 	tuple := func(t event.Tuple, i int) *Tuple {
 		if tuples == nil {
 			tuples = new([3]Tuple)
