@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"io"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
@@ -122,6 +123,8 @@ func BenchmarkPipeline(b *testing.B) {
 	ts := uint64(time.Second)
 	i := 0
 	b.ReportAllocs()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	b.ResetTimer()
 	for b.Loop() {
 		r := recs[i]
@@ -136,7 +139,10 @@ func BenchmarkPipeline(b *testing.B) {
 	if p.Errors != 0 {
 		b.Fatalf("%d errors", p.Errors)
 	}
+	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(p.Events)/b.Elapsed().Seconds(), "events/s")
+	// allocs/op without its rounding down: the target is two.
+	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(max(p.Events, 1)), "allocs/event")
 	// Flows are emitted only once quiet for the linger: how many were
 	// says how much of the run was past the joiner's filling.
 	b.ReportMetric(float64(p.Flows)/float64(max(p.Events, 1)), "flows/event")

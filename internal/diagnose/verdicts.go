@@ -107,9 +107,7 @@ func (d *diagnosis) ipvsFilterReject() (Result, bool) {
 		p.b = append(p.b, "The rule was not attributed (no rules snapshot), but the address is on kube-ipvs0 and the packet was rejected"...)
 	}
 	p.end()
-	for _, fix := range d.filterFix(dst) {
-		p.sentence(fix)
-	}
+	p.sentence(d.filterFix())
 	return Result{trace.VerdictIPVSFilterReject, p.done()}, true
 }
 
@@ -122,14 +120,15 @@ func ipvsIPsSet(a netip.Addr) string {
 	return "KUBE-IPVS-IPS"
 }
 
-func (d *diagnosis) filterFix(dst interface{ String() string }) []string {
+// filterFix says what to do about the filter's REJECT.
+func (d *diagnosis) filterFix() string {
 	if d.isPing() {
-		return []string{"A ClusterIP is virtual: in IPVS mode only its service ports answer, and ping never will. Test the Service with a connection to its port instead"}
+		return "A ClusterIP is virtual: in IPVS mode only its service ports answer, and ping never will. Test the Service with a connection to its port instead"
 	}
 	if sv, ok := d.service(); ok && len(sv.LBIPs) > 0 {
-		return []string{fmt.Sprintf("The LoadBalancer IP of Service %s/%s is bound to kube-ipvs0 on every node, so in-cluster traffic to it never reaches the cloud load balancer and only the ports of this Service answer. Fix: have the cloud controller publish a hostname in the Service status, or set ipMode: Proxy (Kubernetes ≥ 1.30)", sv.Namespace, sv.Name)}
+		return fmt.Sprintf("The LoadBalancer IP of Service %s/%s is bound to kube-ipvs0 on every node, so in-cluster traffic to it never reaches the cloud load balancer and only the ports of this Service answer. Fix: have the cloud controller publish a hostname in the Service status, or set ipMode: Proxy (Kubernetes ≥ 1.30)", sv.Namespace, sv.Name)
 	}
-	return []string{"Only the Service's own ports are reachable on a kube-ipvs0 address; connect to one of them"}
+	return "Only the Service's own ports are reachable on a kube-ipvs0 address; connect to one of them"
 }
 
 // isPortmapRule reports whether the flow's rule is a CNI portmap hostPort DNAT.
@@ -335,9 +334,7 @@ func (d *diagnosis) generic() (Result, bool) {
 				d.ruleEvidence(),
 			)}, true
 		}
-		return Result{trace.VerdictReset, sentences(
-			fmt.Sprintf("reset: the TCP stack answered %s from %s with a reset%s", d.target(), d.f.Orig.Src, resetWhy(ev.Reason, d.wentTo())),
-		)}, true
+		return Result{trace.VerdictReset, d.stackReset(ev.Reason)}, true
 	}
 	if ev := d.event(trace.KindDrop); ev != nil {
 		if r := d.f.Rule; r != nil && (strings.Contains(r.Text, "-j REJECT") || r.NFTables() && strings.Contains(r.Text, "reject")) {
@@ -356,17 +353,22 @@ func (d *diagnosis) generic() (Result, bool) {
 	return Result{}, false
 }
 
-// resetWhy says why the stack reset, from the kernel's RST reason.
-func resetWhy(reason string, to interface{ String() string }) string {
-	switch reason {
-	case "NO_SOCKET", "":
-		s := ": no socket listens on " + to.String()
-		if reason != "" {
-			s += " (kernel reason " + reason + ")"
-		}
-		return s
+// stackReset explains the TCP stack's reset of the flow, and why from
+// the kernel's RST reason: most often nothing listened there.
+func (d *diagnosis) stackReset(reason string) string {
+	p := newProse()
+	p.begin()
+	p.b = d.appendTarget(append(p.b, "reset: the TCP stack answered "...))
+	p.b = append(append(p.b, " from "...), d.f.Orig.Src...)
+	p.b = append(p.b, " with a reset"...)
+	if reason == "NO_SOCKET" || reason == "" {
+		p.b = d.wentTo().AppendTo(append(p.b, ": no socket listens on "...))
 	}
-	return " (kernel reason " + reason + ")"
+	if reason != "" {
+		p.b = append(append(append(p.b, " (kernel reason "...), reason...), ')')
+	}
+	p.end()
+	return p.done()
 }
 
 func orDefault(s, def string) string {

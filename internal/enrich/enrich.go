@@ -84,38 +84,46 @@ func names(f *trace.Flow, a *flowAddrs, env Env) {
 	if !srcOK && !dstOK && !svcOK && !ownerOK {
 		return
 	}
-	named := &flowNames{src: srcPod, dst: dstPod, svc: svc, owner: ownerPod}
-	if srcOK {
-		f.SrcPod = &named.src
+	if !ownerOK {
+		named := &flowNames{src: srcPod, dst: dstPod, svc: svc}
+		named.set(f, srcOK, dstOK, svcOK)
+		return
 	}
-	if dstOK {
-		f.DstPod = &named.dst
-	}
-	if svcOK {
-		f.Service = &named.svc
-	}
-	if ownerOK {
-		f.Rule = withOwnerPod(f.Rule, &named.owner)
-	}
+	named := &ownedFlowNames{flowNames: flowNames{src: srcPod, dst: dstPod, svc: svc}, ownerPod: ownerPod}
+	named.set(f, srcOK, dstOK, svcOK)
+	// The rule is a copy, since a rule may be shared by the flows the
+	// attribution cache answered.
+	named.rule, named.owner = *f.Rule, *f.Rule.Owner
+	named.owner.Pod = &named.ownerPod
+	named.rule.Owner = &named.owner
+	f.Rule = &named.rule
 }
 
-// withOwnerPod is r, whose owner's pod is pod: a copy, since a rule may be
-// shared by the flows the attribution cache answered.
-func withOwnerPod(r *trace.Rule, pod *trace.PodRef) *trace.Rule {
-	c := &struct {
-		rule  trace.Rule
-		owner trace.Owner
-	}{rule: *r, owner: *r.Owner}
-	c.owner.Pod = pod
-	c.rule.Owner = &c.owner
-	return &c.rule
-}
-
-// flowNames are a flow's pods, its Service and its rule owner's pod in
-// one allocation.
+// flowNames are a flow's pods and its Service in one allocation.
 type flowNames struct {
-	src, dst, owner trace.PodRef
-	svc             trace.ServiceRef
+	src, dst trace.PodRef
+	svc      trace.ServiceRef
+}
+
+func (n *flowNames) set(f *trace.Flow, src, dst, svc bool) {
+	if src {
+		f.SrcPod = &n.src
+	}
+	if dst {
+		f.DstPod = &n.dst
+	}
+	if svc {
+		f.Service = &n.svc
+	}
+}
+
+// ownedFlowNames are flowNames with the flow's rule, whose owner's pod is
+// known, in the same allocation.
+type ownedFlowNames struct {
+	flowNames
+	rule     trace.Rule
+	owner    trace.Owner
+	ownerPod trace.PodRef
 }
 
 // parseRange reads event.Range's text form IP[-IP][:PORT[-PORT]] (IPv6 in

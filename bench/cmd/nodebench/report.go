@@ -216,6 +216,16 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, t)
 	}
+	if bp, ok := r.stage("BenchmarkPipeline"); ok && bp.Extra["allocs/event"] > 0 {
+		allocs := bp.Extra["allocs/event"]
+		t := target{What: "allocations per event, steady path", Goal: "<= 2 (BenchmarkPipeline)", Got: fmt.Sprintf("%.2f", allocs)}
+		if allocs <= 2 {
+			t.Verdict = "met"
+		} else {
+			t.Verdict = fmt.Sprintf("missed by %.2f", allocs-2)
+		}
+		ts = append(ts, t)
+	}
 	ts = append(ts, r.memoryTargets()...)
 	if t, ok := r.feedTarget(); ok {
 		ts = append(ts, t)

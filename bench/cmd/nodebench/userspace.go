@@ -269,7 +269,7 @@ func vmRSS() uint64 {
 type goBench struct {
 	Name    string
 	NsOp    float64
-	Metric  float64 // the first custom metric: events/s or flows/s
+	Metric  float64 // the first custom rate (events/s, flows/s), else the first custom metric
 	Unit    string
 	BytesOp float64
 	Allocs  float64
@@ -294,13 +294,19 @@ func runGoBench(args []string) ([]goBench, error) {
 	if err != nil {
 		return nil, fmt.Errorf("go test -bench: %w: %s", err, out)
 	}
+	return parseGoBench(string(out)), nil
+}
+
+// parseGoBench reads the benchmark lines of `go test -bench` output.
+func parseGoBench(out string) []goBench {
 	var res []goBench
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
 		b := goBench{Name: strings.TrimSuffix(f[0], "-1"), Extra: map[string]float64{}}
+		rate := false
 		for k := 2; k+1 < len(f); k += 2 {
 			v, _ := strconv.ParseFloat(f[k], 64)
 			switch u := f[k+1]; u {
@@ -311,13 +317,13 @@ func runGoBench(args []string) ([]goBench, error) {
 			case "allocs/op":
 				b.Allocs = v
 			default:
-				if b.Unit == "" {
-					b.Metric, b.Unit = v, u
+				if isRate := strings.HasSuffix(u, "/s"); b.Unit == "" || isRate && !rate {
+					b.Metric, b.Unit, rate = v, u, isRate
 				}
 				b.Extra[u] = v
 			}
 		}
 		res = append(res, b)
 	}
-	return res, nil
+	return res
 }
