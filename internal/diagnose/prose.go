@@ -13,6 +13,8 @@ import (
 // verdicts write their text here, and sentences joins its parts here too.
 type prose struct {
 	b []byte
+	// texts holds the finished explanations: one allocation for many.
+	texts trace.Arena
 	// start is where the open sentence's text begins, after the space
 	// that separates it from the one before (none for the first).
 	start int
@@ -20,7 +22,7 @@ type prose struct {
 
 // proses are reused: done copies the text out, and a buffer per flow
 // would be garbage at once.
-var proses = sync.Pool{New: func() any { return &prose{b: make([]byte, 0, 512)} }}
+var proses = sync.Pool{New: func() any { return &prose{b: make([]byte, 0, 512), texts: trace.Arena{BlockSize: 8192}} }}
 
 func newProse() *prose {
 	p := proses.Get().(*prose)
@@ -30,7 +32,7 @@ func newProse() *prose {
 
 // done returns the text and gives the buffer back; p is not used after.
 func (p *prose) done() string {
-	s := string(p.b)
+	s := p.texts.String(p.b)
 	if cap(p.b) <= 4096 {
 		proses.Put(p)
 	}

@@ -25,7 +25,14 @@ func TupleOf(t event.Tuple) *Tuple { return (*Encoder)(nil).Tuple(t) }
 // writes every endpoint afresh. Not safe for concurrent use.
 type Encoder struct {
 	recent [1 << encoderBits]encodedEndpoint
+	// texts holds the endpoints' text: a flow's client endpoint is new
+	// text for nearly every flow.
+	texts Arena
 }
+
+// maxEndpointText is the longest endpoint text: an IPv6 address with a
+// zone in brackets, and a port.
+const maxEndpointText = len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255%") + 16 + len("]:65535")
 
 const encoderBits = 8
 
@@ -144,18 +151,21 @@ func (enc *Encoder) addr(a netip.Addr) string {
 // text writes ap, or bare its address alone, reusing the text its slot
 // holds when that is ap's.
 func (enc *Encoder) text(ap netip.AddrPort, bare bool) string {
-	write := func() string {
+	if enc == nil {
 		if bare {
 			return ap.Addr().String()
 		}
 		return ap.String()
 	}
-	if enc == nil {
-		return write()
-	}
 	slot := &enc.recent[endpointSlot(ap)]
 	if slot.s == "" || slot.ap != ap || slot.bare != bare {
-		*slot = encodedEndpoint{ap: ap, bare: bare, s: write()}
+		s := enc.texts.Append(maxEndpointText, func(b []byte) []byte {
+			if bare {
+				return ap.Addr().AppendTo(b)
+			}
+			return ap.AppendTo(b)
+		})
+		*slot = encodedEndpoint{ap: ap, bare: bare, s: s}
 	}
 	return slot.s
 }
