@@ -118,7 +118,10 @@ func (x serviceIndex) find(a netip.Addr, port uint16, proto string, nodeAddr boo
 	if len(cands) == 0 {
 		return trace.ServiceRef{}, false
 	}
-	ip := a.String()
+	// The Services list addresses as text: a's is compared without
+	// making a string of it.
+	var buf [64]byte
+	ip := a.AppendTo(buf[:0])
 	var onIP *trace.Service
 	for _, i := range cands {
 		s := svc(i)
@@ -143,8 +146,9 @@ func (x serviceIndex) find(a netip.Addr, port uint16, proto string, nodeAddr boo
 
 // servicePortRef matches a client's ip:port against s: the port's
 // reference when one matches, and whether ip is one of s's own addresses.
-func servicePortRef(s *trace.Service, ip string, port uint16, proto string, nodeAddr bool) (ref trace.ServiceRef, vip, ok bool) {
-	vip = slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.External, ip) || slices.Contains(s.LBIPs, ip)
+func servicePortRef(s *trace.Service, ip []byte, port uint16, proto string, nodeAddr bool) (ref trace.ServiceRef, vip, ok bool) {
+	is := func(addr string) bool { return addr == string(ip) }
+	vip = slices.ContainsFunc(s.ClusterIPs, is) || slices.ContainsFunc(s.External, is) || slices.ContainsFunc(s.LBIPs, is)
 	for _, sp := range s.Ports {
 		if !strings.EqualFold(sp.Proto, proto) && proto != "icmp" {
 			continue

@@ -123,15 +123,21 @@ func TestDecodeRejectsBadRecords(t *testing.T) {
 func TestRangeString(t *testing.T) {
 	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.9")
 	cases := map[string]Range{
-		"10.0.0.1":             {MinAddr: a, MaxAddr: a},
-		"10.0.0.1-10.0.0.9:80": {MinAddr: a, MaxAddr: b, MinPort: 80, MaxPort: 80},
-		"10.0.0.1:1024-2048":   {MinAddr: a, MaxAddr: a, MinPort: 1024, MaxPort: 2048},
-		"[fd00::1]:53":         {MinAddr: netip.MustParseAddr("fd00::1"), MaxAddr: netip.MustParseAddr("fd00::1"), MinPort: 53, MaxPort: 53},
-		"":                     {},
+		"10.0.0.1":                      {MinAddr: a, MaxAddr: a},
+		"10.0.0.1-10.0.0.9:80":          {MinAddr: a, MaxAddr: b, MinPort: 80, MaxPort: 80},
+		"10.0.0.1:1024-2048":            {MinAddr: a, MaxAddr: a, MinPort: 1024, MaxPort: 2048},
+		"[fd00::1]:53":                  {MinAddr: netip.MustParseAddr("fd00::1"), MaxAddr: netip.MustParseAddr("fd00::1"), MinPort: 53, MaxPort: 53},
+		"[fd00::1-fd00::9]:30000-32767": {MinAddr: netip.MustParseAddr("fd00::1"), MaxAddr: netip.MustParseAddr("fd00::9"), MinPort: 30000, MaxPort: 32767},
+		"10.0.0.1-10.0.0.9":             {MinAddr: a, MaxAddr: b},
+		"10.0.0.9":                      {MinAddr: b, MaxPort: 80}, // no ports without a first one
+		"":                              {},
 	}
 	for want, r := range cases {
 		if got := r.String(); got != want {
 			t.Errorf("%+v: got %q want %q", r, got, want)
+		}
+		if got := string(r.AppendTo([]byte("x"))); got != "x"+want {
+			t.Errorf("%+v: AppendTo gave %q", r, got)
 		}
 	}
 }

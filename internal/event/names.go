@@ -2,6 +2,7 @@ package event
 
 import (
 	"fmt"
+	"strconv"
 )
 
 // ReasonNamer names a drop or RST reason number for this kernel (the
@@ -12,24 +13,31 @@ type ReasonNamer interface {
 }
 
 // String renders the range as IP[-IP][:PORT[-PORT]].
-func (r Range) String() string {
+func (r Range) String() string { return string(r.AppendTo(nil)) }
+
+// AppendTo appends the range as String renders it.
+func (r Range) AppendTo(b []byte) []byte {
 	if !r.MinAddr.IsValid() {
-		return ""
+		return b
 	}
-	s := r.MinAddr.String()
+	v6 := r.MinAddr.Is6()
+	if v6 {
+		b = append(b, '[')
+	}
+	b = r.MinAddr.AppendTo(b)
 	if r.MaxAddr.IsValid() && r.MaxAddr != r.MinAddr {
-		s += "-" + r.MaxAddr.String()
+		b = r.MaxAddr.AppendTo(append(b, '-'))
 	}
-	if r.MinAddr.Is6() {
-		s = "[" + s + "]"
+	if v6 {
+		b = append(b, ']')
 	}
 	if r.MinPort != 0 {
-		s += fmt.Sprintf(":%d", r.MinPort)
+		b = strconv.AppendUint(append(b, ':'), uint64(r.MinPort), 10)
 		if r.MaxPort != r.MinPort {
-			s += fmt.Sprintf("-%d", r.MaxPort)
+			b = strconv.AppendUint(append(b, '-'), uint64(r.MaxPort), 10)
 		}
 	}
-	return s
+	return b
 }
 
 // ICMPName names common ICMP and ICMPv6 error type/code pairs as REJECT

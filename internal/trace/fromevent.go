@@ -174,10 +174,13 @@ func (enc *Encoder) text(ap netip.AddrPort, bare bool) string {
 // as Services' DNATs are, reads as that endpoint does.
 func (enc *Encoder) natRange(r event.Range) string {
 	single := r.MinPort != 0 && r.MaxPort == r.MinPort && (!r.MaxAddr.IsValid() || r.MaxAddr == r.MinAddr)
-	if !single || enc == nil {
+	switch {
+	case enc == nil:
 		return r.String()
+	case single:
+		return enc.endpoint(r.MinAddr, r.MinPort)
 	}
-	return enc.endpoint(r.MinAddr, r.MinPort)
+	return enc.texts.Append(2*maxEndpointText, r.AppendTo)
 }
 
 // endpointSlot mixes the address's last 8 bytes (all of an IPv4 one) and
