@@ -213,6 +213,7 @@ type walker struct {
 	steps     int
 	exhausted bool
 	lookups   [6]SetLookup
+	stepChunk []Step // oneStep's
 }
 
 func (w *walker) doubt(r *Rule, reason string) {
@@ -314,7 +315,7 @@ func (w *walker) applyOrStop(st *state, r *Rule) []Outcome {
 			top.steps = append(top.steps[:len(top.steps):len(top.steps)], step)
 			return nil
 		}
-		st.frames = append(st.frames, frame{chain: c, steps: []Step{step}})
+		st.frames = append(st.frames, frame{chain: c, steps: w.oneStep(step)})
 		return nil
 	case TargetUnknown:
 		return w.unknownTarget(st, r, fmt.Sprintf("target %s is not modelled: it may or may not end the walk", t.Name))
@@ -352,7 +353,20 @@ func (w *walker) fallOff(st *state) (Outcome, bool) {
 	if start.Policy == "DROP" {
 		v = VerdictDrop
 	}
-	return Outcome{Verdict: v, Path: []Step{base.steps[0]}, Mark: st.mark}, true
+	// A frame's steps are never written again (a goto appends to a copy).
+	return Outcome{Verdict: v, Path: base.steps[:1:1], Mark: st.mark}, true
+}
+
+// oneStep is a frame's first step, from chunks the walk shares: a walk
+// jumps into a chain for each rule that jumps. The slice is full, so a
+// goto's append copies it rather than write into the chunk.
+func (w *walker) oneStep(s Step) []Step {
+	if len(w.stepChunk) == cap(w.stepChunk) {
+		w.stepChunk = make([]Step, 0, 8)
+	}
+	w.stepChunk = append(w.stepChunk, s)
+	n := len(w.stepChunk)
+	return w.stepChunk[n-1 : n : n]
 }
 
 func targetVerdict(k TargetKind) Verdict {
