@@ -257,3 +257,67 @@ func TestJoinReusedPortHistoryReadOncePerBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinRecycledState: a finished flow's state goes to the next new
+// flow, and nothing leads to it by the finished flow's tuples: a later
+// packet of the first connection, by its key or its reply, starts a flow
+// of its own instead of joining the flow that took the state.
+func TestJoinRecycledState(t *testing.T) {
+	first := reusedPortNAT(7, "10.0.2.2:8080")[0]
+	second := first
+	second.Orig = tuple(6, "10.0.1.3:41000", "10.97.0.8:80")
+	second.Reply = tuple(6, "10.0.2.3:8080", "10.0.1.3:41000")
+	second.To = event.Range{MinAddr: netip.MustParseAddr("10.0.2.3"), MaxAddr: netip.MustParseAddr("10.0.2.3"), MinPort: 8080, MaxPort: 8080}
+	late := event.Event{Kind: event.KindReset, Hook: event.HookTCPSendReset, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+		Packet: first.Reply}
+
+	var out []*trace.Flow
+	j := &Joiner{Emit: func(f *trace.Flow) { out = append(out, f) }}
+	now := time.Unix(1700000000, 0)
+	add := func(ev event.Event, at time.Time) { ev.Time = at; j.Add(ev, at) }
+	add(first, now)
+	j.Expire(now.Add(2 * time.Second))
+	if len(out) != 1 || len(j.free) != 1 {
+		t.Fatalf("%d flows, %d free states after the first finished", len(out), len(j.free))
+	}
+	recycled := j.free[0]
+	add(second, now.Add(3*time.Second))
+	if len(j.free) != 0 || j.byTuple.get(packTuple(second.Orig)) != recycled {
+		t.Fatalf("the second connection did not take the first's state")
+	}
+	// The taken state holds what a new one would: nothing of the first.
+	fresh := &Joiner{}
+	second.Time = now.Add(3 * time.Second)
+	fresh.Add(second, second.Time)
+	want := fresh.byTuple.get(packTuple(second.Orig))
+	type view struct {
+		key, reply                  ptuple
+		old                         []ptuple
+		rare, wide, replaced, moved bool
+		events                      []event.Event
+	}
+	look := func(j *Joiner, p *pending) view {
+		v := view{key: p.key(), reply: p.reply(), old: p.oldReplies(), rare: p.rare != nil, wide: p.wide, replaced: p.replaced, moved: p.moved}
+		j.eachEvent(p, func(ev event.Event) bool { v.events = append(v.events, ev); return true })
+		return v
+	}
+	if got, want := look(j, recycled), look(fresh, want); !reflect.DeepEqual(got, want) {
+		t.Errorf("the recycled state:\n%+v\nwant, as a new one:\n%+v", got, want)
+	}
+	add(late, now.Add(3*time.Second))
+	if p := j.byTuple.get(packTuple(first.Orig)); p == recycled {
+		t.Errorf("the first connection's key leads to the state the second took")
+	}
+	j.Expire(now.Add(10 * time.Second))
+	if len(out) != 3 {
+		t.Fatalf("%d flows, want 3: the first, the second, and the first's late reset alone", len(out))
+	}
+	for i, f := range out[1:] {
+		if len(f.Events) != 1 {
+			t.Errorf("flow %d has %d events: %+v", i+2, len(f.Events), f.Events)
+		}
+	}
+	if out[1].Orig.Src != "10.0.1.3:41000" || out[1].Events[0].Kind != trace.KindDNAT {
+		t.Errorf("second flow %+v", out[1])
+	}
+}

@@ -419,11 +419,17 @@ const (
 func isV4(t ptuple) bool { return t.fams == 4|4<<4 }
 
 func newPending(key ptuple) *pending {
-	p := &pending{wide: !isV4(key)}
+	p := &pending{}
+	p.start(key)
+	return p
+}
+
+// start makes p, zero, the state of a new flow keyed by key.
+func (p *pending) start(key ptuple) {
+	p.wide = !isV4(key)
 	n := 2 * p.slot()
 	putSlot(p.inline[:n], key, p.wide)
 	p.used = uint8(n)
-	return p
 }
 
 func (p *pending) slot() int {
