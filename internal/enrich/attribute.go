@@ -282,7 +282,18 @@ func answerSeenLeaving(ev *trace.Event, kind rules.ActionKind) bool {
 // always had them.
 func ruleRecord(at *rules.Attribution, fam rules.Family) *trace.Rule {
 	res := at.Result
-	r := &trace.Rule{Table: res.Table, Chain: res.Chain, Path: res.Outcome.Chains()}
+	// The rule, its owner and a path of up to four chains are one
+	// allocation: a walk makes one for each packet the cache missed.
+	b := &struct {
+		rule  trace.Rule
+		owner trace.Owner
+		path  [4]string
+	}{}
+	r := &b.rule
+	*r = trace.Rule{Table: res.Table, Chain: res.Chain, Path: b.path[:0]}
+	for _, step := range res.Outcome.Path {
+		r.Path = append(r.Path, step.Chain)
+	}
 	if fam == rules.IPv6 {
 		r.Family = "ip6"
 	}
@@ -298,7 +309,8 @@ func ruleRecord(at *rules.Attribution, fam rules.Family) *trace.Rule {
 		r.EntryChain = r.Chain
 	}
 	if at.Owner != nil {
-		r.Owner = &trace.Owner{ContainerID: at.Owner.ContainerID}
+		b.owner = trace.Owner{ContainerID: at.Owner.ContainerID}
+		r.Owner = &b.owner
 	}
 	if at.Uncertain {
 		r.Uncertain = strings.Join(at.Reasons, "; ")

@@ -112,7 +112,14 @@ func (rs *Ruleset) Attribute(pkt Packet, node NodeState, act KernelAction) (*Att
 	if !ok {
 		return nil, fmt.Errorf("attribute %s: unknown hook %q", act.Kind, act.Hook)
 	}
-	at := &Attribution{Action: act}
+	// The attribution and room for the results of the tables the packet
+	// passes (a hook has at most four) are one allocation.
+	b := &struct {
+		at     Attribution
+		passed [4]*Result
+	}{at: Attribution{Action: act}}
+	at := &b.at
+	at.Passed = b.passed[:0]
 	want := "" // the table that must decide, for NAT actions
 	switch act.Kind {
 	case ActionDNAT:
