@@ -330,10 +330,11 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 }
 
 // flowOf is p in the trace format, its events in time order; they stay
-// in joined, typed, in the same order. reply is where the flow's reply
-// tuple goes (addConntrack). A flow of one or two events, nearly all of
-// them, is one allocation with its events, their tuples and reply.
-func (j *Joiner) flowOf(p *pending) (f *trace.Flow, reply *trace.Tuple) {
+// in joined, typed, in the same order. in is where the flow's reply
+// tuple and conntrack entry go (addConntrack). A flow of one or two
+// events, nearly all of them, is one allocation with its events, their
+// tuples, reply and entry.
+func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots) {
 	joined := j.joined[:0]
 	j.eachEvent(p, func(ev event.Event) bool {
 		joined = append(joined, ev)
@@ -345,15 +346,15 @@ func (j *Joiner) flowOf(p *pending) (f *trace.Flow, reply *trace.Tuple) {
 	switch len(joined) {
 	case 1:
 		b := new(flowBlock[[1]trace.Event, [1][3]trace.Tuple])
-		f, reply, tuples = &b.flow, &b.reply, b.tuples[:]
+		f, in, tuples = &b.flow, b.slots(), b.tuples[:]
 		f.Events = b.events[:]
 	case 2:
 		b := new(flowBlock[[2]trace.Event, [2][3]trace.Tuple])
-		f, reply, tuples = &b.flow, &b.reply, b.tuples[:]
+		f, in, tuples = &b.flow, b.slots(), b.tuples[:]
 		f.Events = b.events[:]
 	default:
 		b := new(flowBlock[struct{}, struct{}])
-		f, reply = &b.flow, &b.reply
+		f, in = &b.flow, b.slots()
 		f.Events = make([]trace.Event, len(joined))
 	}
 	for i, ev := range joined {
@@ -367,17 +368,26 @@ func (j *Joiner) flowOf(p *pending) (f *trace.Flow, reply *trace.Tuple) {
 	if len(f.Events) > 0 {
 		f.Time = f.Events[0].Time
 	}
-	return f, reply
+	return f, in
 }
 
 // flowBlock is a finished flow with room for its events (E, an array),
-// their tuples (T, an array of one [3]trace.Tuple an event) and its reply
-// tuple.
+// their tuples (T, an array of one [3]trace.Tuple an event), its reply
+// tuple and its conntrack entry.
 type flowBlock[E, T any] struct {
 	flow   trace.Flow
 	events E
 	tuples T
 	reply  trace.Tuple
+	ct     trace.Conntrack
+}
+
+func (b *flowBlock[E, T]) slots() flowSlots { return flowSlots{reply: &b.reply, ct: &b.ct} }
+
+// flowSlots are where a flow's reply tuple and conntrack entry go.
+type flowSlots struct {
+	reply *trace.Tuple
+	ct    *trace.Conntrack
 }
 
 // Expire finishes every flow quiet since its deadline, oldest deadline
@@ -496,8 +506,8 @@ func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 	if !p.replaced {
 		j.unindex(p)
 	}
-	f, replyIn := j.flowOf(p)
-	orig, reply, hasReply := j.addConntrack(f, replyIn, p, live)
+	f, in := j.flowOf(p)
+	orig, reply, hasReply := j.addConntrack(f, in, p, live)
 	j.recycle(p) // the flow no longer needs it
 	j.addCounters(f)
 	if j.Env != nil {
@@ -611,15 +621,15 @@ func sameConnectionState(a, b conntrack.Entry) bool {
 
 // addConntrack records the connection's entry as it stands now, and ties
 // a stray reply (a packet nobody's conntrack entry holds) to the client
-// connection it answers; a reply tuple goes in replyIn. It gives the
+// connection it answers, into in's slots. It gives the
 // flow's original tuple and, when the flow has one, its reply tuple:
 // f.Orig and f.Reply as values.
-func (j *Joiner) addConntrack(f *trace.Flow, replyIn *trace.Tuple, p *pending, live ctAnswer) (orig, reply event.Tuple, hasReply bool) {
+func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAnswer) (orig, reply event.Tuple, hasReply bool) {
 	orig = p.key().tuple()
 	setReply := func(t event.Tuple) {
 		reply = t
-		*replyIn = *j.enc.Tuple(t)
-		f.Reply = replyIn
+		*in.reply = *j.enc.Tuple(t)
+		f.Reply = in.reply
 	}
 	if j.CT == nil {
 		if p.reply().valid() {
@@ -639,7 +649,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, replyIn *trace.Tuple, p *pending, l
 	switch {
 	case ok:
 		setReply(e.Reply)
-		f.Conntrack = &trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
+		*in.ct = trace.Conntrack{State: e.State, Status: conntrack.FormatStatus(e.Status), Mark: e.Mark, Replied: e.Replied}
+		f.Conntrack = in.ct
 	case p.reply().valid():
 		setReply(p.reply().tuple())
 	}
