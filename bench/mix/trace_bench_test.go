@@ -102,8 +102,9 @@ func clientAddr(i int) string {
 	return fmt.Sprintf("10.%d.%d.%d:%d", i>>16&0xff, i>>8&0xff, i&0xff, 30000+i%30000)
 }
 
-// BenchmarkRecord turns decoded events into their trace form, as the
-// live reader does for every event.
+// BenchmarkRecord turns decoded events into their trace form, as
+// `tracer trace --events` does for every event (the joiner writes a
+// flow's events with its own Encoder when the flow finishes).
 func BenchmarkRecord(b *testing.B) {
 	var evs []event.Event
 	for _, r := range mix.Records(1000, time.Microsecond) {

@@ -338,7 +338,7 @@ func (r *report) throughputMarkdown(p printer) {
 	p("## 4. Userspace throughput\n\n")
 	p("A generated mix (`bench/mix`): synthetic events made up by `mix.Generate` in a fixed rotation, not recorded from a node. ")
 	p("Per %d flows, %d events: %s. ", mix.Shapes, mix.EventsPerCycle, mixShapes())
-	p("Raw ring buffer records laid out as bpf/tracer.h writes them go through `event.Decode`, `Event.Record`, `enrich.Joiner` ")
+	p("Raw ring buffer records laid out as bpf/tracer.h writes them go through `event.Decode` and `enrich.Joiner` ")
 	p("(%s linger, expiry every %s, events %s apart in their own clock) with an `enrich.NodeEnv` of a kube-proxy (IPVS mode) + ",
 		enrich.DefaultLinger, mix.ExpireEvery, throughputGap)
 	p("portmap node (rules and ipsets from internal/rules/testdata), %d pods and %d Services, and `trace.Writer` to io.Discard, on one core (GOMAXPROCS=1).\n\n",
