@@ -321,6 +321,23 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 	defer close(t.updates)
 	prune := time.NewTicker(t.opts.pruneEvery)
 	defer prune.Stop()
+	// A redump fails when the table keeps changing under all of dump's
+	// tries (the kernel interrupts the dump); it is tried again after a
+	// pause, longer each time, rather than leave the table stale until
+	// the next overrun.
+	var retry <-chan time.Time
+	failed := 0
+	redumped := func(ok bool) {
+		retry = nil
+		if ok {
+			failed = 0
+			return
+		}
+		if failed++; failed == redumpTries {
+			return // handle has said why in Stats.Err
+		}
+		retry = time.After(redumpPause << (failed - 1))
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -330,18 +347,30 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 			for {
 				select {
 				case it := <-t.queue:
-					t.handle(it)
+					t.handle(it, false)
 				default:
 					return
 				}
 			}
 		case <-prune.C:
 			t.prune()
+		case <-retry:
+			redumped(t.handle(item{overrun: true}, failed+1 == redumpTries))
 		case it := <-t.queue:
-			t.handle(it)
+			if ok := t.handle(it, failed+1 >= redumpTries); it.overrun {
+				redumped(ok)
+			}
 		}
 	}
 }
+
+// redumpTries is how many times in a row a redump is tried, redumpPause
+// apart and doubling, before the tracker says it stopped keeping the
+// table current: pauses of 100 to 800 ms, 1.5 s in all.
+const (
+	redumpTries = 5
+	redumpPause = 100 * time.Millisecond
+)
 
 func pruneInterval(retention time.Duration) time.Duration {
 	d := retention / 4
@@ -354,7 +383,9 @@ func pruneInterval(retention time.Duration) time.Duration {
 	return d
 }
 
-func (t *Tracker) handle(it item) {
+// handle applies it; an overrun redumps, and handle says whether that
+// worked (last: if not, the tracker has given up, which Stats.Err says).
+func (t *Tracker) handle(it item, last bool) bool {
 	if it.overrun {
 		// Coalesce overruns already queued behind this one: one dump
 		// repairs them all, as long as it starts after they happened.
@@ -373,13 +404,15 @@ func (t *Tracker) handle(it item) {
 			}
 		}
 		if err := t.dump(true); err != nil {
-			// The table stays as it was; the next overrun (or the
-			// caller, through Stats.Err) learns it.
-			t.setErr(fmt.Errorf("redump after overrun: %w", err))
+			if last {
+				t.setErr(fmt.Errorf("redump after overrun, %d tries: %w", redumpTries, err))
+			}
+			return false
 		}
-		return
+		return true
 	}
 	t.applyChanges(it.changes)
+	return true
 }
 
 func (t *Tracker) applyChanges(ch []change) {

@@ -253,10 +253,15 @@ func TestPrivOverrunRedump(t *testing.T) {
 	if len(flows) != total {
 		t.Fatalf("kernel has %d entries, created %d", len(flows), total)
 	}
-	waitFor(t, "tracker in step with the kernel", func() bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(2 * time.Millisecond) {
 		s := tr.Stats()
-		return s.Redumps > 0 && s.Entries-s.Destroyed == total
-	})
+		if s.Redumps > 0 && s.Entries-s.Destroyed == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for the tracker in step with the kernel's %d entries: %+v", total, s)
+		}
+	}
 	for _, f := range flows {
 		e := fromFlow(&f)
 		got, ok := tr.Lookup(e.Reply)

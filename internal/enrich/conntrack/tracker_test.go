@@ -2,9 +2,11 @@ package conntrack
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +25,9 @@ type fakeSource struct {
 	gets  int
 	// queryErr fails Get and DumpSource.
 	queryErr error
+	// dumpFails fails that many Dumps from now, as a table that keeps
+	// changing under them does.
+	dumpFails int
 	// pending is what a targeted tracker's Wait took from events, and
 	// what a test queues as the kernel does while it answers a Get.
 	pending []fakeRecv
@@ -50,6 +55,10 @@ func (f *fakeSource) Dump() ([]Entry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dumps++
+	if f.dumpFails > 0 {
+		f.dumpFails--
+		return nil, errors.New("dump interrupted")
+	}
 	var out []Entry
 	for _, e := range f.table {
 		out = append(out, e)
@@ -551,5 +560,39 @@ func TestHistoryOfAReusedTuple(t *testing.T) {
 	tab.prune(now.Add(time.Minute + time.Second/2))
 	if h := tab.history(first.Orig, now.Add(time.Minute+time.Second/2)); len(h) != 2 || h[1].State != "TIME_WAIT" {
 		t.Errorf("after pruning the first entry: %+v", h)
+	}
+}
+
+// TestOverrunRedumpRetried: a redump that fails (the table kept changing
+// under all of dump's tries) is tried again after a pause without another
+// overrun, and brings the table in step; one that fails redumpTries times
+// in a row says so in Stats.Err.
+func TestOverrunRedumpRetried(t *testing.T) {
+	a, b := dnatEntry(40011, 0), dnatEntry(40012, 0)
+	src := newFake(a)
+	tr := startFake(t, src, Options{}, time.Now)
+	src.mu.Lock()
+	src.dumpFails = 3 + 3 // dump tries 3 times: two redumps fail
+	src.mu.Unlock()
+	src.set(b)
+	src.events <- fakeRecv{err: errOverrun}
+	waitFor(t, "redump after two failed", func() bool { return tr.Stats().Redumps == 1 })
+	if e, ok := tr.Lookup(b.Reply); !ok || e.Destroyed {
+		t.Errorf("the entry made during the overrun after the redump: %+v %v", e, ok)
+	}
+	if s := tr.Stats(); s.Overruns != 1 || s.Err != "" {
+		t.Errorf("stats %+v", s)
+	}
+
+	src.mu.Lock()
+	src.dumpFails = 3 * redumpTries
+	src.mu.Unlock()
+	src.events <- fakeRecv{err: errOverrun}
+	waitFor(t, "the tracker giving up", func() bool { return tr.Stats().Err != "" })
+	src.mu.Lock()
+	left := src.dumpFails
+	src.mu.Unlock()
+	if s := tr.Stats(); left != 0 || s.Redumps != 1 || !strings.Contains(s.Err, "redump after overrun") {
+		t.Errorf("after %d failed redumps: %d dumps left to fail, stats %+v", redumpTries, left, s)
 	}
 }
