@@ -321,20 +321,21 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 	defer close(t.updates)
 	prune := time.NewTicker(t.opts.pruneEvery)
 	defer prune.Stop()
-	// A redump fails when the table keeps changing under all of dump's
-	// tries (the kernel interrupts the dump); it is tried again after a
-	// pause, longer each time, rather than leave the table stale until
-	// the next overrun.
+	// A redump whose dump fails is tried again after a pause, longer
+	// each time, rather than leave the table stale until the next
+	// overrun; after redumpTries failures in a row only a new overrun
+	// tries again, and Stats.Err says the table is not kept current.
 	var retry <-chan time.Time
 	failed := 0
-	redumped := func(ok bool) {
+	redumped := func(err error) {
 		retry = nil
-		if ok {
+		if err == nil {
 			failed = 0
 			return
 		}
-		if failed++; failed == redumpTries {
-			return // handle has said why in Stats.Err
+		if failed++; failed >= redumpTries {
+			t.setErr(fmt.Errorf("redump after overrun, %d tries: %w", failed, err))
+			return
 		}
 		retry = time.After(redumpPause << (failed - 1))
 	}
@@ -347,7 +348,7 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 			for {
 				select {
 				case it := <-t.queue:
-					t.handle(it, false)
+					t.handle(it)
 				default:
 					return
 				}
@@ -355,10 +356,10 @@ func (t *Tracker) apply(ctx context.Context, readerDone chan struct{}) {
 		case <-prune.C:
 			t.prune()
 		case <-retry:
-			redumped(t.handle(item{overrun: true}, failed+1 == redumpTries))
+			redumped(t.handle(item{overrun: true}))
 		case it := <-t.queue:
-			if ok := t.handle(it, failed+1 >= redumpTries); it.overrun {
-				redumped(ok)
+			if err := t.handle(it); it.overrun {
+				redumped(err)
 			}
 		}
 	}
@@ -383,9 +384,9 @@ func pruneInterval(retention time.Duration) time.Duration {
 	return d
 }
 
-// handle applies it; an overrun redumps, and handle says whether that
-// worked (last: if not, the tracker has given up, which Stats.Err says).
-func (t *Tracker) handle(it item, last bool) bool {
+// handle applies it; an overrun redumps, and handle gives the redump's
+// error.
+func (t *Tracker) handle(it item) error {
 	if it.overrun {
 		// Coalesce overruns already queued behind this one: one dump
 		// repairs them all, as long as it starts after they happened.
@@ -403,16 +404,10 @@ func (t *Tracker) handle(it item, last bool) bool {
 				break drain
 			}
 		}
-		if err := t.dump(true); err != nil {
-			if last {
-				t.setErr(fmt.Errorf("redump after overrun, %d tries: %w", redumpTries, err))
-			}
-			return false
-		}
-		return true
+		return t.dump(true)
 	}
 	t.applyChanges(it.changes)
-	return true
+	return nil
 }
 
 func (t *Tracker) applyChanges(ch []change) {
@@ -513,12 +508,12 @@ func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
 }
 
 // getAll asks the kernel for the tuples' live entries (targeted lookups);
-// false when it could not answer.
-func (t *Tracker) getAll(tus []event.Tuple, entries []Entry, found []bool) bool {
+// on an error none is found.
+func (t *Tracker) getAll(tus []event.Tuple, entries []Entry, found []bool) {
 	if err := t.src.GetAll(tus, entries, found); err != nil {
 		t.queryErrors.Add(1)
 		clear(found)
-		return false
+		return
 	}
 	now := t.now()
 	for i := range entries {
@@ -527,7 +522,6 @@ func (t *Tracker) getAll(tus []event.Tuple, entries []Entry, found []bool) bool 
 			entries[i].Replied = entries[i].Replied || entries[i].Status&StatusSeenReply != 0
 		}
 	}
-	return true
 }
 
 // get asks the kernel for tu's live entry (targeted lookups).
