@@ -33,25 +33,19 @@ type flowAddrs struct {
 // events are in time order.
 func recordedAddrs(f *trace.Flow) flowAddrs {
 	a := flowAddrs{Addrs: diagnose.AddrsOf(f), src: trace.ParseEndpoint(f.Orig.Src)}
-	a.decided, a.kind = decidingEvent(f)
-	if a.decided >= 0 {
-		ev := &f.Events[a.decided]
-		a.pktSrc, a.pktDst = a.src, a.Dst
-		if seesPacket(a.kind) && ev.Packet != nil {
-			a.pktSrc, a.pktDst = trace.ParseEndpoint(ev.Packet.Src), trace.ParseEndpoint(ev.Packet.Dst)
+	a.decide(f, func(i int) (src, dst netip.AddrPort, ok bool) {
+		p := f.Events[i].Packet
+		if p == nil {
+			return src, dst, false
 		}
-		if r, ok := parseRange(ev.To); ok {
-			a.to = netip.AddrPortFrom(r.MinAddr, r.MinPort)
+		return trace.ParseEndpoint(p.Src), trace.ParseEndpoint(p.Dst), true
+	}, func(i int) netip.AddrPort {
+		r, ok := parseRange(f.Events[i].To)
+		if !ok {
+			return netip.AddrPort{}
 		}
-	}
-	for _, e := range f.Events {
-		if e.Kind == trace.KindDNAT {
-			if r, ok := parseRange(e.To); ok {
-				a.dnatTo = netip.AddrPortFrom(r.MinAddr, r.MinPort)
-				break
-			}
-		}
-	}
+		return netip.AddrPortFrom(r.MinAddr, r.MinPort)
+	})
 	return a
 }
 
@@ -64,23 +58,36 @@ func joinedAddrs(f *trace.Flow, evs []event.Event, orig, reply event.Tuple, hasR
 	if hasReply {
 		a.Went, _ = endpoints(reply)
 	}
+	a.decide(f, func(i int) (src, dst netip.AddrPort, ok bool) {
+		if !evs[i].Packet.Valid() {
+			return src, dst, false
+		}
+		src, dst = endpoints(evs[i].Packet)
+		return src, dst, true
+	}, func(i int) netip.AddrPort { return rangeStart(&evs[i]) })
+	return a
+}
+
+// decide fills in what the deciding event and the first DNAT say, with
+// packet and to reading event i's packet and translation target.
+func (a *flowAddrs) decide(f *trace.Flow, packet func(i int) (src, dst netip.AddrPort, ok bool), to func(i int) netip.AddrPort) {
 	a.decided, a.kind = decidingEvent(f)
 	if a.decided >= 0 {
-		ev := &evs[a.decided]
 		a.pktSrc, a.pktDst = a.src, a.Dst
-		if seesPacket(a.kind) && ev.Packet.Valid() {
-			a.pktSrc, a.pktDst = endpoints(ev.Packet)
+		if seesPacket(a.kind) {
+			if src, dst, ok := packet(a.decided); ok {
+				a.pktSrc, a.pktDst = src, dst
+			}
 		}
-		a.to = rangeStart(ev)
+		a.to = to(a.decided)
 	}
-	for i := range evs {
-		if evs[i].Kind == event.KindDNAT {
-			if a.dnatTo = rangeStart(&evs[i]); a.dnatTo.IsValid() {
+	for i := range f.Events {
+		if f.Events[i].Kind == trace.KindDNAT {
+			if a.dnatTo = to(i); a.dnatTo.IsValid() {
 				break
 			}
 		}
 	}
-	return a
 }
 
 // seesPacket: the hook of a REJECT, reset or drop decided on the packet

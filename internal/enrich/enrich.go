@@ -15,16 +15,7 @@ import (
 // its events and conntrack entry. It is the whole of re-diagnosis for a
 // recorded flow: what the environment cannot tell (no rules, no metadata
 // in an old trace) keeps its recorded value.
-func Enrich(f *trace.Flow, env Env) {
-	sortEvents(f)
-	a := recordedAddrs(f)
-	enrich(f, &a, env)
-}
-
-// sortEvents puts f's events in time order.
-func sortEvents(f *trace.Flow) {
-	slices.SortStableFunc(f.Events, func(a, b trace.Event) int { return a.Time.Compare(b.Time) })
-}
+func Enrich(f *trace.Flow, env Env) { EnrichBetween(f, env, nil) }
 
 // enrich is Enrich of a flow, its events in time order, whose addresses a
 // holds.
@@ -47,7 +38,7 @@ func enrich(f *trace.Flow, a *flowAddrs, env Env) {
 // agrees, the rules had changed before the decision and next's rule is
 // the one that decided.
 func EnrichBetween(f *trace.Flow, env, next Env) {
-	sortEvents(f)
+	slices.SortStableFunc(f.Events, func(a, b trace.Event) int { return a.Time.Compare(b.Time) })
 	a := recordedAddrs(f)
 	enrichBetween(f, &a, env, next)
 }

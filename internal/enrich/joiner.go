@@ -358,11 +358,11 @@ func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots) {
 		f.Events = make([]trace.Event, len(joined))
 	}
 	for i, ev := range joined {
-		var in *[3]trace.Tuple
+		var room *[3]trace.Tuple // nil: EventIn allocates the tuples
 		if i < len(tuples) {
-			in = &tuples[i]
+			room = &tuples[i]
 		}
-		f.Events[i] = j.enc.EventIn(ev, j.Names, in)
+		f.Events[i] = j.enc.EventIn(ev, j.Names, room)
 	}
 	f.Type, f.Proto, f.Orig = trace.TypeFlow, event.ProtoName(p.key().proto), *j.enc.Tuple(p.key().tuple())
 	if len(f.Events) > 0 {
@@ -466,7 +466,7 @@ func (j *Joiner) finishAll(now time.Time) {
 	for _, p := range j.finishing {
 		live := ctAnswer{batched: batched}
 		if batched && !p.replaced {
-			live = ctAnswer{entry: j.lookupCT[asked], found: j.lookupOK[asked], asked: true, batched: true}
+			live.entry, live.found, live.asked = j.lookupCT[asked], j.lookupOK[asked], true
 			asked++
 		}
 		j.finish(p, live, now)
