@@ -475,17 +475,18 @@ func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, 
 }
 
 func (m multiConntrack) Destroyed(tu event.Tuple) []conntrack.Entry {
-	for _, t := range m {
-		if h := t.Destroyed(tu); len(h) > 0 {
-			return h
-		}
-	}
-	return nil
+	return m.firstHistory(tu, (*conntrack.Tracker).Destroyed)
 }
 
 func (m multiConntrack) DestroyedRead(tu event.Tuple) []conntrack.Entry {
+	return m.firstHistory(tu, (*conntrack.Tracker).DestroyedRead)
+}
+
+// firstHistory is the first tracker's non-empty history of tu, as history
+// reads it.
+func (m multiConntrack) firstHistory(tu event.Tuple, history func(*conntrack.Tracker, event.Tuple) []conntrack.Entry) []conntrack.Entry {
 	for _, t := range m {
-		if h := t.DestroyedRead(tu); len(h) > 0 {
+		if h := history(t, tu); len(h) > 0 {
 			return h
 		}
 	}
