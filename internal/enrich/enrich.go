@@ -61,60 +61,21 @@ func enrichBetween(f *trace.Flow, a *flowAddrs, env, next Env) {
 // where the connection really went (reply.src), or the addressed pod; the
 // Service is the one the client addressed.
 func names(f *trace.Flow, a *flowAddrs, env Env) {
-	src, dst, went := a.src, a.Dst, a.Went
-	srcPod, srcOK := env.PodByIP(src.Addr(), f.Time)
-	dstPod, dstOK := env.PodByIP(went.Addr(), f.Time)
-	svc, svcOK := env.ServiceByAddr(dst.Addr(), dst.Port(), f.Proto, f.Time)
-	var ownerPod trace.PodRef
-	ownerOK := false
-	if r := f.Rule; r != nil && r.Owner != nil {
-		if a.dnatTo.IsValid() {
-			ownerPod, ownerOK = env.PodByIP(a.dnatTo.Addr(), f.Time)
-		}
+	var n flowNames
+	n.src, n.srcOK = env.PodByIP(a.src.Addr(), f.Time)
+	n.dst, n.dstOK = env.PodByIP(a.Went.Addr(), f.Time)
+	n.svc, n.svcOK = env.ServiceByAddr(a.Dst.Addr(), a.Dst.Port(), f.Proto, f.Time)
+	if r := f.Rule; r != nil && r.Owner != nil && a.dnatTo.IsValid() {
+		n.owner, n.ownerOK = env.PodByIP(a.dnatTo.Addr(), f.Time)
 	}
-	if !srcOK && !dstOK && !svcOK && !ownerOK {
+	if !n.srcOK && !n.dstOK && !n.svcOK && !n.ownerOK {
 		return
 	}
-	if !ownerOK {
-		named := &flowNames{src: srcPod, dst: dstPod, svc: svc}
-		named.set(f, srcOK, dstOK, svcOK)
+	if c, ok := env.(interface{ names() *nameCache }); ok {
+		c.names().set(f, &n)
 		return
 	}
-	named := &ownedFlowNames{flowNames: flowNames{src: srcPod, dst: dstPod, svc: svc}, ownerPod: ownerPod}
-	named.set(f, srcOK, dstOK, svcOK)
-	// The rule is a copy, since a rule may be shared by the flows the
-	// attribution cache answered.
-	named.rule, named.owner = *f.Rule, *f.Rule.Owner
-	named.owner.Pod = &named.ownerPod
-	named.rule.Owner = &named.owner
-	f.Rule = &named.rule
-}
-
-// flowNames are a flow's pods and its Service in one allocation.
-type flowNames struct {
-	src, dst trace.PodRef
-	svc      trace.ServiceRef
-}
-
-func (n *flowNames) set(f *trace.Flow, src, dst, svc bool) {
-	if src {
-		f.SrcPod = &n.src
-	}
-	if dst {
-		f.DstPod = &n.dst
-	}
-	if svc {
-		f.Service = &n.svc
-	}
-}
-
-// ownedFlowNames are flowNames with the flow's rule, whose owner's pod is
-// known, in the same allocation.
-type ownedFlowNames struct {
-	flowNames
-	rule     trace.Rule
-	owner    trace.Owner
-	ownerPod trace.PodRef
+	setOwn(f, n)
 }
 
 // parseRange reads event.Range's text form IP[-IP][:PORT[-PORT]] (IPv6 in

@@ -45,6 +45,7 @@ type NodeEnv struct {
 	nftErr   error
 	meta     Metadata
 	attrs    *attributionCache
+	shared   *nameCache
 }
 
 var _ Env = (*NodeEnv)(nil)
@@ -86,7 +87,7 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 	}
 	e := &NodeEnv{name: name, node: rules.NewMemNode(), kubeIPVS: map[netip.Addr]bool{},
 		svcPorts: map[netip.Addr][]string{}, ipvs: map[ipvsKey]trace.IPVSService{}, listeners: snap.Listeners, meta: meta,
-		attrs: newAttributionCache()}
+		attrs: newAttributionCache(), shared: newNameCache()}
 	if err := e.loadAddresses(snap); err != nil {
 		return nil, err
 	}
@@ -124,6 +125,9 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 // attributions is the env's cache of rule attributions: the env never
 // changes, so neither do they.
 func (e *NodeEnv) attributions() *attributionCache { return e.attrs }
+
+// names is the env's shared copies of the names it gave flows.
+func (e *NodeEnv) names() *nameCache { return e.shared }
 
 // AttributionCacheStats is how many rule attributions the env answered
 // from its cache and how many it had to walk the rules for.
