@@ -12,17 +12,20 @@ import (
 // action for one immutable NodeEnv: the rules cannot change under it, so
 // nothing is ever invalidated, and a node change brings a new env with an
 // empty cache. Most connections differ from earlier ones only in their
-// source port, which few rules read: the evaluators report whether the
-// walk read it (rules.Reads), and an answer that did not is kept once for
-// every source port. The walk is deterministic, so a packet that differs
-// only in a field no rule read takes the same path and gets the same
-// answer.
+// source, which rules read little of: a source port few rules look at,
+// and a source address mostly tested against prefixes. The evaluators
+// report how much of the source a walk read (rules.Reads), and its answer
+// is kept for every source that shares that much. The walk is
+// deterministic, so a packet whose tests all come out the same takes the
+// same path and gets the same answer.
 type attributionCache struct {
 	mu sync.Mutex
-	// anyPort is keyed without the source port; byPort, with it, holds the
-	// answers of the keys whose walks read the source port.
-	anyPort map[attrKey]attrAnswer
-	byPort  map[attrKey]attrAnswer
+	// shapes is keyed by the packet without its source (its address
+	// reduced to its family, no port): how much of the source the walks
+	// for that key read, and the answer itself when they read none.
+	// answers is keyed with as much of the source as its key's shape says.
+	shapes  map[attrKey]attrShape
+	answers map[attrKey]attrAnswer
 	hits    uint64
 	misses  uint64
 }
@@ -30,7 +33,7 @@ type attributionCache struct {
 // attrCacheSize bounds each map; a full map starts over, which costs a
 // walk per key again, never a wrong answer. An entry takes about 500 bytes
 // (its key is the whole packet and action, and the rule it names), so a
-// full cache is about 2 MiB.
+// full cache is about 4 MiB.
 const attrCacheSize = 4096
 
 type attrKey struct {
@@ -41,20 +44,35 @@ type attrKey struct {
 type attrAnswer struct {
 	rule  *trace.Rule
 	known bool
-	// portRead: the walks for this key read the source port, so the
-	// answer is in byPort.
-	portRead bool
 }
+
+// attrShape is what the walks of one sourceless key read of the source:
+// the most leading bits of its address any of them needed, and whether
+// any read its port. A shape that read none of it holds the answer.
+type attrShape struct {
+	srcBits  int
+	portRead bool
+	answer   attrAnswer
+}
+
+func (s attrShape) readsSource() bool { return s.srcBits > 0 || s.portRead }
 
 func newAttributionCache() *attributionCache {
-	return &attributionCache{anyPort: map[attrKey]attrAnswer{}, byPort: map[attrKey]attrAnswer{}}
+	return &attributionCache{shapes: map[attrKey]attrShape{}, answers: map[attrKey]attrAnswer{}}
 }
 
-func keysOf(pkt rules.Packet, act rules.KernelAction) (anyPort, byPort attrKey) {
+// keyOf is pkt and act keyed with as much of the source as s read.
+func keyOf(pkt rules.Packet, act rules.KernelAction, s attrShape) attrKey {
 	pkt.Reads = nil
-	byPort = attrKey{pkt: pkt, act: act}
-	pkt.Src = netip.AddrPortFrom(pkt.Src.Addr(), 0)
-	return attrKey{pkt: pkt, act: act}, byPort
+	a, port := pkt.Src.Addr(), pkt.Src.Port()
+	if s.srcBits < a.BitLen() {
+		a = netip.PrefixFrom(a, s.srcBits).Masked().Addr()
+	}
+	if !s.portRead {
+		port = 0
+	}
+	pkt.Src = netip.AddrPortFrom(a, port)
+	return attrKey{pkt: pkt, act: act}
 }
 
 // attributeCached answers from the cache or by eval, which is given the
@@ -62,11 +80,12 @@ func keysOf(pkt rules.Packet, act rules.KernelAction) (anyPort, byPort attrKey) 
 // and every flow it answered: it is never changed (names copies it to set
 // its owner's pod).
 func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAction, eval func(rules.Packet) (*trace.Rule, bool)) (*trace.Rule, bool) {
-	anyKey, portKey := keysOf(pkt, act)
+	sourceless := keyOf(pkt, act, attrShape{})
 	c.mu.Lock()
-	a, ok := c.anyPort[anyKey]
-	if ok && a.portRead {
-		a, ok = c.byPort[portKey]
+	s, ok := c.shapes[sourceless]
+	a := s.answer
+	if ok && s.readsSource() {
+		a, ok = c.answers[keyOf(pkt, act, s)]
 	}
 	if ok {
 		c.hits++
@@ -83,19 +102,24 @@ func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAct
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.anyPort) >= attrCacheSize {
-		clear(c.anyPort)
-		clear(c.byPort)
+	if len(c.shapes) >= attrCacheSize {
+		clear(c.shapes)
+		clear(c.answers)
 	}
-	if !reads.SrcPort {
-		c.anyPort[anyKey] = a
+	// The shape only widens: an answer kept under a narrower one stays
+	// right, it is just no longer asked for.
+	s = c.shapes[sourceless]
+	s = attrShape{srcBits: max(s.srcBits, reads.SrcBits), portRead: s.portRead || reads.SrcPort}
+	if !s.readsSource() {
+		s.answer = a
+		c.shapes[sourceless] = s
 		return r, known
 	}
-	if len(c.byPort) >= attrCacheSize {
-		clear(c.byPort)
+	c.shapes[sourceless] = s
+	if len(c.answers) >= attrCacheSize {
+		clear(c.answers)
 	}
-	c.anyPort[anyKey] = attrAnswer{portRead: true}
-	c.byPort[portKey] = a
+	c.answers[keyOf(pkt, act, s)] = a
 	return r, known
 }
 

@@ -2,6 +2,8 @@ package enrich
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,11 +120,13 @@ func TestAttributionCacheRuleUnchanged(t *testing.T) {
 	c := env.attributions()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, answers := range []map[attrKey]attrAnswer{c.anyPort, c.byPort} {
-		for _, ans := range answers {
-			if r := ans.rule; r != nil && r.Owner != nil && r.Owner.Pod != nil {
-				t.Errorf("the cache's rule %q was given the pod %s", r.Text, r.Owner.Pod.Key())
-			}
+	answers := slices.Collect(maps.Values(c.answers))
+	for _, s := range c.shapes {
+		answers = append(answers, s.answer)
+	}
+	for _, ans := range answers {
+		if r := ans.rule; r != nil && r.Owner != nil && r.Owner.Pod != nil {
+			t.Errorf("the cache's rule %q was given the pod %s", r.Text, r.Owner.Pod.Key())
 		}
 	}
 }

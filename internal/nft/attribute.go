@@ -214,7 +214,7 @@ func agrees(o *Outcome, a rules.KernelAction, pkt rules.Packet, node rules.NodeS
 	case rules.ActionSNAT:
 		switch o.Verdict {
 		case rules.VerdictSNAT:
-			return o.NAT.agrees(a.To, pkt.Src, true)
+			return o.NAT.agrees(a.To, netip.AddrPortFrom(pkt.SrcAddrRead(), pkt.Src.Port()), true)
 		case rules.VerdictMasquerade:
 			if l, err := isLocal(node, a.To.Addr().Unmap()); err != nil || !l {
 				return bad("masquerades to a node address, %s is not known to be one", a.To.Addr())

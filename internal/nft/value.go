@@ -104,7 +104,7 @@ func (env *pktEnv) payload(proto, field string) (val, known, string) {
 		}
 		switch field {
 		case "saddr":
-			return val{addr: p.Src.Addr().Unmap()}, isKnown, ""
+			return val{addr: p.SrcAddrRead().Unmap()}, isKnown, ""
 		case "daddr":
 			return val{addr: p.Dst.Addr().Unmap()}, isKnown, ""
 		case "protocol", "nexthdr":
@@ -209,7 +209,7 @@ func (env *pktEnv) fib(e *expr) (val, known, string) {
 	}
 	a := env.pkt.Dst.Addr()
 	if e.flags[0] == "saddr" {
-		a = env.pkt.Src.Addr()
+		a = env.pkt.SrcAddrRead()
 	}
 	a = a.Unmap()
 	if env.node == nil {

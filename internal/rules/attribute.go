@@ -290,7 +290,7 @@ func agrees(o *Outcome, a KernelAction, pkt Packet, node NodeState, fam Family) 
 	case ActionSNAT:
 		switch o.Verdict {
 		case VerdictSNAT:
-			return natAgrees(o.Rule.Target.NAT, a.To, pkt.Src, true)
+			return natAgrees(o.Rule.Target.NAT, a.To, netip.AddrPortFrom(pkt.srcAddr(), pkt.Src.Port()), true)
 		case VerdictMasquerade:
 			if l, err := isLocal(node, a.To.Addr()); err != nil || !l {
 				return bad("masquerades to a node address, %s is not known to be one", a.To.Addr())

@@ -61,7 +61,7 @@ func (w *walker) match(m *Match, mark uint32) (tri, string) {
 	case MatchComment:
 		return yes, ""
 	case MatchSource:
-		return addrIn(m.Prefix, p.Src.Addr()), ""
+		return boolTri(p.srcIn(m.Prefix)), ""
 	case MatchDest:
 		return addrIn(m.Prefix, p.Dst.Addr()), ""
 	case MatchProto:
@@ -100,7 +100,7 @@ func (w *walker) match(m *Match, mark uint32) (tri, string) {
 		}
 		return no, ""
 	case MatchSrcType:
-		return w.addrType(m, p.Src.Addr())
+		return w.addrType(m, p.srcAddr())
 	case MatchDstType:
 		return w.addrType(m, p.Dst.Addr())
 	case MatchSet:
@@ -219,7 +219,7 @@ func (w *walker) set(m *Match) (tri, string) {
 	for i, d := range m.SetDirs {
 		a := p.Dst.Addr()
 		if d == DirSrc {
-			a = p.Src.Addr()
+			a = p.srcAddr()
 		}
 		port, known := p.port(d)
 		ls[i] = SetLookup{Dir: d, Addr: a, Proto: p.Proto, Port: port, PortKnown: known}

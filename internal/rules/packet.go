@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"math/bits"
 	"net/netip"
 	"strings"
 )
@@ -117,10 +118,15 @@ type Packet struct {
 }
 
 // Reads records the packet fields an evaluation read that callers may
-// leave out of a cache key. Only the source port is tracked: every
-// connection has its own, and few rules look at it.
+// leave out of a cache key: the source port, which every connection has
+// its own of and few rules look at, and how much of the source address,
+// which rules mostly test against prefixes.
 type Reads struct {
 	SrcPort bool
+	// SrcBits is how many leading bits of the source address the
+	// evaluation's tests needed: every test it made has the same outcome
+	// for any source address of the family that shares them.
+	SrcBits int
 }
 
 // srcPort is the packet's source port, recorded as read.
@@ -134,6 +140,63 @@ func (p *Packet) srcPort() uint16 {
 // SrcPortRead reads the source port for another rule source's evaluator
 // (internal/nft), recording the read.
 func (p *Packet) SrcPortRead() uint16 { return p.srcPort() }
+
+// srcAddr is the packet's source address, recorded as read whole.
+func (p *Packet) srcAddr() netip.Addr {
+	a := p.Src.Addr()
+	p.readSrcBits(a.BitLen())
+	return a
+}
+
+// SrcAddrRead reads the source address for another rule source's
+// evaluator (internal/nft), recording it as read whole.
+func (p *Packet) SrcAddrRead() netip.Addr { return p.srcAddr() }
+
+// srcIn says whether the source address (an IPv4-mapped one as IPv4) is
+// in pre, recording only the bits the answer took: the prefix's when it
+// is, and when it is not, those up to the first bit where the two differ,
+// since every address that shares them is outside it too.
+func (p *Packet) srcIn(pre netip.Prefix) bool {
+	a := p.Src.Addr()
+	if a.Is4In6() {
+		// Its bits are not where the prefix's are: the key holds it whole.
+		p.readSrcBits(a.BitLen())
+		return pre.Contains(a.Unmap())
+	}
+	if pre.Addr().BitLen() != a.BitLen() {
+		// The other family's prefix holds no address of this one.
+		return false
+	}
+	in := pre.Contains(a)
+	if in {
+		p.readSrcBits(pre.Bits())
+	} else {
+		p.readSrcBits(min(commonBits(a, pre.Addr())+1, pre.Bits()))
+	}
+	return in
+}
+
+func (p *Packet) readSrcBits(n int) {
+	if p.Reads != nil && n > p.Reads.SrcBits {
+		p.Reads.SrcBits = n
+	}
+}
+
+// commonBits is how many leading bits two addresses of one family share.
+func commonBits(a, b netip.Addr) int {
+	x, y := a.As16(), b.As16()
+	n := 0
+	if a.Is4() {
+		n = -96 // As16 puts an IPv4 address after 96 bits of ::ffff:0:0/96
+	}
+	for i := range x {
+		if d := x[i] ^ y[i]; d != 0 {
+			return n + bits.LeadingZeros8(d)
+		}
+		n += 8
+	}
+	return n
+}
 
 // port returns the value ipset and port matches see for one side of the
 // packet: the port for port protocols, type<<8|code for ICMP (as ipset's
