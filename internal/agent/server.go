@@ -124,6 +124,7 @@ func (s *Server) flows(req *FlowsRequest, stream grpc.ServerStream) error {
 	beat := time.NewTicker(s.heartbeat())
 	defer beat.Stop()
 	var line []byte
+	var enc trace.FlowEncoder
 	for {
 		msg := FlowsMessage{}
 		select {
@@ -134,7 +135,7 @@ func (s *Server) flows(req *FlowsRequest, stream grpc.ServerStream) error {
 			if !ok {
 				return s.send(stream, sub, FlowsMessage{Summary: s.summary.Load()})
 			}
-			if line, err = trace.AppendFlow(line[:0], f); err != nil {
+			if line, err = enc.AppendFlow(line[:0], f); err != nil {
 				return status.Errorf(codes.Internal, "encode flow: %v", err)
 			}
 			msg.Flow = line

@@ -12,7 +12,30 @@ import (
 // path does not cover (a string that needs escaping, a time outside years
 // 0-9999) is handed to encoding/json, so the bytes are json.Marshal's
 // (TestAppendFlowMatchesMarshal holds them to it).
-func AppendFlow(b []byte, f *Flow) ([]byte, error) {
+func AppendFlow(b []byte, f *Flow) ([]byte, error) { return (*FlowEncoder)(nil).AppendFlow(b, f) }
+
+// FlowEncoder is AppendFlow with what it keeps from one flow to the next:
+// the encoded form of each rule, since flows share the rule the
+// attribution found (a rule is never changed once a flow holds it), and
+// the text of the second the last time fell in, since a trace's times
+// come in order. A nil FlowEncoder keeps nothing. It is not safe for
+// concurrent use.
+type FlowEncoder struct {
+	rules map[*Rule][]byte
+	// second is the Unix second secText spells in loc; zoneText follows
+	// the fraction.
+	second   int64
+	loc      *time.Location
+	secText  []byte
+	zoneText []byte
+}
+
+// encodedRules bounds the rules a FlowEncoder keeps; a full map starts
+// over.
+const encodedRules = 4096
+
+// AppendFlow is AppendFlow, from what e kept where it can.
+func (e *FlowEncoder) AppendFlow(b []byte, f *Flow) ([]byte, error) {
 	var err error
 	b = append(b, `{"type":`...)
 	b = appendString(b, f.Type)
@@ -25,7 +48,7 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 		b = appendStrings(b, f.Nodes)
 	}
 	b = append(b, `,"time":`...)
-	if b, err = appendTime(b, f.Time); err != nil {
+	if b, err = e.appendTime(b, f.Time); err != nil {
 		return b, err
 	}
 	b = append(b, `,"proto":`...)
@@ -45,7 +68,7 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			if b, err = appendEvent(b, &f.Events[i]); err != nil {
+			if b, err = e.appendEvent(b, &f.Events[i]); err != nil {
 				return b, err
 			}
 		}
@@ -53,7 +76,7 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 	}
 	if f.Rule != nil {
 		b = append(b, `,"rule":`...)
-		b = appendRule(b, f.Rule)
+		b = e.appendRule(b, f.Rule)
 	}
 	if c := f.Conntrack; c != nil {
 		b = append(b, `,"conntrack":{`...)
@@ -107,7 +130,7 @@ func AppendFlow(b []byte, f *Flow) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-func appendEvent(b []byte, e *Event) ([]byte, error) {
+func (enc *FlowEncoder) appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = append(b, '{')
 	if e.Type != "" {
 		b = append(b, `"type":`...)
@@ -123,7 +146,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendString(b, e.Kind)
 	b = append(b, `,"time":`...)
 	var err error
-	if b, err = appendTime(b, e.Time); err != nil {
+	if b, err = enc.appendTime(b, e.Time); err != nil {
 		return b, err
 	}
 	b = append(b, `,"hook":`...)
@@ -189,7 +212,24 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-func appendRule(b []byte, r *Rule) []byte {
+// appendRule appends r as encoded before, or encodes it and keeps that.
+func (e *FlowEncoder) appendRule(b []byte, r *Rule) []byte {
+	if e == nil {
+		return appendRuleFields(b, r)
+	}
+	if enc, ok := e.rules[r]; ok {
+		return append(b, enc...)
+	}
+	if e.rules == nil || len(e.rules) >= encodedRules {
+		e.rules = make(map[*Rule][]byte)
+	}
+	start := len(b)
+	b = appendRuleFields(b, r)
+	e.rules[r] = append([]byte(nil), b[start:]...)
+	return b
+}
+
+func appendRuleFields(b []byte, r *Rule) []byte {
 	b = append(b, '{')
 	comma := false
 	if r.Backend != "" {
@@ -353,12 +393,50 @@ func appendMarshalled(b []byte, s string) []byte {
 // appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
 // nanoseconds, quoted); MarshalJSON itself writes the times it refuses
 // (a year outside 0-9999, a zone a day or more from UTC), and says why.
-func appendTime(b []byte, t time.Time) ([]byte, error) {
+func (e *FlowEncoder) appendTime(b []byte, t time.Time) ([]byte, error) {
 	if _, off := t.Zone(); t.Year() < 0 || t.Year() > 9999 || off <= -24*3600 || off >= 24*3600 {
 		q, err := t.MarshalJSON()
 		return append(b, q...), err
 	}
 	b = append(b, '"')
-	b = t.AppendFormat(b, time.RFC3339Nano)
+	if e == nil {
+		b = t.AppendFormat(b, time.RFC3339Nano)
+		return append(b, '"'), nil
+	}
+	if t.Unix() != e.second || t.Location() != e.loc || e.secText == nil {
+		e.spellSecond(t)
+	}
+	b = append(b, e.secText...)
+	b = appendFraction(b, t.Nanosecond())
+	b = append(b, e.zoneText...)
 	return append(b, '"'), nil
+}
+
+// spellSecond keeps the text of t's second in RFC 3339 (a four-digit
+// year: appendTime hands the others to encoding/json) and of its zone.
+func (e *FlowEncoder) spellSecond(t time.Time) {
+	text := t.Truncate(time.Second).AppendFormat(e.secText[:0], time.RFC3339Nano)
+	const secLen = len("2006-01-02T15:04:05")
+	e.secText = text[:secLen:secLen]
+	e.zoneText = append(e.zoneText[:0], text[secLen:]...)
+	e.second, e.loc = t.Unix(), t.Location()
+}
+
+// appendFraction appends RFC3339Nano's fraction of a second: nothing for
+// none, else a point and the nanoseconds without their trailing zeros.
+func appendFraction(b []byte, ns int) []byte {
+	if ns == 0 {
+		return b
+	}
+	var d [10]byte
+	d[0] = '.'
+	for i := 9; i >= 1; i-- {
+		d[i] = byte('0' + ns%10)
+		ns /= 10
+	}
+	n := 10
+	for d[n-1] == '0' {
+		n--
+	}
+	return append(b, d[:n]...)
 }

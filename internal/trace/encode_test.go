@@ -21,6 +21,52 @@ func checkAppendFlow(t *testing.T, f *Flow) {
 	if werr == nil && !bytes.Equal(got, want) {
 		t.Fatalf("AppendFlow differs from json.Marshal:\n got %s\nwant %s", got, want)
 	}
+	// Twice with an encoder every check shares: the second time from what
+	// it kept, the first often from what other flows left.
+	for range 2 {
+		got, gerr = sharedEncoder.AppendFlow(nil, f)
+		if (werr != nil) != (gerr != nil) {
+			t.Fatalf("json.Marshal error %v, FlowEncoder error %v", werr, gerr)
+		}
+		if werr == nil && !bytes.Equal(got, want) {
+			t.Fatalf("FlowEncoder differs from json.Marshal:\n got %s\nwant %s", got, want)
+		}
+	}
+}
+
+var sharedEncoder FlowEncoder
+
+// TestFlowEncoderKeeps: flows that share a rule, and times within one
+// second, in one zone or another, with and without a fraction, are
+// written as json.Marshal writes them by one encoder, in any order.
+func TestFlowEncoderKeeps(t *testing.T) {
+	shared := &Rule{Table: "nat", Chain: "KUBE-SEP-X", Text: "-A KUBE-SEP-X -j DNAT --to-destination 10.0.0.1:80"}
+	other := &Rule{Table: "filter", Chain: "INPUT", Text: "-A INPUT -j REJECT", Owner: &Owner{Pod: &PodRef{Name: "p"}}}
+	base := time.Date(2026, 12, 4, 9, 59, 59, 0, time.UTC)
+	zones := []*time.Location{time.UTC, time.FixedZone("east", 3600), time.FixedZone("west", -(9*3600 + 1800))}
+	var enc FlowEncoder
+	for i := range 3000 {
+		at := base.Add(time.Duration(i*i%2000) * time.Millisecond / 3).In(zones[i%7%3])
+		if i%5 == 0 {
+			at = at.Truncate(time.Second)
+		}
+		f := &Flow{Type: TypeFlow, Time: at, Proto: "tcp", Rule: shared,
+			Events: []Event{{Kind: "dnat", Time: at.Add(time.Duration(i%3) * time.Microsecond)}}}
+		if i%4 == 0 {
+			f.Rule = other
+		}
+		want, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := enc.AppendFlow(nil, f)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("flow %d (%v): error %v\n got %s\nwant %s", i, at, err, got, want)
+		}
+	}
+	if len(enc.rules) != 2 {
+		t.Errorf("%d rules kept for two", len(enc.rules))
+	}
 }
 
 // flowLines are the flow lines of the recorded incident trace.

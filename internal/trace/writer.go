@@ -22,6 +22,7 @@ type Writer struct {
 	closed  bool
 	// buf is the line being written, kept for the next one.
 	buf []byte
+	enc FlowEncoder
 	// Now stamps the summary's end time; tests replace it.
 	Now func() time.Time
 }
@@ -73,7 +74,7 @@ func (w *Writer) WriteFlow(f *Flow) error {
 	if rec.Events == nil {
 		rec.Events = []Event{}
 	}
-	b, err := AppendFlow(w.buf[:0], &rec)
+	b, err := w.enc.AppendFlow(w.buf[:0], &rec)
 	if err == nil {
 		w.buf = append(b, '\n')
 		_, err = w.out.Write(w.buf)
