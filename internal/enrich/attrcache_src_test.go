@@ -48,6 +48,34 @@ COMMIT
 COMMIT
 `
 
+// sourceRules6 is sourceRules in IPv6, the prefixes on byte and
+// non-byte boundaries.
+const sourceRules6 = `*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:SVC - [0:0]
+-A PREROUTING -s ::1/128 -j RETURN
+-A PREROUTING -d fd00:96::1/128 -p tcp -m tcp --dport 80 -j SVC
+-A OUTPUT -d fd00:96::1/128 -p tcp -m tcp --dport 80 -j SVC
+-A SVC -s fd00:1:2::80/121 -j DNAT --to-destination [fd00::3]:80
+-A SVC ! -s fd00:1::/32 -j DNAT --to-destination [fd00::2]:80
+-A SVC -s fd00:1:2::/63 -j DNAT --to-destination [fd00::4]:80
+-A SVC -s fd00:1:2::77/128 -j DNAT --to-destination [fd00::5]:80
+-A SVC -j DNAT --to-destination [fd00::1]:80
+-A POSTROUTING -s fd00:1:3::/48 -j MASQUERADE
+-A POSTROUTING -s fd00:1::/32 ! -d fd00:1::/32 -j SNAT --to-source fd00:192::2
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -s fd00:1:4::/47 -p tcp -m tcp --dport 80 -j REJECT --reject-with icmp6-port-unreachable
+-A FORWARD -s fd00:1:5::7/128 -j DROP
+-A FORWARD -s fd00:1::/46 -j DROP
+COMMIT
+`
+
 // sourceRulesNFT is a native table whose DNAT and masquerade depend on
 // the source's prefix (sourceRulesNFTListing is nft's listing of it).
 const sourceRulesNFT = `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
@@ -88,12 +116,13 @@ const sourceRulesNFTListing = `table ip t { # handle 1
 // every source that shares what the walk read of it, so a source that
 // shares those bits but meets some test differently would get a wrong
 // rule. Connections from sources at and around every prefix and address
-// the rules name (the first and last address of each, their neighbours
-// outside, one inside, loopback, IPv4-mapped) to the addresses and ports
-// the rules name are attributed with the cache and by a walk each, on
-// kube-proxy's IPVS mode with portmap and its ipsets, its iptables filter
-// rules, its nftables mode, and portmap's nftables backend. The rules
-// must come out the same.
+// the rules name (the first and last address of each, the addresses just
+// inside and just outside, loopback, IPv4-mapped) to the addresses and
+// ports the rules name are attributed with the cache and by a walk each,
+// on kube-proxy's IPVS mode with portmap and its ipsets, its iptables
+// filter rules, its nftables mode, portmap's nftables backend, and rules
+// where the source's prefix picks the rule (iptables and ip6tables, and
+// nftables). The rules must come out the same.
 func TestAttributionCacheSourcesMatchWalk(t *testing.T) {
 	read := func(name string) string {
 		b, err := os.ReadFile(name)
@@ -110,8 +139,9 @@ func TestAttributionCacheSourcesMatchWalk(t *testing.T) {
 	}
 	kubeNFT, _ := kubeProxyNFTNode(t, "kube-proxy-v1.37.2.json", "kube-proxy-v1.37.2.nft")
 	nodes := map[string]*trace.Snapshot{
-		"source prefixes decide": {Addresses: []trace.Address{{Interface: "eth0", Address: "192.168.0.2/24", Up: true}},
-			Rules: map[string]string{"all": sourceRules}},
+		"source prefixes decide": {Addresses: []trace.Address{{Interface: "eth0", Address: "192.168.0.2/24", Up: true},
+			{Interface: "eth0", Address: "fd00:192::2/64", Up: true}},
+			Rules: map[string]string{"all": sourceRules, "ip6/all": sourceRules6}},
 		"source prefixes decide (nftables)": {Addresses: []trace.Address{{Interface: "eth0", Address: "192.168.0.2/24", Up: true}},
 			NFTables: &trace.NFTRuleset{JSON: []byte(sourceRulesNFT), Listing: sourceRulesNFTListing}},
 		"kube-proxy IPVS and portmap (iptables, ipsets)": ipvs,
