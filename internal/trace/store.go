@@ -668,10 +668,11 @@ func (s *Store) addr(x string, a *arena) string {
 	return a.copyString(x)
 }
 
-// DefaultCaps suit a node: the mix's diagnosed flows take about 790
-// bytes each by the store's estimate (nodebench's one-hour feed: 150 MiB
-// for 200,000, 164 MiB of heap), so the count cap binds first and the
-// memory cap of 256 MiB catches flows 1.7 times as heavy (long decision
-// chains, unique rule text). At 5,000 connections/s that is the last 40
-// seconds; at 100/s, the last half hour.
+// DefaultCaps suit a node: the mix's flows, joined and diagnosed as the
+// live pipeline makes them, take about 1,240 bytes each by the store's
+// estimate (nodebench's one-hour feed: 236 MiB for 200,000, 241 MiB of
+// heap), so the count cap binds first and the memory cap of 256 MiB
+// catches flows 1.09 times as heavy (long decision chains, unique rule
+// text). At 5,000 connections/s that is the last 40 seconds; at 100/s,
+// the last half hour.
 var DefaultCaps = Caps{Flows: 200_000, Memory: 256 << 20}

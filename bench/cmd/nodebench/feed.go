@@ -42,13 +42,13 @@ func (f feedSpec) String() string { return fmt.Sprintf("%d:%d", f.rate, f.minute
 // feedEvery is how often, on the feed's clock, the store is sampled.
 const feedEvery = 5
 
-// feed appends the generated mix's diagnosed flows, each with its own
-// tuples and events, to a store with the default caps at spec.rate per
-// second of a fake clock, and samples the store after the first minute and
-// every feedEvery minutes: the resident size must stop growing once the
-// caps bind.
+// feed appends the generated mix's flows, joined and diagnosed as the live
+// pipeline makes them (mixSource), to a store with the default caps at
+// spec.rate per second of a fake clock, and samples the store after the
+// first minute and every feedEvery minutes: the resident size must stop
+// growing once the caps bind.
 func feed(spec feedSpec) (childResult, error) {
-	byOrig, err := mixTemplates()
+	src, err := newMixSource()
 	if err != nil {
 		return childResult{}, err
 	}
@@ -62,11 +62,13 @@ func feed(spec feedSpec) (childResult, error) {
 	for minute := 1; minute <= spec.minutes; minute++ {
 		for ; i < minute*perMinute; i++ {
 			at := t0.Add(time.Duration(i) * time.Second / time.Duration(spec.rate))
-			f, err := mixFlow(byOrig, i, at)
+			fs, err := src.flows(i, at)
 			if err != nil {
 				return childResult{}, err
 			}
-			store.Append(f)
+			for _, f := range fs {
+				store.Append(f)
+			}
 		}
 		if minute == 1 || minute%feedEvery == 0 {
 			samples = append(samples, sampleStore(store, minute))
@@ -78,7 +80,7 @@ func feed(spec feedSpec) (childResult, error) {
 		}
 	}
 	runtime.KeepAlive(store)
-	return childResult{Kind: "feed", N: i, BaseRSS: baseRSS, BaseHeap: baseHeap, Rate: float64(spec.rate),
+	return childResult{Kind: "feed", N: store.Len(), BaseRSS: baseRSS, BaseHeap: baseHeap, Rate: float64(spec.rate),
 		Seconds: time.Since(start).Seconds(), Samples: samples}, nil
 }
 
@@ -97,7 +99,7 @@ func (r *report) feedMarkdown(p printer) {
 	}
 	last := f.Samples[len(f.Samples)-1]
 	p("### The UI's store under a %d-minute feed\n\n", last.Minute)
-	p("A fresh process appends the mix's diagnosed flows, each with its own client address and events, to a `trace.Store` with the default caps "+
+	p("A fresh process appends the mix's flows, each joined and diagnosed as the live pipeline makes it (its own tuples, events, pods and explanation), to a `trace.Store` with the default caps "+
 		"(%d flows, %.0f MiB) at %.0f flows per second of a fake clock: %d flows in %.0f s. ", trace.DefaultCaps.Flows, mib(uint64(trace.DefaultCaps.Memory)),
 		f.Rate, f.N, f.Seconds)
 	p("Sampled after the first minute and every %d minutes, after a forced GC and `debug.FreeOSMemory`; base is the process before the flows "+

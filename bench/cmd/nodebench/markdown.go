@@ -366,7 +366,7 @@ func (r *report) throughputMarkdown(p printer) {
 
 func (r *report) memoryMarkdown(p printer) {
 	p("## 5. Memory\n\n")
-	p("A fresh process per row holds N flows of the generated mix: open in an `enrich.Joiner` (no expiry), or finished and diagnosed in a `trace.Store`. ")
+	p("A fresh process per row holds N flows of the generated mix: open in an `enrich.Joiner` (no expiry), or finished in a `trace.Store`, each joined and diagnosed as the live pipeline makes it (its own tuples, events, pods and explanation; its rule shared, as the pipeline shares it). ")
 	p("Figures after a forced GC and `debug.FreeOSMemory`; base is the same process before the flows (environment built).\n\n")
 	p("| flows | held in | VmRSS | HeapInuse | base VmRSS | base HeapInuse | heap per flow | build time |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range r.memory {

@@ -134,7 +134,7 @@ func throughput(d time.Duration, max int) (childResult, error) {
 // trace.Store ("store"), or n of each ("both"), and reads the resident
 // set once the garbage is collected.
 func memory(kind string, n int) (childResult, error) {
-	byOrig, err := mixTemplates()
+	src, err := newMixSource()
 	if err != nil {
 		return childResult{}, err
 	}
@@ -158,12 +158,14 @@ func memory(kind string, n int) (childResult, error) {
 	}
 	if kind == "store" || kind == "both" {
 		store = trace.NewStore()
-		for i := range n {
-			f, err := mixFlow(byOrig, i, t0.Add(time.Duration(i)*time.Microsecond))
+		for i := 0; store.Len() < n; i++ {
+			fs, err := src.flows(i, t0.Add(time.Duration(i)*time.Microsecond))
 			if err != nil {
 				return childResult{}, err
 			}
-			store.Append(f)
+			for _, f := range fs[:min(len(fs), n-store.Len())] {
+				store.Append(f)
+			}
 		}
 		if store.Len() != n {
 			return childResult{}, fmt.Errorf("store holds %d flows, want %d", store.Len(), n)
@@ -181,50 +183,40 @@ func memory(kind string, n int) (childResult, error) {
 	return childResult{Kind: kind, N: n, RSS: rss, HeapInuse: heap, BaseRSS: baseRSS, BaseHeap: baseHeap, Seconds: el.Seconds()}, nil
 }
 
-// mixTemplates returns one diagnosed flow of every shape of the mix, by
-// its orig tuple: stored flows take its rule, pods, Service and verdict,
-// with their own tuples and events.
-func mixTemplates() (map[string]*trace.Flow, error) {
+// mixSource makes the generated mix's flows as the live pipeline makes
+// them: joined and diagnosed against the mix's node one by one, so each
+// has its own tuples, events, pods and explanation (the text a flow
+// carries most of), and shares what the pipeline shares (its rule, its
+// names).
+type mixSource struct {
+	j   *enrich.Joiner
+	out []*trace.Flow
+}
+
+func newMixSource() (*mixSource, error) {
 	env, err := mix.Env()
 	if err != nil {
 		return nil, err
 	}
-	var tmpl []*trace.Flow
-	tj := &enrich.Joiner{Names: mix.Names{}, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { tmpl = append(tmpl, f) }}
-	for i := range mix.Shapes {
-		for _, e := range mix.Generate(i) {
-			e.Time = mix.Clock.BootWall
-			tj.Add(e, e.Time)
-		}
-	}
-	tj.Flush()
-	byOrig := map[string]*trace.Flow{}
-	for _, f := range tmpl {
-		byOrig[f.Orig.Src+" "+f.Orig.Dst] = f
-	}
-	return byOrig, nil
+	s := &mixSource{}
+	s.j = &enrich.Joiner{Names: mix.Names{}, Env: func(time.Time) enrich.Env { return env },
+		Emit: func(f *trace.Flow) { s.out = append(s.out, f) }}
+	return s, nil
 }
 
-// mixFlow is flow i of the mix, diagnosed as its shape's template, at.
-func mixFlow(byOrig map[string]*trace.Flow, i int, at time.Time) (*trace.Flow, error) {
-	evs := mix.Generate(i)
-	sk := mix.OrigOf(mix.Generate(i % mix.Shapes))
-	t := byOrig[sk.Src+" "+sk.Dst]
-	if t == nil {
-		return nil, fmt.Errorf("no template for shape %d", i%mix.Shapes)
-	}
-	f := *t
-	f.Time = at
-	f.Orig = mix.OrigOf(evs)
-	if evs[0].Reply.Valid() {
-		f.Reply = trace.TupleOf(evs[0].Reply)
-	}
-	f.Events = make([]trace.Event, 0, len(evs))
-	for _, e := range evs {
+// flows are the flows of the mix's connection i, made at: one for each
+// shape the mix generates.
+func (s *mixSource) flows(i int, at time.Time) ([]*trace.Flow, error) {
+	s.out = s.out[:0]
+	for _, e := range mix.Generate(i) {
 		e.Time = at
-		f.Events = append(f.Events, trace.EventOf(e, mix.Names{}))
+		s.j.Add(e, at)
 	}
-	return &f, nil
+	s.j.Flush()
+	if len(s.out) == 0 {
+		return nil, fmt.Errorf("connection %d of the mix made no flow", i)
+	}
+	return s.out, nil
 }
 
 func writeHeapProfile(path string) error {
