@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"encoding/json"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -252,16 +253,7 @@ func sourcesAround(text string) []netip.Addr {
 			add(last.Prev())
 		}
 	}
-	return sortedAddrs(seen)
-}
-
-func sortedAddrs(seen map[netip.Addr]bool) []netip.Addr {
-	out := make([]netip.Addr, 0, len(seen))
-	for a := range seen {
-		out = append(out, a)
-	}
-	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
-	return out
+	return slices.SortedFunc(maps.Keys(seen), netip.Addr.Compare)
 }
 
 func lastOf(p netip.Prefix) netip.Addr {
@@ -303,12 +295,7 @@ func destinationsIn(text string, snap *trace.Snapshot) []netip.AddrPort {
 			seen[netip.AddrPortFrom(a, port)] = true
 		}
 	}
-	out := make([]netip.AddrPort, 0, len(seen))
-	for ap := range seen {
-		out = append(out, ap)
-	}
-	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
-	return out
+	return slices.SortedFunc(maps.Keys(seen), netip.AddrPort.Compare)
 }
 
 // natTargetsIn is every NAT target text names.
@@ -321,12 +308,7 @@ func natTargetsIn(text string) []netip.AddrPort {
 			seen[netip.AddrPortFrom(a, 0)] = true
 		}
 	}
-	out := make([]netip.AddrPort, 0, len(seen))
-	for ap := range seen {
-		out = append(out, ap)
-	}
-	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
-	return out
+	return slices.SortedFunc(maps.Keys(seen), netip.AddrPort.Compare)
 }
 
 // randomDecision is one decision of the kernel on a connection, its source
@@ -339,14 +321,10 @@ func randomDecision(rng *rand.Rand, dsts, targets []netip.AddrPort) event.Event 
 		proto = 17
 	}
 	orig := event.Tuple{Dst: dst.Addr(), DstPort: dst.Port(), Proto: proto}
-	to := dst
-	for i := 0; i < 20 && (i == 0 || to.Addr().Is4() != dst.Addr().Is4()); i++ {
-		if len(targets) > 0 {
-			to = targets[rng.IntN(len(targets))]
-		}
-	}
-	if to.Addr().Is4() != dst.Addr().Is4() {
-		to = dst
+	to := dst // when the rules name no target of its family
+	family := slices.DeleteFunc(slices.Clone(targets), func(t netip.AddrPort) bool { return t.Addr().Is4() != dst.Addr().Is4() })
+	if len(family) > 0 {
+		to = family[rng.IntN(len(family))]
 	}
 	switch rng.IntN(5) {
 	case 0, 1:

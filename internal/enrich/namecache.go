@@ -85,6 +85,8 @@ func shared[T comparable](m map[T]*T, v T) *T {
 	if len(m) >= nameCacheSize {
 		clear(m)
 	}
+	// A copy made here, not &v: taking v's address would put every
+	// caller's v on the heap, the hits' too.
 	p := new(T)
 	*p = v
 	m[v] = p

@@ -403,7 +403,7 @@ func (e *FlowEncoder) appendTime(b []byte, t time.Time) ([]byte, error) {
 		b = t.AppendFormat(b, time.RFC3339Nano)
 		return append(b, '"'), nil
 	}
-	if t.Unix() != e.second || t.Location() != e.loc || e.secText == nil {
+	if t.Unix() != e.second || t.Location() != e.loc {
 		e.spellSecond(t)
 	}
 	b = append(b, e.secText...)
@@ -414,11 +414,12 @@ func (e *FlowEncoder) appendTime(b []byte, t time.Time) ([]byte, error) {
 
 // spellSecond keeps the text of t's second in RFC 3339 (a four-digit
 // year: appendTime hands the others to encoding/json) and of its zone.
+// A new encoder has no location, which no time has, so its first time
+// is spelled.
 func (e *FlowEncoder) spellSecond(t time.Time) {
-	text := t.Truncate(time.Second).AppendFormat(e.secText[:0], time.RFC3339Nano)
+	text := t.AppendFormat(nil, time.RFC3339)
 	const secLen = len("2006-01-02T15:04:05")
-	e.secText = text[:secLen:secLen]
-	e.zoneText = append(e.zoneText[:0], text[secLen:]...)
+	e.secText, e.zoneText = text[:secLen], text[secLen:]
 	e.second, e.loc = t.Unix(), t.Location()
 }
 

@@ -185,9 +185,8 @@ func memory(kind string, n int) (childResult, error) {
 
 // mixSource makes the generated mix's flows as the live pipeline makes
 // them: joined and diagnosed against the mix's node one by one, so each
-// has its own tuples, events, pods and explanation (the text a flow
-// carries most of), and shares what the pipeline shares (its rule, its
-// names).
+// has its own tuples, events, pods and explanation (about 460 bytes), and
+// shares what the pipeline shares (its rule, its names).
 type mixSource struct {
 	j   *enrich.Joiner
 	out []*trace.Flow
@@ -204,8 +203,8 @@ func newMixSource() (*mixSource, error) {
 	return s, nil
 }
 
-// flows are the flows of the mix's connection i, made at: one for each
-// shape the mix generates.
+// flows are the flows the mix's connection i makes at at (one, for each
+// of its shapes).
 func (s *mixSource) flows(i int, at time.Time) ([]*trace.Flow, error) {
 	s.out = s.out[:0]
 	for _, e := range mix.Generate(i) {
