@@ -1,12 +1,10 @@
 package loader
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -88,8 +86,8 @@ func (a Attempt) needsSysAdmin() string {
 	}
 	denied := errors.Is(a.Err, syscall.EPERM) || errors.Is(a.Err, syscall.EACCES)
 	switch {
-	case a.Via == event.ViaFentry && kernelSymbols()[a.Target] != "" && moduleWithoutBTF(a.Target) == "" && (denied || errors.Is(a.Err, ebpf.ErrNotSupported)):
-		return fmt.Sprintf("fentry on %s, in module %s, needs CAP_SYS_ADMIN: the kernel hands a module's BTF only to it", a.Target, kernelSymbols()[a.Target])
+	case a.Via == event.ViaFentry && symbolModule(a.Target) != "" && moduleWithoutBTF(a.Target) == "" && (denied || errors.Is(a.Err, ebpf.ErrNotSupported)):
+		return fmt.Sprintf("fentry on %s, in module %s, needs CAP_SYS_ADMIN: the kernel hands a module's BTF only to it", a.Target, symbolModule(a.Target))
 	case a.Via == event.ViaKprobe && denied:
 		return "kprobes need CAP_SYS_ADMIN here: kernel.perf_event_paranoid is " + perfEventParanoid() + ", which keeps perf events to it"
 	}
@@ -178,44 +176,10 @@ func hasKprobes() bool {
 	return false
 }
 
-// kernelSymbols maps the function names in /proc/kallsyms to their module
-// ("" for the kernel itself), read once.
-var kernelSymbols = sync.OnceValue(func() map[string]string {
-	f, err := os.Open("/proc/kallsyms")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	syms := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 3 && (fields[1] == "t" || fields[1] == "T") {
-			mod := ""
-			if len(fields) >= 4 {
-				mod = strings.Trim(fields[3], "[]")
-			}
-			syms[fields[2]] = mod
-		}
-	}
-	return syms
-})
-
-// kernelHasSymbol reports whether a function exists (modules included);
-// when kallsyms cannot be read it does not claim a symbol is missing.
-func kernelHasSymbol(sym string) bool {
-	syms := kernelSymbols()
-	if syms == nil {
-		return true
-	}
-	_, ok := syms[sym]
-	return ok
-}
-
 // moduleWithoutBTF names the module a function lives in when that module
 // has no BTF (kernels before 5.11 have none), else "".
 func moduleWithoutBTF(sym string) string {
-	mod := kernelSymbols()[sym]
+	mod := symbolModule(sym)
 	if mod == "" {
 		return ""
 	}
