@@ -298,7 +298,7 @@ func NewPipeline(w io.Writer, env enrich.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("trace writer: %w", err)
 	}
 	p := &Pipeline{W: tw}
-	p.J = &enrich.Joiner{Linger: enrich.DefaultLinger, Names: Names{}, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
+	p.J = &enrich.Joiner{Linger: enrich.DefaultLinger, Names: Names{}, ReuseFlows: true, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
 		p.Flows++
 		if err := tw.WriteFlow(f); err != nil {
 			p.Errors++

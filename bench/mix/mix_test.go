@@ -92,6 +92,7 @@ func pipelineFlows(t *testing.T, cycles int) []*trace.Flow {
 	}
 	emit := p.J.Emit
 	p.J.Emit = func(f *trace.Flow) { flows = append(flows, f); emit(f) }
+	p.J.ReuseFlows = false // the flows are kept
 	for _, r := range Records(Shapes*cycles, time.Millisecond) {
 		p.Feed(r)
 	}

@@ -93,6 +93,9 @@ func (o *traceOptions) start(ctx context.Context, command string, stderr io.Writ
 		}
 	}
 	cfg.Command = command
+	// trace writes each flow and the UI's store copies it; the agent's
+	// hub queues flows for its clients, so it keeps them.
+	cfg.FlowsNotKept = command == "trace" || command == "ui"
 	if command == "trace" {
 		// The UI owns the terminal; it finds the changes in its summary.
 		cfg.OnHookChange = func(c trace.HookChange) {

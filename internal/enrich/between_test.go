@@ -1,6 +1,8 @@
 package enrich
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +105,60 @@ func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
 	j.Expire(t0.Add(14200 * time.Millisecond))
 	if len(out) != 1 || out[0].Rule == nil || out[0].Rule.Uncertain == "" {
 		t.Fatalf("after the wait: %d flows, want the flow with the rule in force, uncertain", len(out))
+	}
+}
+
+// A held flow keeps its memory while it waits (ReuseFlows): flows that
+// finish and leave meanwhile reuse theirs, not its, and it leaves as it
+// was held.
+func TestJoinerReusesOnlyEmittedFlows(t *testing.T) {
+	inForce, certain := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
+	env := inForce
+	var next Env
+	var out []string
+	seen := map[*trace.Flow]int{}
+	j := &Joiner{Linger: time.Second, HoldFor: 3 * time.Second, ReuseFlows: true,
+		Env: func(time.Time) Env { return env }, EnvAfter: func(time.Time) Env { return next },
+		Emit: func(f *trace.Flow) {
+			b, err := json.Marshal(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, string(b))
+			seen[f]++
+		}}
+	t0 := time.Unix(1700000000, 0)
+	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
+	j.Expire(t0.Add(1100 * time.Millisecond))
+	if len(out) != 0 || j.Open() != 1 {
+		t.Fatalf("%d flows out, %d open: the uncertain flow was not held", len(out), j.Open())
+	}
+	// Flows of the same shape that the rule in force decides for certain
+	// leave one by one while the first is held.
+	env = certain
+	for i := range 5 {
+		at := t0.Add(time.Duration(2+i) * 100 * time.Millisecond)
+		j.Add(dnatTo(fmt.Sprintf("10.1.0.%d:%d", 10+i, 41000+i), "10.96.0.1:80", "10.0.0.2:80"), at)
+		j.Expire(at.Add(1100 * time.Millisecond))
+	}
+	if len(out) != 5 || j.Open() != 1 {
+		t.Fatalf("%d flows out, %d open; want the 5 certain ones out and the held one open", len(out), j.Open())
+	}
+	if len(seen) != 1 {
+		t.Errorf("5 flows left one by one in %d blocks; want one, reused", len(seen))
+	}
+	for i, s := range out {
+		if !strings.Contains(s, fmt.Sprintf(`"src":"10.1.0.%d:%d"`, 10+i, 41000+i)) {
+			t.Errorf("flow %d reads %s", i, s)
+		}
+	}
+	next = certain
+	j.Expire(t0.Add(3 * time.Second))
+	if len(out) != 6 {
+		t.Fatalf("%d flows out after the next reading; want 6", len(out))
+	}
+	held := out[5]
+	if !strings.Contains(held, `"src":"10.1.0.9:40000"`) || strings.Count(held, `"kind":"dnat"`) != 1 {
+		t.Errorf("the held flow left as %s", held)
 	}
 }

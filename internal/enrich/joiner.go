@@ -70,6 +70,14 @@ type Joiner struct {
 	// before the decision shows only in the next reading.
 	HoldFor time.Duration
 	Emit    func(*trace.Flow)
+	// ReuseFlows lets the joiner write a later flow into a flow's memory
+	// once Emit has returned: set it only when Emit keeps neither the flow
+	// nor a pointer into it (its events, their tuples, its reply or its
+	// conntrack entry). Its strings and its rule, pods and Service are
+	// never reused. A flow is otherwise an allocation of about 1 KiB a
+	// connection, most of what a busy node makes its garbage collector
+	// sweep.
+	ReuseFlows bool
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
 	Names event.ReasonNamer
@@ -110,6 +118,10 @@ type Joiner struct {
 	// free are finished flows' states, which nothing refers to any more,
 	// for new flows: a flow's state is otherwise an allocation a flow.
 	free []*pending
+	// emitted are flows of one and of two events that Emit has returned
+	// from, for flowOf to reuse (ReuseFlows).
+	emitted1 []*flowBlock1
+	emitted2 []*flowBlock2
 }
 
 // maxFree bounds free: an Expire finishes the flows of a tick (100 ms in
@@ -142,6 +154,7 @@ func (j *Joiner) recycle(p *pending) {
 
 type heldFlow struct {
 	f     *trace.Flow
+	block blockRef
 	until time.Time
 }
 
@@ -332,9 +345,10 @@ func (j *Joiner) index(p *pending, tuples ...ptuple) {
 // flowOf is p in the trace format, its events in time order; they stay
 // in joined, typed, in the same order. in is where the flow's reply
 // tuple and conntrack entry go (addConntrack). A flow of one or two
-// events, nearly all of them, is one allocation with its events, their
-// tuples, reply and entry.
-func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots) {
+// events, nearly all of them, is one block with its events, their
+// tuples, reply and entry: an emitted flow's (ReuseFlows), else a new
+// allocation.
+func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots, block blockRef) {
 	joined := j.joined[:0]
 	j.eachEvent(p, func(ev event.Event) bool {
 		joined = append(joined, ev)
@@ -345,12 +359,12 @@ func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots) {
 	var tuples [][3]trace.Tuple
 	switch len(joined) {
 	case 1:
-		b := new(flowBlock[[1]trace.Event, [1][3]trace.Tuple])
-		f, in, tuples = &b.flow, b.slots(), b.tuples[:]
+		b := takeBlock(&j.emitted1)
+		f, in, tuples, block.one = &b.flow, b.slots(), b.tuples[:], b
 		f.Events = b.events[:]
 	case 2:
-		b := new(flowBlock[[2]trace.Event, [2][3]trace.Tuple])
-		f, in, tuples = &b.flow, b.slots(), b.tuples[:]
+		b := takeBlock(&j.emitted2)
+		f, in, tuples, block.two = &b.flow, b.slots(), b.tuples[:], b
 		f.Events = b.events[:]
 	default:
 		b := new(flowBlock[struct{}, struct{}])
@@ -368,7 +382,7 @@ func (j *Joiner) flowOf(p *pending) (f *trace.Flow, in flowSlots) {
 	if len(f.Events) > 0 {
 		f.Time = f.Events[0].Time
 	}
-	return f, in
+	return f, in, block
 }
 
 // flowBlock is a finished flow with room for its events (E, an array),
@@ -383,6 +397,51 @@ type flowBlock[E, T any] struct {
 }
 
 func (b *flowBlock[E, T]) slots() flowSlots { return flowSlots{reply: &b.reply, ct: &b.ct} }
+
+type (
+	flowBlock1 = flowBlock[[1]trace.Event, [1][3]trace.Tuple]
+	flowBlock2 = flowBlock[[2]trace.Event, [2][3]trace.Tuple]
+)
+
+// blockRef is the block a flow of one or two events was made in; both
+// nil for a longer flow, which is made as it comes and never reused.
+type blockRef struct {
+	one *flowBlock1
+	two *flowBlock2
+}
+
+// maxEmitted bounds each list of emitted blocks: a flow's block goes back
+// as soon as Emit returns, so a list holds one block but after a Flush of
+// held flows.
+const maxEmitted = 64
+
+// takeBlock is an emitted block, cleared, or a new one.
+func takeBlock[E, T any](emitted *[]*flowBlock[E, T]) *flowBlock[E, T] {
+	n := len(*emitted)
+	if n == 0 {
+		return new(flowBlock[E, T])
+	}
+	b := (*emitted)[n-1]
+	(*emitted)[n-1] = nil
+	*emitted = (*emitted)[:n-1]
+	*b = flowBlock[E, T]{}
+	return b
+}
+
+// emit hands f to Emit, then keeps its block for a later flow when Emit
+// lets it (ReuseFlows).
+func (j *Joiner) emit(f *trace.Flow, block blockRef) {
+	j.Emit(f)
+	if !j.ReuseFlows {
+		return
+	}
+	switch {
+	case block.one != nil && len(j.emitted1) < maxEmitted:
+		j.emitted1 = append(j.emitted1, block.one)
+	case block.two != nil && len(j.emitted2) < maxEmitted:
+		j.emitted2 = append(j.emitted2, block.two)
+	}
+}
 
 // flowSlots are where a flow's reply tuple and conntrack entry go.
 type flowSlots struct {
@@ -489,7 +548,7 @@ func (j *Joiner) release(now time.Time) {
 			kept = append(kept, h)
 			continue
 		}
-		j.Emit(h.f)
+		j.emit(h.f, h.block)
 	}
 	clear(j.held[len(kept):])
 	j.held = kept
@@ -506,7 +565,7 @@ func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 	if !p.replaced {
 		j.unindex(p)
 	}
-	f, in := j.flowOf(p)
+	f, in, block := j.flowOf(p)
 	orig, reply, hasReply := j.addConntrack(f, in, p, live)
 	j.recycle(p) // the flow no longer needs it
 	j.addCounters(f)
@@ -520,22 +579,22 @@ func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 			testHookJoinedAddrs(f, a)
 		}
 		enrichBetween(f, &a, j.Env(f.Time), next)
-		if j.hold(f, next, now) {
+		if j.hold(f, block, next, now) {
 			return
 		}
 	}
 	if j.Emit != nil {
-		j.Emit(f)
+		j.emit(f, block)
 	}
 }
 
 // hold keeps f for the next reading when its rule is uncertain and none
 // after its decision exists yet.
-func (j *Joiner) hold(f *trace.Flow, next Env, now time.Time) bool {
+func (j *Joiner) hold(f *trace.Flow, block blockRef, next Env, now time.Time) bool {
 	if next != nil || j.HoldFor <= 0 || j.EnvAfter == nil || j.Emit == nil || now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
 		return false
 	}
-	j.held = append(j.held, heldFlow{f: f, until: now.Add(j.HoldFor)})
+	j.held = append(j.held, heldFlow{f: f, block: block, until: now.Add(j.HoldFor)})
 	return true
 }
 

@@ -31,7 +31,7 @@ func BenchmarkJoin(b *testing.B) {
 	const gap = 10 * time.Microsecond
 	evs := mixEvents(b, 200_000, gap)
 	flows := 0
-	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Names: mix.Names{}, Emit: func(*trace.Flow) { flows++ }}
+	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Names: mix.Names{}, ReuseFlows: true, Emit: func(*trace.Flow) { flows++ }}
 	now := mix.Clock.BootWall
 	next := now
 	i := 0

@@ -53,6 +53,10 @@ type Config struct {
 	// line that started the trace and its filter expression.
 	Command string
 	Filter  string
+	// FlowsNotKept promises that Run's emit keeps neither a flow nor a
+	// pointer into it once it returns (it writes or copies the flow), so
+	// the join may reuse the flow's memory (enrich.Joiner.ReuseFlows).
+	FlowsNotKept bool
 }
 
 // Stats are the running counters the UI header shows.
@@ -264,7 +268,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Names: p.tracer.Reasons(), Emit: func(f *trace.Flow) {
+	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept, Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++

@@ -246,6 +246,7 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 	p, err := live.Start(ctx, live.Config{
 		Loader:    b.loaderConfig(),
 		NetnsPath: b.r.Path(), NodeName: "bench", Command: "nodebench",
+		FlowsNotKept: true, // as tracer trace: each flow is written, and counted
 	})
 	if err != nil {
 		cancel()

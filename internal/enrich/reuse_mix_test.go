@@ -1,0 +1,79 @@
+package enrich_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/tracer-dev/tracer/bench/mix"
+	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// The mix, joined, enriched and written as the live pipeline does it
+// (expired every 100 ms), reads the same byte for byte whether each flow
+// is a new allocation or reuses an emitted flow's memory.
+func TestReuseFlowsWritesTheSame(t *testing.T) {
+	fresh, fb := writeMix(t, false)
+	reused, rb := writeMix(t, true)
+	if fb.flows < 1000 || fb.blocks != fb.flows {
+		t.Fatalf("without reuse: %d flows in %d blocks; want over 1,000, each its own", fb.flows, fb.blocks)
+	}
+	if rb.flows != fb.flows || rb.blocks > fb.flows/10 {
+		t.Errorf("with reuse: %d flows in %d blocks; want %d flows in a tenth as many", rb.flows, rb.blocks, fb.flows)
+	}
+	t.Logf("%d flows: %d blocks fresh, %d reused", fb.flows, fb.blocks, rb.blocks)
+	if !bytes.Equal(fresh, reused) {
+		a, b := bytes.Split(fresh, []byte("\n")), bytes.Split(reused, []byte("\n"))
+		for i := range min(len(a), len(b)) {
+			if !bytes.Equal(a[i], b[i]) {
+				t.Fatalf("line %d differs:\nfresh  %s\nreused %s", i, a[i], b[i])
+			}
+		}
+		t.Fatalf("%d lines fresh, %d reused", len(a), len(b))
+	}
+}
+
+type emitted struct{ flows, blocks int }
+
+func writeMix(t *testing.T, reuse bool) ([]byte, emitted) {
+	t.Helper()
+	env, err := mix.Env()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	w, err := trace.NewWriter(&buf, trace.Header{Node: mix.Node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n emitted
+	seen := map[*trace.Flow]bool{}
+	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Names: mix.Names{}, ReuseFlows: reuse,
+		Env: func(time.Time) enrich.Env { return env },
+		Emit: func(f *trace.Flow) {
+			n.flows++
+			if !seen[f] {
+				seen[f] = true
+				n.blocks++
+			}
+			if err := w.WriteFlow(f); err != nil {
+				t.Fatal(err)
+			}
+		}}
+	var tick time.Time
+	for _, ev := range mixEvents(t, 6000, 500*time.Microsecond) {
+		if ev.Time.After(tick) {
+			j.Expire(ev.Time)
+			tick = ev.Time.Add(100 * time.Millisecond)
+		}
+		j.Add(ev, ev.Time)
+	}
+	j.Flush()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The summary's end time is the clock's.
+	out := buf.Bytes()
+	return out[:bytes.LastIndex(out, []byte(`{"type":"summary"`))], n
+}
