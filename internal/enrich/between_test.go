@@ -81,11 +81,7 @@ func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
 		Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
 		Emit: func(f *trace.Flow) { out = append(out, f) }}
 	t0 := time.Unix(1700000000, 0)
-	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
-	j.Expire(t0.Add(1100 * time.Millisecond))
-	if len(out) != 0 || j.Open() != 1 {
-		t.Fatalf("%d flows out, %d open: the uncertain flow was not held", len(out), j.Open())
-	}
+	holdFirst(t, j, t0, func() int { return len(out) })
 	next = nextEnv
 	j.Expire(t0.Add(2 * time.Second))
 	if len(out) != 1 || j.Open() != 0 {
@@ -105,6 +101,17 @@ func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
 	j.Expire(t0.Add(14200 * time.Millisecond))
 	if len(out) != 1 || out[0].Rule == nil || out[0].Rule.Uncertain == "" {
 		t.Fatalf("after the wait: %d flows, want the flow with the rule in force, uncertain", len(out))
+	}
+}
+
+// holdFirst adds a flow at t0 whose rule the joiner's readings leave
+// uncertain, and checks that the end of its linger holds it.
+func holdFirst(t *testing.T, j *Joiner, t0 time.Time, emitted func() int) {
+	t.Helper()
+	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
+	j.Expire(t0.Add(1100 * time.Millisecond))
+	if emitted() != 0 || j.Open() != 1 {
+		t.Fatalf("%d flows out, %d open: the uncertain flow was not held", emitted(), j.Open())
 	}
 }
 
@@ -128,11 +135,7 @@ func TestJoinerReusesOnlyEmittedFlows(t *testing.T) {
 			seen[f]++
 		}}
 	t0 := time.Unix(1700000000, 0)
-	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
-	j.Expire(t0.Add(1100 * time.Millisecond))
-	if len(out) != 0 || j.Open() != 1 {
-		t.Fatalf("%d flows out, %d open: the uncertain flow was not held", len(out), j.Open())
-	}
+	holdFirst(t, j, t0, func() int { return len(out) })
 	// Flows of the same shape that the rule in force decides for certain
 	// leave one by one while the first is held.
 	env = certain

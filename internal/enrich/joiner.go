@@ -410,9 +410,9 @@ type blockRef struct {
 	two *flowBlock2
 }
 
-// maxEmitted bounds each list of emitted blocks: a flow's block goes back
-// as soon as Emit returns, so a list holds one block but after a Flush of
-// held flows.
+// maxEmitted bounds each list of emitted blocks. A flow's block goes back
+// as soon as Emit returns and the next flow takes it, so a list holds one
+// block at most, but for the held flows a reading releases together.
 const maxEmitted = 64
 
 // takeBlock is an emitted block, cleared, or a new one.
