@@ -6,12 +6,11 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/bench/mix"
-	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
-// The mix, joined, enriched and written as the live pipeline does it
-// (expired every 100 ms), reads the same byte for byte whether each flow
+// The mix, joined, enriched and written as the live pipeline does it,
+// reads the same byte for byte whether each flow
 // is a new allocation or reuses an emitted flow's memory.
 func TestReuseFlowsWritesTheSame(t *testing.T) {
 	fresh, fb := writeMix(t, false)
@@ -36,6 +35,9 @@ func TestReuseFlowsWritesTheSame(t *testing.T) {
 
 type emitted struct{ flows, blocks int }
 
+// writeMix runs 6,000 connections of the mix through mix.NewPipeline,
+// which expires flows every 100 ms of the events' clock as the live
+// pipeline does, and returns its NDJSON.
 func writeMix(t *testing.T, reuse bool) ([]byte, emitted) {
 	t.Helper()
 	env, err := mix.Env()
@@ -43,37 +45,28 @@ func writeMix(t *testing.T, reuse bool) ([]byte, emitted) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	w, err := trace.NewWriter(&buf, trace.Header{Node: mix.Node})
+	p, err := mix.NewPipeline(&buf, env)
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.J.ReuseFlows = reuse
 	var n emitted
 	seen := map[*trace.Flow]bool{}
-	j := &enrich.Joiner{Linger: enrich.DefaultLinger, Names: mix.Names{}, ReuseFlows: reuse,
-		Env: func(time.Time) enrich.Env { return env },
-		Emit: func(f *trace.Flow) {
-			n.flows++
-			if !seen[f] {
-				seen[f] = true
-				n.blocks++
-			}
-			if err := w.WriteFlow(f); err != nil {
-				t.Fatal(err)
-			}
-		}}
-	var tick time.Time
-	for _, ev := range mixEvents(t, 6000, 500*time.Microsecond) {
-		if ev.Time.After(tick) {
-			j.Expire(ev.Time)
-			tick = ev.Time.Add(100 * time.Millisecond)
+	emit := p.J.Emit
+	p.J.Emit = func(f *trace.Flow) {
+		n.flows++
+		if !seen[f] {
+			seen[f] = true
+			n.blocks++
 		}
-		j.Add(ev, ev.Time)
+		emit(f)
 	}
-	j.Flush()
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	for _, r := range mix.Records(6000, 500*time.Microsecond) {
+		p.Feed(r)
 	}
-	// The summary's end time is the clock's.
-	out := buf.Bytes()
-	return out[:bytes.LastIndex(out, []byte(`{"type":"summary"`))], n
+	p.Finish()
+	if p.Errors != 0 {
+		t.Fatalf("%d errors in the pipeline", p.Errors)
+	}
+	return buf.Bytes(), n
 }
