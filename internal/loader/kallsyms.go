@@ -32,8 +32,10 @@ var targetSymbols = sync.OnceValue(func() map[string]string { return readKallsym
 // which module; readable is false when kallsyms cannot be read. A name no
 // ladder targets is looked for in a read of its own.
 func kernelSymbol(sym string) (mod string, ok, readable bool) {
-	syms := targetSymbols()
-	if !ladderTargets()[sym] {
+	var syms map[string]string
+	if ladderTargets()[sym] {
+		syms = targetSymbols()
+	} else {
 		syms = readKallsyms(map[string]bool{sym: true})
 	}
 	if syms == nil {
