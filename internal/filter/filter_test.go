@@ -209,14 +209,17 @@ func TestMatcherAgreesWithMatch(t *testing.T) {
 	for _, expr := range []string{"mysql", "kube-ipvs0", "checkout", "OK", "10.244.1", "!hijack", "db port:3306", "invalid !ns:db", "cni-dn"} {
 		f := MustParse(expr)
 		m := f.Matcher()
+		var sf trace.StoredFlow
 		for i := range view.Len() {
-			if a, b := f.Match(view.At(i)), m.Match(view.At(i), view.Keys(i)); a != b {
+			view.Load(i, &sf)
+			if a, b := f.Match(view.At(i)), m.Match(&sf); a != b {
 				t.Errorf("%q flow %d: Match %v, Matcher %v", expr, i, a, b)
 			}
 		}
 		allocs := testing.AllocsPerRun(5, func() {
 			for i := range view.Len() {
-				m.Match(view.At(i), view.Keys(i))
+				view.Load(i, &sf)
+				m.Match(&sf)
 			}
 		})
 		if allocs != 0 {
@@ -236,8 +239,11 @@ func TestMatchNFTablesRule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys := trace.KeysOf(f)
-		if !flt.Match(f) || !flt.Matcher().Match(f, &keys) {
+		store := trace.NewStore()
+		store.Append(f)
+		var sf trace.StoredFlow
+		store.Snapshot().Load(0, &sf)
+		if !flt.Match(f) || !flt.Matcher().Match(&sf) {
 			t.Errorf("%q does not match the flow", expr)
 		}
 	}

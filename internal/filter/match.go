@@ -323,18 +323,10 @@ func equalFoldLower(s, needle string) bool {
 // and ip: terms compare integers instead of parsing the flow's address
 // strings.
 func (f Filter) MatchKeyed(fl *trace.Flow, k *trace.AddrKeys) bool {
-	return f.matchKeyed(fl, k, nil)
-}
-
-// matchKeyed is the one loop over the terms; memos, when given (a
-// Matcher's), remember free-word results across flows.
-func (f Filter) matchKeyed(fl *trace.Flow, k *trace.AddrKeys, memos []memo) bool {
 	for i := range f.terms {
 		t := &f.terms[i]
 		var ok bool
 		switch {
-		case t.kind == kindWord && memos != nil:
-			ok = t.matchWordMemo(fl, &memos[i])
 		case t.kind == kindPort && k.Complete:
 			ok = t.portIn(k)
 		case t.kind == kindIP && k.Complete:

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"strings"
 	"unsafe"
 
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -10,8 +11,8 @@ import (
 // free-word results for the pods, Services, rules and explanations that
 // the Store shares between flows: on a busy node a million flows carry a
 // few hundred of each, so each text is searched once, not once per flow.
-// A Matcher is for one goroutine and for flows that stay alive while it
-// is used (the memory is keyed by address).
+// A Matcher is for one goroutine and one Store (the memory is keyed by
+// the address of what the Store shares).
 type Matcher struct {
 	f     Filter
 	memos []memo // one per term
@@ -20,9 +21,12 @@ type Matcher struct {
 // memo is a small direct-mapped cache from an object's address to a
 // result; a collision just costs a recomputation.
 type memo struct {
-	addr [memoSize]uintptr
-	n    [memoSize]int // string length, so a prefix sharing the address differs
-	val  [memoSize]bool
+	// inEndpoint: the word could be part of an "IP:PORT" (it has only
+	// hex digits, dots, colons and brackets); else no tuple holds it.
+	inEndpoint bool
+	addr       [memoSize]uintptr
+	n          [memoSize]int // string length, so a prefix sharing the address differs
+	val        [memoSize]bool
 }
 
 const memoSize = 512
@@ -43,22 +47,50 @@ func (m *memo) lookup(p unsafe.Pointer, n int, compute func() bool) bool {
 
 // Matcher returns a Matcher for f.
 func (f Filter) Matcher() *Matcher {
-	return &Matcher{f: f, memos: make([]memo, len(f.terms))}
-}
-
-// Match reports whether fl, with its keys from the Store, passes the
-// filter.
-func (m *Matcher) Match(fl *trace.Flow, k *trace.AddrKeys) bool {
-	return m.f.matchKeyed(fl, k, m.memos)
-}
-
-// matchWordMemo is matchWord with the shared parts' results remembered.
-func (t *term) matchWordMemo(f *trace.Flow, mm *memo) bool {
-	if t.contains(f.Orig.Src) || t.contains(f.Orig.Dst) {
-		return true
+	m := &Matcher{f: f, memos: make([]memo, len(f.terms))}
+	for i, t := range f.terms {
+		m.memos[i].inEndpoint = strings.Trim(t.text, "0123456789abcdef.:[]") == ""
 	}
-	if f.Reply != nil && (t.contains(f.Reply.Src) || t.contains(f.Reply.Dst)) {
-		return true
+	return m
+}
+
+// Match reports whether the stored flow passes the filter. It reads only
+// what its terms need: port and address terms the flow's keys (its
+// events when the keys do not hold every address), the others its
+// fields, and free words its explanation when its shared part misses.
+func (m *Matcher) Match(sf *trace.StoredFlow) bool {
+	for i := range m.f.terms {
+		t := &m.f.terms[i]
+		var ok bool
+		switch k := sf.Keys(); {
+		case t.kind == kindWord:
+			ok = t.matchWordStored(sf, &m.memos[i])
+		case t.kind == kindPort && k.Complete:
+			ok = t.portIn(k)
+		case t.kind == kindIP && k.Complete:
+			ok = t.ipIn(k)
+		case t.kind == kindPort || t.kind == kindIP:
+			ok = t.match(sf.Flow(), m.f.node)
+		default:
+			ok = t.match(sf.Refs(), m.f.node) // verdict, proto, node, pods and namespaces
+		}
+		if ok == t.neg {
+			return false
+		}
+	}
+	return true
+}
+
+// matchWordStored is matchWord with the shared parts' results remembered.
+func (t *term) matchWordStored(sf *trace.StoredFlow, mm *memo) bool {
+	var f *trace.Flow
+	if mm.inEndpoint {
+		f = sf.Head()
+		if t.contains(f.Orig.Src) || t.contains(f.Orig.Dst) || f.Reply != nil && (t.contains(f.Reply.Src) || t.contains(f.Reply.Dst)) {
+			return true
+		}
+	} else {
+		f = sf.Refs() // no tuple holds the word
 	}
 	shared := func(p unsafe.Pointer, compute func() bool) bool { return mm.lookup(p, 0, compute) }
 	if mm.lookup(unsafe.Pointer(unsafe.StringData(f.Verdict)), len(f.Verdict), func() bool { return t.contains(f.Verdict) }) ||
@@ -72,5 +104,19 @@ func (t *term) matchWordMemo(f *trace.Flow, mm *memo) bool {
 	if r := f.Rule; r != nil && shared(unsafe.Pointer(r), func() bool { return t.ruleHas(r) }) {
 		return true
 	}
-	return mm.lookup(unsafe.Pointer(unsafe.StringData(f.Explanation)), len(f.Explanation), func() bool { return t.contains(f.Explanation) })
+	// A template's text between its placeholders is the explanation's
+	// own, so a word found there (one without the placeholders' bytes)
+	// is in the explanation; only a miss needs the explanation itself.
+	text, exact := sf.SharedExplanation()
+	odd := strings.ContainsAny(t.text, "\x00\x01") // could match a placeholder
+	if (exact || !odd) && mm.lookup(unsafe.Pointer(unsafe.StringData(text)), len(text), func() bool { return t.contains(text) }) {
+		return true
+	}
+	switch {
+	case exact:
+		return false
+	case odd:
+		return t.contains(sf.Explanation())
+	}
+	return sf.AroundEndpoints(len(t.text), t.contains)
 }

@@ -33,30 +33,30 @@ type Caps struct {
 }
 
 // MinMemory is the smallest memory cap a Store can keep: the chunk being
-// filled (its flow and key arrays, and its flows at up to 2 KiB each) plus
-// the intern tables' quarter of the budget.
+// filled (its flow, key and time arrays, and its flows stored whole at up
+// to 2 KiB each) plus the intern tables' quarter of the budget.
 const MinMemory = 16 << 20
 
 // Store holds flows in memory for the UI and the live pipeline: the
 // pipeline appends, the UI reads. A flow once stored never changes; the
 // oldest flows are evicted beyond the store's caps, and the counts keep
-// every flow ever appended. Flows share their repeated strings and
-// tuples, which is what keeps a million flows well under a gigabyte.
+// every flow ever appended. Flows share their shapes (shape.go) and
+// their repeated strings and tuples, which is what keeps a million flows
+// under 200 MiB.
 type Store struct {
 	mu       sync.RWMutex
 	caps     Caps
-	chunks   [][]Flow
-	keys     [][]AddrKeys // parallel to chunks
-	cost     []int64      // bytes charged to each chunk, parallel to chunks
-	base     int          // store index of chunks[0][0]
-	first    int          // oldest retained flow; those before are evicted
+	chunks   []chunk
+	base     int // store index of chunks[0].flows[0]
+	first    int // oldest retained flow; those before are evicted
 	n        int
 	nEvents  int
 	verdicts map[string]int
 	cause    string // the cap that evicted last: "flows" or "memory"
 
-	// chunkBytes is the sum of cost, tableBytes what the intern tables
-	// and the objects only they keep alive are estimated to take.
+	// chunkBytes is the sum of the chunks' cost, tableBytes what the
+	// intern tables and the objects only they keep alive are estimated to
+	// take.
 	chunkBytes int64
 	tableBytes int64
 	flowBytes  int64 // charged so far by the flow being copied
@@ -69,19 +69,29 @@ type Store struct {
 	cts      map[ctKey]*Conntrack
 	lists    map[string][]string
 	addrs    map[string]string // addresses, bounded apart from strs
+	shapes   map[string]*shape
+	keyBuf   []byte
 
-	// Arenas for what is unique to each flow: event arrays, tuples and
-	// strings are carved from shared slabs, so consecutive flows sit next
-	// to each other in memory. A filter scan over a million flows then
-	// streams through memory instead of chasing a pointer per field, and
-	// no flow pays for allocation headers and size-class rounding. Each
-	// chunk has slabs of its own (flowArena starts afresh with every
-	// chunk), and what the intern tables keep has its own (tableArena):
-	// an event points into its chunk, so a slab shared by two chunks would
-	// chain every chunk to the next and none would ever be freed, and an
+	// Arenas for what is unique to each flow stored whole: event arrays,
+	// tuples and strings are carved from shared slabs, so that no flow
+	// pays for allocation headers and size-class rounding. Each chunk has
+	// slabs of its own (flowArena starts afresh with every chunk), and
+	// what the intern tables keep has its own (tableArena): an event
+	// points into its chunk, so a slab shared by two chunks would chain
+	// every chunk to the next and none would ever be freed, and an
 	// interned address would pin a slab of evicted flows' strings.
 	flowArena  arena
 	tableArena arena
+}
+
+// chunk is storeChunk flows, their address keys, and their events'
+// times. A view copies the chunk, so that times may grow under it: the
+// flows it sees index only what its copy holds.
+type chunk struct {
+	flows []storedFlow
+	keys  []AddrKeys
+	times []int64
+	cost  int64 // bytes charged to the chunk
 }
 
 // arena hands out objects from slabs and charges each slab, when it is
@@ -128,6 +138,7 @@ func NewCappedStore(caps Caps) *Store {
 		cts:      map[ctKey]*Conntrack{},
 		lists:    map[string][]string{},
 		addrs:    map[string]string{},
+		shapes:   map[string]*shape{},
 	}
 	s.flowArena.charged, s.tableArena.charged = &s.flowBytes, &s.tableBytes
 	return s
@@ -143,28 +154,39 @@ func (s *Store) Append(f *Flow) int {
 		s.addChunk()
 	}
 	i := s.n
-	c, j := (i-s.base)/storeChunk, (i-s.base)%storeChunk
-	dst := &s.chunks[c][j]
+	c := &s.chunks[(i-s.base)/storeChunk]
+	j := (i - s.base) % storeChunk
 	s.flowBytes = 0
-	s.copyFlow(dst, f)
-	s.keys[c][j] = KeysOf(dst)
-	s.cost[c] += s.flowBytes
+	timesCap := cap(c.times)
+	rec := &c.flows[j]
+	if !s.shaped(f, rec, c) {
+		sh := &shape{own: true}
+		s.flowBytes += sizeShape
+		s.copyFlow(&sh.flow, f, &s.flowArena)
+		*rec = storedFlow{shape: sh}
+	}
+	s.flowBytes += int64(cap(c.times)-timesCap) * 8
+	c.keys[j] = KeysOf(f)
+	c.cost += s.flowBytes
 	s.chunkBytes += s.flowBytes
 	s.n++
 	s.nEvents += len(f.Events)
-	s.verdicts[dst.Verdict]++
+	s.verdicts[rec.shape.flow.Verdict]++
 	s.evict()
 	return i
 }
 
-// chunkArrays is what a chunk's flow and key arrays take.
-const chunkArrays = storeChunk * int64(unsafe.Sizeof(Flow{})+unsafe.Sizeof(AddrKeys{}))
+// chunkArrays is what a chunk's flow, key and times arrays take.
+const chunkArrays = storeChunk * (int64(unsafe.Sizeof(storedFlow{})+unsafe.Sizeof(AddrKeys{})) + 8*timesPerFlow)
+
+// timesPerFlow is how many event times a chunk makes room for per flow
+// at first: most flows have one or two events.
+const timesPerFlow = 2
 
 func (s *Store) addChunk() {
 	s.flowArena = arena{charged: &s.flowBytes}
-	s.chunks = append(s.chunks, make([]Flow, storeChunk))
-	s.keys = append(s.keys, make([]AddrKeys, storeChunk))
-	s.cost = append(s.cost, chunkArrays)
+	s.chunks = append(s.chunks, chunk{flows: make([]storedFlow, storeChunk), keys: make([]AddrKeys, storeChunk),
+		times: make([]int64, 0, storeChunk*timesPerFlow), cost: chunkArrays})
 	s.chunkBytes += chunkArrays
 }
 
@@ -188,9 +210,9 @@ func (s *Store) evict() {
 // taken earlier still read it, and the garbage collector frees it after
 // them.
 func (s *Store) dropChunk() {
-	s.chunkBytes -= s.cost[0]
-	s.chunks[0], s.keys[0] = nil, nil
-	s.chunks, s.keys, s.cost = s.chunks[1:], s.keys[1:], s.cost[1:]
+	s.chunkBytes -= s.chunks[0].cost
+	s.chunks[0] = chunk{}
+	s.chunks = s.chunks[1:]
 	s.base += storeChunk
 }
 
@@ -248,7 +270,19 @@ func (s *Store) At(i int) *Flow {
 	if i < s.first {
 		return nil
 	}
-	return &s.chunks[(i-s.base)/storeChunk][(i-s.base)%storeChunk]
+	c, j := s.locate(i)
+	return c.flow(j)
+}
+
+func (s *Store) locate(i int) (*chunk, int) {
+	return &s.chunks[(i-s.base)/storeChunk], (i - s.base) % storeChunk
+}
+
+// flow reads flow j of the chunk into a flow of its own.
+func (c *chunk) flow(j int) *Flow {
+	out := new(Flow)
+	c.load(j, out, &scratch{}, true, true)
+	return out
 }
 
 // Oldest is the time of the oldest flow the store holds, false when it
@@ -259,7 +293,8 @@ func (s *Store) Oldest() (time.Time, bool) {
 	if s.first == s.n {
 		return time.Time{}, false
 	}
-	return s.chunks[(s.first-s.base)/storeChunk][(s.first-s.base)%storeChunk].Time, true
+	c, j := s.locate(s.first)
+	return c.flows[j].time(), true
 }
 
 // Snapshot returns a read-only view of the flows retained so far. It
@@ -268,8 +303,7 @@ func (s *Store) Oldest() (time.Time, bool) {
 func (s *Store) Snapshot() StoreView {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return StoreView{chunks: append([][]Flow(nil), s.chunks...), keys: append([][]AddrKeys(nil), s.keys...),
-		base: s.base, first: s.first, n: s.n, verdicts: maps.Clone(s.verdicts)}
+	return StoreView{chunks: append([]chunk(nil), s.chunks...), base: s.base, first: s.first, n: s.n, verdicts: maps.Clone(s.verdicts)}
 }
 
 // Counts returns the number of events and a copy of the flows per verdict
@@ -284,8 +318,7 @@ func (s *Store) Counts() (events int, verdicts map[string]int) {
 // StoreView is the flows a Store retained at one moment: indexes
 // [First(), Len()).
 type StoreView struct {
-	chunks [][]Flow
-	keys   [][]AddrKeys
+	chunks []chunk
 	base   int
 	first  int
 	n      int
@@ -300,12 +333,21 @@ func (v StoreView) Len() int { return v.n }
 // were evicted.
 func (v StoreView) First() int { return v.first }
 
-// At returns flow i of the view (First() <= i < Len()).
-func (v StoreView) At(i int) *Flow { return &v.chunks[(i-v.base)/storeChunk][(i-v.base)%storeChunk] }
+// At returns flow i of the view (First() <= i < Len()), in a flow of its
+// own: a scan over many flows reads them with Load instead.
+func (v StoreView) At(i int) *Flow {
+	c, j := v.locate(i)
+	return c.flow(j)
+}
+
+func (v StoreView) locate(i int) (*chunk, int) {
+	return &v.chunks[(i-v.base)/storeChunk], (i - v.base) % storeChunk
+}
 
 // Keys returns the address keys of flow i of the view.
 func (v StoreView) Keys(i int) *AddrKeys {
-	return &v.keys[(i-v.base)/storeChunk][(i-v.base)%storeChunk]
+	c, j := v.locate(i)
+	return &c.keys[j]
 }
 
 // From returns the view without the flows before first, and without the
@@ -317,8 +359,7 @@ func (v StoreView) From(first int) StoreView {
 	}
 	v.first = min(first, v.n)
 	k := (v.first - v.base) / storeChunk
-	v.chunks = append([][]Flow(nil), v.chunks[k:]...)
-	v.keys = append([][]AddrKeys(nil), v.keys[k:]...)
+	v.chunks = append([]chunk(nil), v.chunks[k:]...)
 	v.base += k * storeChunk
 	return v
 }
@@ -341,6 +382,7 @@ const (
 	sizeCT      = int64(unsafe.Sizeof(Conntrack{}))
 	sizeString  = int64(unsafe.Sizeof(""))
 	sizePointer = int64(unsafe.Sizeof((*int)(nil)))
+	sizeShape   = int64(unsafe.Sizeof(shape{}))
 )
 
 func mapEntry(key, value int64) int64 { return 2*(key+value) + 1 }
@@ -404,7 +446,7 @@ func (s *Store) newStrSlice(xs []string, a *arena) []string {
 // tuple returns a shared copy of t: the flow's own tuples when equal
 // (events usually repeat them), else an interned one, else one in the
 // flow's arena.
-func (s *Store) tuple(t *Tuple, flow *Flow) *Tuple {
+func (s *Store) tuple(t *Tuple, flow *Flow, a *arena) *Tuple {
 	if t == nil {
 		return nil
 	}
@@ -423,7 +465,6 @@ func (s *Store) tuple(t *Tuple, flow *Flow) *Tuple {
 		s.tuples[*p] = p
 		return p
 	}
-	a := &s.flowArena
 	return a.tuple(Tuple{Src: s.addr(t.Src, a), Dst: s.addr(t.Dst, a)})
 }
 
@@ -463,8 +504,7 @@ func (s *Store) newService(r *ServiceRef, a *arena) *ServiceRef {
 	return &ServiceRef{Namespace: s.str(r.Namespace, a), Name: s.str(r.Name, a), Port: s.str(r.Port, a)}
 }
 
-func (s *Store) copyFlow(dst, f *Flow) {
-	a := &s.flowArena
+func (s *Store) copyFlow(dst, f *Flow, a *arena) {
 	*dst = Flow{
 		Type:        TypeFlow,
 		Node:        s.str(f.Node, a),
@@ -478,19 +518,19 @@ func (s *Store) copyFlow(dst, f *Flow) {
 		DstPod:      s.podRef(f.DstPod, a),
 	}
 	if f.Reply != nil {
-		dst.Reply = s.tuple(f.Reply, dst)
+		dst.Reply = s.tuple(f.Reply, dst, a)
 	}
 	dst.Service = s.serviceRef(f.Service, a)
 	if f.Rule != nil {
-		dst.Rule = s.rule(f.Rule)
+		dst.Rule = s.rule(f.Rule, a)
 	}
 	if f.Conntrack != nil {
-		dst.Conntrack = s.conntrack(f.Conntrack)
+		dst.Conntrack = s.conntrack(f.Conntrack, a)
 	}
 	if len(f.Events) > 0 {
 		dst.Events = a.newEvents(len(f.Events))
 		for i := range f.Events {
-			s.copyEvent(&dst.Events[i], &f.Events[i], dst)
+			s.copyEvent(&dst.Events[i], &f.Events[i], dst, a)
 		}
 	}
 }
@@ -514,7 +554,7 @@ func ruleKeyOf(r *Rule) ruleKey {
 
 // rule returns a shared copy of r. The table's key is made from the copy,
 // so that it holds none of the caller's strings.
-func (s *Store) rule(r *Rule) *Rule {
+func (s *Store) rule(r *Rule, a *arena) *Rule {
 	key := ruleKeyOf(r)
 	if out, ok := s.rules[key]; ok && (out.Owner != nil) == (r.Owner != nil) && len(out.Path) == len(r.Path) {
 		return out
@@ -531,8 +571,8 @@ func (s *Store) rule(r *Rule) *Rule {
 		s.rules[ruleKeyOf(out)] = out
 		return out
 	}
-	s.flowBytes += size
-	return s.newRule(r, &s.flowArena)
+	*a.charged += size
+	return s.newRule(r, a)
 }
 
 func (s *Store) newRule(r *Rule, a *arena) *Rule {
@@ -556,7 +596,7 @@ func (s *Store) newRule(r *Rule, a *arena) *Rule {
 	return out
 }
 
-func (s *Store) conntrack(ct *Conntrack) *Conntrack {
+func (s *Store) conntrack(ct *Conntrack, a *arena) *Conntrack {
 	key := ctKey{state: ct.State, status: strings.Join(ct.Status, "\x00"), mark: ct.Mark, replied: ct.Replied}
 	if out, ok := s.cts[key]; ok && (out.Status == nil) == (ct.Status == nil) {
 		return out
@@ -568,13 +608,11 @@ func (s *Store) conntrack(ct *Conntrack) *Conntrack {
 		s.cts[key] = out
 		return out
 	}
-	a := &s.flowArena
-	s.flowBytes += sizeCT
+	*a.charged += sizeCT
 	return &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Replied: ct.Replied}
 }
 
-func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
-	a := &s.flowArena
+func (s *Store) copyEvent(dst, e *Event, flow *Flow, a *arena) {
 	*dst = *e
 	dst.Type = ""
 	dst.Node = s.str(e.Node, a)
@@ -582,9 +620,9 @@ func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
 	dst.Hook = s.str(e.Hook, a)
 	dst.Via = s.str(e.Via, a)
 	dst.Proto = s.str(e.Proto, a)
-	dst.Packet = s.tuple(e.Packet, flow)
-	dst.Orig = s.tuple(e.Orig, flow)
-	dst.Reply = s.tuple(e.Reply, flow)
+	dst.Packet = s.tuple(e.Packet, flow, a)
+	dst.Orig = s.tuple(e.Orig, flow, a)
+	dst.Reply = s.tuple(e.Reply, flow, a)
 	dst.To = s.addr(e.To, a)
 	dst.Virtual = s.addr(e.Virtual, a)
 	dst.Forward = s.str(e.Forward, a)
@@ -596,12 +634,12 @@ func (s *Store) copyEvent(dst, e *Event, flow *Flow) {
 	if e.ICMPType != nil {
 		v := *e.ICMPType
 		dst.ICMPType = &v
-		s.flowBytes += 8
+		*a.charged += 8
 	}
 	if e.ICMPCode != nil {
 		v := *e.ICMPCode
 		dst.ICMPCode = &v
-		s.flowBytes += 8
+		*a.charged += 8
 	}
 }
 
@@ -668,11 +706,14 @@ func (s *Store) addr(x string, a *arena) string {
 	return a.copyString(x)
 }
 
-// DefaultCaps suit a node: the mix's flows, joined and diagnosed as the
-// live pipeline makes them, take about 1,240 bytes each by the store's
-// estimate (nodebench's one-hour feed: 236 MiB for 200,000, 241 MiB of
-// heap), so the count cap binds first and the memory cap of 256 MiB
-// catches flows 1.09 times as heavy (long decision chains, unique rule
-// text). At 5,000 connections/s that is the last 40 seconds; at 100/s,
-// the last half hour.
-var DefaultCaps = Caps{Flows: 200_000, Memory: 256 << 20}
+// DefaultCaps suit a node. The mix's flows, joined and diagnosed as the
+// live pipeline makes them, take about 175 bytes each by the store's
+// estimate (nodebench's one-hour feed: 34.9 MB for 200,000 flows, 38 MB
+// of heap), because flows through one Service and rule share a shape;
+// the mix's flows stored whole (no shape to share, or the shape table
+// full) take about 1,220 bytes of heap each. So the count cap binds first
+// on a node whose traffic repeats itself, holding the last 200 seconds at
+// 5,000 connections/s and nearly three hours at 100/s, and the memory cap
+// of 256 MiB first on one whose flows are all unlike (about 200,000 of
+// them).
+var DefaultCaps = Caps{Flows: 1_000_000, Memory: 256 << 20}

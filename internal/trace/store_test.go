@@ -98,25 +98,39 @@ func TestStoreFlowCapEvictsOldest(t *testing.T) {
 	}
 }
 
+// TestStoreMemoryCapEvictsOldest fills a store past its memory cap with
+// flows that share shapes, and with flows that each need a shape of
+// their own (then, once the shape table is full, are stored whole).
 func TestStoreMemoryCapEvictsOldest(t *testing.T) {
 	const capBytes = MinMemory
-	s := NewCappedStore(Caps{Memory: capBytes})
-	total := 60_000
-	if testing.Short() {
-		total = 30_000
+	for _, tc := range []struct {
+		name  string
+		total int
+		flow  func(i int) *Flow
+	}{
+		{"shared shapes", 200_000, feedFlow},
+		{"a shape each", 40_000, func(i int) *Flow {
+			f := feedFlow(i)
+			f.Explanation += fmt.Sprint(" ", i)
+			return f
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewCappedStore(Caps{Memory: capBytes})
+			for i := range tc.total {
+				s.Append(tc.flow(i))
+				checkCaps(t, s, i+1)
+			}
+			ev := s.Eviction()
+			if ev.Evicted == 0 || ev.Cause != "memory" || ev.Evicted%storeChunk != 0 {
+				t.Fatalf("eviction %+v: want whole chunks evicted by the memory cap", ev)
+			}
+			if got := feedIndex(s.At(ev.Evicted)); got != ev.Evicted {
+				t.Errorf("oldest retained flow %d is feed flow %d", ev.Evicted, got)
+			}
+			t.Logf("%d flows: %d retained in an estimated %d bytes (cap %d), %d shapes", tc.total, s.Retained(), s.Memory(), int64(capBytes), len(s.shapes))
+		})
 	}
-	for i := range total {
-		s.Append(feedFlow(i))
-		checkCaps(t, s, i+1)
-	}
-	ev := s.Eviction()
-	if ev.Evicted == 0 || ev.Cause != "memory" || ev.Evicted%storeChunk != 0 {
-		t.Fatalf("eviction %+v: want whole chunks evicted by the memory cap", ev)
-	}
-	if got := feedIndex(s.At(ev.Evicted)); got != ev.Evicted {
-		t.Errorf("oldest retained flow %d is feed flow %d", ev.Evicted, got)
-	}
-	t.Logf("%d flows: %d retained in an estimated %d bytes (cap %d)", total, s.Retained(), s.Memory(), int64(capBytes))
 }
 
 func TestStoreKeepsNFTablesRule(t *testing.T) {
@@ -303,9 +317,9 @@ func TestStoreInternTablesBounded(t *testing.T) {
 			s.Append(f)
 		}
 		sizes := map[string]int{"strs": len(s.strs), "tuples": len(s.tuples), "pods": len(s.pods), "services": len(s.services),
-			"rules": len(s.rules), "cts": len(s.cts), "lists": len(s.lists), "addrs": len(s.addrs)}
+			"rules": len(s.rules), "cts": len(s.cts), "lists": len(s.lists), "addrs": len(s.addrs), "shapes": len(s.shapes)}
 		for name, n := range sizes {
-			if n > internLimit {
+			if n > internLimit || name == "shapes" && n > shapeLimit {
 				t.Errorf("caps %+v: table %s has %d entries, over %d", caps, name, n, internLimit)
 			}
 		}

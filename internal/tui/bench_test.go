@@ -95,8 +95,9 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// TestMillionFlowsMemory loads a million flows and reports the memory
-// they take; the target is under 1 GiB resident.
+// TestMillionFlowsMemory loads a million flows, filtered, and fails when
+// they take over 200 MiB of heap: the flows of a busy node share their
+// shapes (trace.Store), and each keeps only its client and times.
 func TestMillionFlowsMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads a million flows; runs in the full tier")
@@ -113,7 +114,7 @@ func TestMillionFlowsMemory(t *testing.T) {
 	heap := after.HeapInuse - before.HeapInuse
 	t.Logf("%d flows: heap in use %d MiB (%.0f bytes/flow), runtime total from OS %d MiB, filtered rows %d",
 		store.Len(), heap>>20, float64(heap)/float64(store.Len()), after.Sys>>20, m.flows.count())
-	if after.Sys >= 1<<30 {
-		t.Errorf("a million flows take %d MiB from the OS; the target is under 1024 MiB", after.Sys>>20)
+	if heap > 200<<20 {
+		t.Errorf("a million flows take %d MiB of heap; the target is 200 MiB", heap>>20)
 	}
 }

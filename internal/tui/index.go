@@ -181,8 +181,10 @@ func scanRange(v trace.StoreView, f filter.Filter, from, to, base int, out []int
 		out = []int32{}
 	}
 	m := f.Matcher()
+	var sf trace.StoredFlow
 	for i := from; i < to; i++ {
-		if m.Match(v.At(i), v.Keys(i)) {
+		v.Load(i, &sf)
+		if m.Match(&sf) {
 			out = append(out, int32(i-base))
 		}
 	}
