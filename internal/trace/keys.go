@@ -61,7 +61,8 @@ func (k *AddrKeys) addTuple(t *Tuple) {
 // add records one "IP:PORT", "[IPv6]:PORT" or bare "IP" (a SNAT target
 // without port).
 func (k *AddrKeys) add(s string) {
-	if s == "" || !k.Complete {
+	// A shape's placeholders are its flows' client, added per flow.
+	if s == "" || s == slotClient || s == slotSeen || !k.Complete {
 		return
 	}
 	if strings.IndexByte(s, '-') >= 0 {
@@ -78,6 +79,17 @@ func (k *AddrKeys) add(s string) {
 		return
 	}
 	k.Complete = false
+}
+
+// addEndpoint records a stored flow's client endpoint.
+func (k *AddrKeys) addEndpoint(e *endpoint) {
+	if !k.Complete {
+		return
+	}
+	k.addIP(e.addr())
+	if e.form == formIPv4 || e.form == formIPv6 {
+		k.addPort(e.port)
+	}
 }
 
 func (k *AddrKeys) addIP(a netip.Addr) {

@@ -39,6 +39,9 @@ type shape struct {
 	loc *time.Location
 	// text: the explanation holds placeholders.
 	text bool
+	// keys are the address keys of the shape's addresses; a flow's add
+	// its client's (StoredFlow.Keys).
+	keys AddrKeys
 }
 
 // storedFlow is one flow as the Store keeps it.
@@ -206,6 +209,7 @@ func (s *Store) newShape(f *Flow, u substitution, loc *time.Location) *shape {
 	}
 	sh := &shape{loc: loc, text: sub.Explanation != f.Explanation}
 	s.copyFlow(&sh.flow, &sub, &s.tableArena)
+	sh.keys = KeysOf(&sh.flow)
 	return sh
 }
 
@@ -489,6 +493,8 @@ type StoredFlow struct {
 	head     bool // flow holds the flow but its events and own explanation
 	full     bool // flow holds the whole flow
 	refs     Flow
+	keys     AddrKeys
+	haveKeys bool
 	text     string
 	haveText bool
 	sc       scratch
@@ -497,12 +503,27 @@ type StoredFlow struct {
 // Load makes sf read flow i of v (v.First() <= i < v.Len()).
 func (v StoreView) Load(i int, sf *StoredFlow) {
 	c, j := v.locate(i)
-	sf.c, sf.j, sf.head, sf.full, sf.haveText = c, j, false, false, false
+	sf.c, sf.j, sf.head, sf.full, sf.haveText, sf.haveKeys = c, j, false, false, false, false
 	sf.sc.reuse = true
 }
 
-// Keys returns the flow's address keys.
-func (sf *StoredFlow) Keys() *AddrKeys { return &sf.c.keys[sf.j] }
+// Keys returns the flow's address keys: its shape's, and its client's.
+// They hold the same addresses and ports as KeysOf the flow, so a filter
+// term matches them alike; only their order may differ.
+func (sf *StoredFlow) Keys() *AddrKeys {
+	if !sf.haveKeys {
+		rec := &sf.c.flows[sf.j]
+		sf.keys = rec.shape.keys
+		if !rec.shape.own {
+			sf.keys.addEndpoint(&rec.client)
+			if rec.seen.form != 0 {
+				sf.keys.addEndpoint(&rec.seen)
+			}
+		}
+		sf.haveKeys = true
+	}
+	return &sf.keys
+}
 
 // Head returns the flow without its events (nil), and with the
 // explanation its shape shares (see SharedExplanation) in place of its

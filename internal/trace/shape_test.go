@@ -134,6 +134,7 @@ func TestStoreKeepsEveryField(t *testing.T) {
 			whole = append(whole, paths[i])
 		}
 	}
+	checkKeys(t, s, flows)
 	// Only the variants whose client is no endpoint are stored whole.
 	if want := []string{"Flow.Orig.Src", "Flow.Reply.Dst"}; !reflect.DeepEqual(whole, want) {
 		t.Errorf("stored whole: %q, want %q", whole, want)
@@ -150,6 +151,56 @@ func jsonDiff(got, want *Flow) string {
 	}
 	from := max(0, i-60)
 	return fmt.Sprintf("...%s..., want ...%s...", a[from:min(len(a), i+60)], b[from:min(len(b), i+60)])
+}
+
+// checkKeys fails unless every stored flow's keys hold what KeysOf the
+// flow as appended does: the same addresses and ports, in any order.
+func checkKeys(t *testing.T, s *Store, flows []*Flow) {
+	t.Helper()
+	view := s.Snapshot()
+	var sf StoredFlow
+	for i, f := range flows {
+		view.Load(i+view.First(), &sf)
+		if got, want := *sf.Keys(), KeysOf(f); !sameKeys(got, want) {
+			t.Errorf("flow %d: keys %+v, want %+v", i, got, want)
+		}
+	}
+}
+
+func sameKeys(a, b AddrKeys) bool {
+	if a.Complete != b.Complete || !a.Complete {
+		return a.Complete == b.Complete
+	}
+	n := int(a.NAddrs)
+	if a.IPv6 {
+		n *= 4
+	}
+	return a.IPv6 == b.IPv6 && a.NAddrs == b.NAddrs && a.NPorts == b.NPorts &&
+		sameSet(a.Addrs[:n], b.Addrs[:n], 1+3*btoi(a.IPv6)) && sameSet(a.Ports[:a.NPorts], b.Ports[:b.NPorts], 1)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sameSet: a and b hold the same runs of n words, in any order.
+func sameSet[T comparable](a, b []T, n int) bool {
+	count := map[string]int{}
+	for i := 0; i < len(a); i += n {
+		count[fmt.Sprint(a[i:i+n])]++
+	}
+	for i := 0; i < len(b); i += n {
+		count[fmt.Sprint(b[i:i+n])]--
+	}
+	for _, c := range count {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func jsonOf(f *Flow) string {
@@ -184,6 +235,7 @@ func TestStoreShapesRepeatedFlows(t *testing.T) {
 	if len(s.shapes) != 1 {
 		t.Errorf("%d shapes for flows that differ in their client alone, want 1", len(s.shapes))
 	}
+	checkKeys(t, s, want)
 	for i, f := range want {
 		if got := s.At(i); !reflect.DeepEqual(got, f) {
 			t.Fatalf("flow %d read back %s", i, jsonDiff(got, f))
@@ -223,18 +275,42 @@ func TestStoreReadsBackOddFlows(t *testing.T) {
 	s := NewStore()
 	var names []string
 	var want []*Flow
+	cases["all ipv6"] = nil
 	for name, change := range cases {
 		f := fullFlow()
-		change(f)
+		if change == nil {
+			f = ipv6Flow(t)
+		} else {
+			change(f)
+		}
 		names, want = append(names, name), append(want, f)
 		s.Append(f)
 	}
+	checkKeys(t, s, want)
 	for i, f := range want {
 		got := s.At(i)
 		if !reflect.DeepEqual(got, f) && !(timesEqual(got, f) && jsonOf(got) == jsonOf(f)) {
 			t.Errorf("%s: read back %s", names[i], jsonDiff(got, f))
 		}
 	}
+}
+
+// ipv6Flow is fullFlow with every address an IPv6 one.
+func ipv6Flow(t *testing.T) *Flow {
+	b, err := json.Marshal(fullFlow())
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.NewReplacer("10.244.1.10:40000", "[fd00::a]:40000", "192.168.0.5:61000", "[fd00::5]:61000",
+		"10.96.0.10:80", "[fd00:96::a]:80", "10.244.2.7:8080", "[fd00:244::7]:8080").Replace(string(b))
+	var f Flow
+	if err := json.Unmarshal([]byte(text), &f); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text, "10.") {
+		t.Fatalf("an IPv4 address is left: %s", text)
+	}
+	return &f
 }
 
 // timesEqual: the flows' times are the same instants in the same
@@ -276,5 +352,6 @@ func FuzzStoreRoundTrip(f *testing.F) {
 				t.Fatalf("read back %s", jsonDiff(got, fl))
 			}
 		}
+		checkKeys(t, s, want)
 	})
 }

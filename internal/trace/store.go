@@ -84,12 +84,10 @@ type Store struct {
 	tableArena arena
 }
 
-// chunk is storeChunk flows, their address keys, and their events'
-// times. A view copies the chunk, so that times may grow under it: the
+// chunk is storeChunk flows and their events' times. A view copies the chunk, so that times may grow under it: the
 // flows it sees index only what its copy holds.
 type chunk struct {
 	flows []storedFlow
-	keys  []AddrKeys
 	times []int64
 	cost  int64 // bytes charged to the chunk
 }
@@ -160,13 +158,12 @@ func (s *Store) Append(f *Flow) int {
 	timesCap := cap(c.times)
 	rec := &c.flows[j]
 	if !s.shaped(f, rec, c) {
-		sh := &shape{own: true}
+		sh := &shape{own: true, keys: KeysOf(f)}
 		s.flowBytes += sizeShape
 		s.copyFlow(&sh.flow, f, &s.flowArena)
 		*rec = storedFlow{shape: sh}
 	}
 	s.flowBytes += int64(cap(c.times)-timesCap) * 8
-	c.keys[j] = KeysOf(f)
 	c.cost += s.flowBytes
 	s.chunkBytes += s.flowBytes
 	s.n++
@@ -177,7 +174,7 @@ func (s *Store) Append(f *Flow) int {
 }
 
 // chunkArrays is what a chunk's flow, key and times arrays take.
-const chunkArrays = storeChunk * (int64(unsafe.Sizeof(storedFlow{})+unsafe.Sizeof(AddrKeys{})) + 8*timesPerFlow)
+const chunkArrays = storeChunk * (int64(unsafe.Sizeof(storedFlow{})) + 8*timesPerFlow)
 
 // timesPerFlow is how many event times a chunk makes room for per flow
 // at first: most flows have one or two events.
@@ -185,7 +182,7 @@ const timesPerFlow = 2
 
 func (s *Store) addChunk() {
 	s.flowArena = arena{charged: &s.flowBytes}
-	s.chunks = append(s.chunks, chunk{flows: make([]storedFlow, storeChunk), keys: make([]AddrKeys, storeChunk),
+	s.chunks = append(s.chunks, chunk{flows: make([]storedFlow, storeChunk),
 		times: make([]int64, 0, storeChunk*timesPerFlow), cost: chunkArrays})
 	s.chunkBytes += chunkArrays
 }
@@ -342,12 +339,6 @@ func (v StoreView) At(i int) *Flow {
 
 func (v StoreView) locate(i int) (*chunk, int) {
 	return &v.chunks[(i-v.base)/storeChunk], (i - v.base) % storeChunk
-}
-
-// Keys returns the address keys of flow i of the view.
-func (v StoreView) Keys(i int) *AddrKeys {
-	c, j := v.locate(i)
-	return &c.keys[j]
 }
 
 // From returns the view without the flows before first, and without the
