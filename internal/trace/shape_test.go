@@ -241,8 +241,8 @@ func TestStoreShapesRepeatedFlows(t *testing.T) {
 			t.Fatalf("flow %d read back %s", i, jsonDiff(got, f))
 		}
 	}
-	if per := s.Memory() / int64(len(want)); per > 250 {
-		t.Errorf("%d bytes a flow by the store's estimate, want at most 250", per)
+	if per := s.Memory() / int64(len(want)); per > 150 {
+		t.Errorf("%d bytes a flow by the store's estimate, want at most 150", per)
 	}
 }
 
