@@ -590,7 +590,7 @@ func (sf *StoredFlow) AroundEndpoints(n int, has func(string) bool) bool {
 	if rec.seen.form != 0 {
 		fill.seen = f.Reply.Dst
 	}
-	x := sh.flow.Explanation
+	x, n := sh.flow.Explanation, max(n, 1)
 	for p := 0; ; {
 		i := strings.IndexAny(x[p:], slotClient+slotSeen)
 		if i < 0 {

@@ -698,8 +698,8 @@ func (s *Store) addr(x string, a *arena) string {
 }
 
 // DefaultCaps suit a node. The mix's flows, joined and diagnosed as the
-// live pipeline makes them, take about 175 bytes each by the store's
-// estimate (nodebench's one-hour feed: 34.9 MB for 200,000 flows, 38 MB
+// live pipeline makes them, take about 90 bytes each by the store's
+// estimate (nodebench's one-hour feed: 85 MiB for 1,000,000 flows, 88 MiB
 // of heap), because flows through one Service and rule share a shape;
 // the mix's flows stored whole (no shape to share, or the shape table
 // full) take about 1,220 bytes of heap each. So the count cap binds first
