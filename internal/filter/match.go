@@ -325,13 +325,8 @@ func equalFoldLower(s, needle string) bool {
 func (f Filter) MatchKeyed(fl *trace.Flow, k *trace.AddrKeys) bool {
 	for i := range f.terms {
 		t := &f.terms[i]
-		var ok bool
-		switch {
-		case t.kind == kindPort && k.Complete:
-			ok = t.portIn(k)
-		case t.kind == kindIP && k.Complete:
-			ok = t.ipIn(k)
-		default:
+		ok, keyed := t.matchKeys(k)
+		if !keyed {
 			ok = t.match(fl, f.node)
 		}
 		if ok == t.neg {
@@ -339,6 +334,20 @@ func (f Filter) MatchKeyed(fl *trace.Flow, k *trace.AddrKeys) bool {
 		}
 	}
 	return true
+}
+
+// matchKeys answers a port: or ip: term from the flow's keys when they
+// hold every address the flow has; keyed says whether it could.
+func (t *term) matchKeys(k *trace.AddrKeys) (ok, keyed bool) {
+	switch {
+	case !k.Complete:
+		return false, false
+	case t.kind == kindPort:
+		return t.portIn(k), true
+	case t.kind == kindIP:
+		return t.ipIn(k), true
+	}
+	return false, false
 }
 
 func (t *term) portIn(k *trace.AddrKeys) bool {

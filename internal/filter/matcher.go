@@ -62,15 +62,14 @@ func (m *Matcher) Match(sf *trace.StoredFlow) bool {
 	for i := range m.f.terms {
 		t := &m.f.terms[i]
 		var ok bool
-		switch k := sf.Keys(); {
-		case t.kind == kindWord:
+		switch t.kind {
+		case kindWord:
 			ok = t.matchWordStored(sf, &m.memos[i])
-		case t.kind == kindPort && k.Complete:
-			ok = t.portIn(k)
-		case t.kind == kindIP && k.Complete:
-			ok = t.ipIn(k)
-		case t.kind == kindPort || t.kind == kindIP:
-			ok = t.match(sf.Flow(), m.f.node)
+		case kindPort, kindIP:
+			var keyed bool
+			if ok, keyed = t.matchKeys(sf.Keys()); !keyed {
+				ok = t.match(sf.Flow(), m.f.node)
+			}
 		default:
 			ok = t.match(sf.Refs(), m.f.node) // verdict, proto, node, pods and namespaces
 		}

@@ -303,34 +303,24 @@ func (w *keyWriter) byteRef(p *uint8) {
 }
 
 func (w *keyWriter) event(e *Event, u substitution) {
-	w.str(e.Type)
-	w.str(e.Node)
-	w.str(e.Kind)
-	w.str(e.Hook)
-	w.str(e.Via)
-	w.str(e.Proto)
-	w.uint(uint64(e.Netns))
+	for _, x := range [...]string{e.Type, e.Node, e.Kind, e.Hook, e.Via, e.Proto, e.To, e.Virtual, e.Forward, e.NFHook, e.Reason, e.By} {
+		w.str(x)
+	}
+	for _, x := range [...]uint64{uint64(e.Netns), uint64(e.CTMark), uint64(e.CTZone)} {
+		w.uint(x)
+	}
 	w.tuple(e.Packet, u)
 	w.tuple(e.Orig, u)
 	w.tuple(e.Reply, u)
-	w.str(e.To)
-	w.str(e.Virtual)
-	w.str(e.Forward)
-	w.str(e.NFHook)
 	w.byteRef(e.ICMPType)
 	w.byteRef(e.ICMPCode)
-	w.str(e.Reason)
 	w.strs(e.CTStatus)
-	w.uint(uint64(e.CTMark))
-	w.uint(uint64(e.CTZone))
-	w.str(e.By)
 	w.flag(e.NoConntrack)
 	w.flag(e.ConntrackTable != nil)
 	if t := e.ConntrackTable; t != nil {
-		w.uint(uint64(t.Entries))
-		w.uint(uint64(t.Max))
-		w.uint(t.Drops)
-		w.uint(t.InsertFailed)
+		for _, x := range [...]uint64{uint64(t.Entries), uint64(t.Max), t.Drops, t.InsertFailed} {
+			w.uint(x)
+		}
 	}
 }
 
