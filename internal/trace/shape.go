@@ -497,6 +497,9 @@ func (v StoreView) Load(i int, sf *StoredFlow) {
 	sf.sc.reuse = true
 }
 
+// Time returns the flow's time.
+func (sf *StoredFlow) Time() time.Time { return sf.c.flows[sf.j].time() }
+
 // Keys returns the flow's address keys: its shape's, and its client's.
 // They hold the same addresses and ports as KeysOf the flow, so a filter
 // term matches them alike; only their order may differ.

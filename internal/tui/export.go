@@ -33,11 +33,13 @@ func (m *Model) export() tea.Cmd {
 func writeTrace(path string, h trace.Header, states *trace.StateLog, rows *flowIndex) (int, error) {
 	n := rows.count()
 	var changes []*trace.StateChange
+	var sf trace.StoredFlow // each flow is written before the next is read
 	if states != nil && n > 0 {
-		first := rows.view.At(rows.at(0)).Time
+		rows.view.Load(rows.at(0), &sf)
+		first := sf.Time()
 		for p := range n {
-			if t := rows.view.At(rows.at(p)).Time; t.Before(first) {
-				first = t
+			if rows.view.Load(rows.at(p), &sf); sf.Time().Before(first) {
+				first = sf.Time()
 			}
 		}
 		h.Snapshot, changes = states.From(first)
@@ -53,7 +55,8 @@ func writeTrace(path string, h trace.Header, states *trace.StateLog, rows *flowI
 		}
 	}
 	for p := range n {
-		if err := w.WriteFlow(rows.view.At(rows.at(p))); err != nil {
+		rows.view.Load(rows.at(p), &sf)
+		if err := w.WriteFlow(sf.Flow()); err != nil {
 			w.Abort()
 			return 0, fmt.Errorf("export to %s: %w", path, err)
 		}
