@@ -106,9 +106,32 @@ func (e *endpoint) appendTo(b []byte) []byte {
 // seconds; a flow with a time outside it is stored whole.
 const unixRange = 9_000_000_000
 
-func inUnixRange(t time.Time, loc *time.Location) bool {
+// inUnixRange reports whether t is in range and in loc.
+func (s *Store) inUnixRange(t time.Time, loc *time.Location) bool {
 	u := t.Unix()
-	return u > -unixRange && u < unixRange && t.Location() == loc
+	return u > -unixRange && u < unixRange && s.location(t.Location()) == loc
+}
+
+// location is loc, or the first location the store saw with loc's fixed
+// offset when loc is an unnamed fixed zone: time.Parse makes a new one
+// for every time whose offset is not whole hours nor Local's, and flows
+// that differ in that pointer alone (a replay from India) still share a
+// shape. The two locations print every time alike.
+func (s *Store) location(loc *time.Location) *time.Location {
+	if loc == time.UTC || loc == time.Local || loc.String() != "" {
+		return loc
+	}
+	name, off := time.Unix(0, 0).In(loc).Zone()
+	if name2, off2 := time.Unix(unixRange, 0).In(loc).Zone(); name != "" || name2 != "" || off2 != off {
+		return loc // not fixed
+	}
+	if c, ok := s.fixedZones[off]; ok {
+		return c
+	}
+	if len(s.fixedZones) < 1<<10 {
+		s.fixedZones[off] = loc
+	}
+	return loc
 }
 
 // shaped stores f in rec with a shared shape, and reports false when it
@@ -126,12 +149,12 @@ func (s *Store) shaped(f *Flow, rec *storedFlow, c *chunk) bool {
 		}
 		seenText = f.Reply.Dst
 	}
-	loc := f.Time.Location()
-	if !inUnixRange(f.Time, loc) || strings.ContainsAny(f.Explanation, slotClient+slotSeen) {
+	loc := s.location(f.Time.Location())
+	if !s.inUnixRange(f.Time, loc) || strings.ContainsAny(f.Explanation, slotClient+slotSeen) {
 		return false
 	}
 	for i := range f.Events {
-		if !inUnixRange(f.Events[i].Time, loc) {
+		if !s.inUnixRange(f.Events[i].Time, loc) {
 			return false
 		}
 	}

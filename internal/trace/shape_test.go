@@ -355,3 +355,43 @@ func FuzzStoreRoundTrip(f *testing.F) {
 		checkKeys(t, s, want)
 	})
 }
+
+// TestStoreSharesParsedOffsets: a trace written at +05:30 and replayed
+// where that is not the local offset parses each time into a location of
+// its own; its flows still share a shape, and read back alike.
+func TestStoreSharesParsedOffsets(t *testing.T) {
+	s := NewStore()
+	var want []*Flow
+	for i := range 20 {
+		f := fullFlow()
+		f.Orig.Src = fmt.Sprintf("10.244.1.10:%d", 40000+i)
+		f.Events[0].Packet.Src, f.Explanation = f.Orig.Src, "ok: from "+f.Orig.Src
+		f.Events[0].Orig, f.Events[1].Orig = &f.Orig, &f.Orig
+		b, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.ReplaceAll(string(b), "Z\"", "+05:30\"")
+		var g Flow
+		if err := json.Unmarshal([]byte(text), &g); err != nil {
+			t.Fatal(err)
+		}
+		if _, off := g.Time.Zone(); off != 19800 {
+			t.Fatalf("fixture: offset %d", off)
+		}
+		want = append(want, &g)
+		s.Append(&g)
+	}
+	if len(s.shapes) != 1 {
+		t.Errorf("%d shapes for flows that differ in their client and their times' location objects, want 1", len(s.shapes))
+	}
+	for i, f := range want {
+		got := s.At(i)
+		if !reflect.DeepEqual(got, f) {
+			t.Errorf("flow %d read back %s", i, jsonDiff(got, f))
+		}
+		if c, j := s.locate(i); c.flows[j].shape.own {
+			t.Errorf("flow %d stored whole", i)
+		}
+	}
+}

@@ -71,6 +71,8 @@ type Store struct {
 	addrs    map[string]string // addresses, bounded apart from strs
 	shapes   map[string]*shape
 	keyBuf   []byte
+	// fixedZones holds one unnamed fixed zone per offset (Store.location).
+	fixedZones map[int]*time.Location
 
 	// Arenas for what is unique to each flow stored whole: event arrays,
 	// tuples and strings are carved from shared slabs, so that no flow
@@ -137,6 +139,8 @@ func NewCappedStore(caps Caps) *Store {
 		lists:    map[string][]string{},
 		addrs:    map[string]string{},
 		shapes:   map[string]*shape{},
+
+		fixedZones: map[int]*time.Location{},
 	}
 	s.flowArena.charged, s.tableArena.charged = &s.flowBytes, &s.tableBytes
 	return s
