@@ -104,18 +104,15 @@ func (t *term) matchWordStored(sf *trace.StoredFlow, mm *memo) bool {
 		return true
 	}
 	// A template's text between its placeholders is the explanation's
-	// own, so a word found there (one without the placeholders' bytes)
-	// is in the explanation; only a miss needs the explanation itself.
+	// own, so a word found there is in the explanation; only a miss needs
+	// the stretches around the client. A templated explanation holds no
+	// placeholder byte, so a word with one is not in it.
 	text, exact := sf.SharedExplanation()
-	odd := strings.ContainsAny(t.text, "\x00\x01") // could match a placeholder
-	if (exact || !odd) && mm.lookup(unsafe.Pointer(unsafe.StringData(text)), len(text), func() bool { return t.contains(text) }) {
+	if !exact && strings.ContainsAny(t.text, "\x00\x01") {
+		return false
+	}
+	if mm.lookup(unsafe.Pointer(unsafe.StringData(text)), len(text), func() bool { return t.contains(text) }) {
 		return true
 	}
-	switch {
-	case exact:
-		return false
-	case odd:
-		return t.contains(sf.Explanation())
-	}
-	return sf.AroundEndpoints(len(t.text), t.contains)
+	return !exact && sf.AroundEndpoints(len(t.text), t.contains)
 }

@@ -159,6 +159,7 @@ func (s *Store) shaped(f *Flow, rec *storedFlow, c *chunk) bool {
 		}
 	}
 	sub := substitution{client: f.Orig.Src, seen: seenText}
+	sub.explanation = sub.template(f.Explanation)
 	key, ok := s.shapeKey(f, sub, loc)
 	if !ok {
 		return false
@@ -182,8 +183,8 @@ func (s *Store) shaped(f *Flow, rec *storedFlow, c *chunk) bool {
 }
 
 // substitution is a flow's client endpoints, which its shape holds as
-// placeholders.
-type substitution struct{ client, seen string }
+// placeholders, and its explanation as the shape holds it.
+type substitution struct{ client, seen, explanation string }
 
 func (u substitution) of(x string) string {
 	switch {
@@ -222,7 +223,7 @@ func (s *Store) newShape(f *Flow, u substitution, loc *time.Location) *shape {
 	sub.Time, sub.SrcPod = time.Time{}, nil
 	sub.Orig = *u.tuple(&f.Orig)
 	sub.Reply = u.tuple(f.Reply)
-	sub.Explanation = u.template(f.Explanation)
+	sub.Explanation = u.explanation
 	sub.Events = make([]Event, len(f.Events))
 	for i := range f.Events {
 		e := f.Events[i]
@@ -249,7 +250,7 @@ func (s *Store) shapeKey(f *Flow, u substitution, loc *time.Location) ([]byte, b
 	w.tuple(&f.Orig, u)
 	w.tuple(f.Reply, u)
 	w.str(f.Verdict)
-	w.str(u.template(f.Explanation))
+	w.str(u.explanation)
 	w.pointer(unsafe.Pointer(s.podRef(f.DstPod, &s.flowArena)))
 	w.pointer(unsafe.Pointer(s.serviceRef(f.Service, &s.flowArena)))
 	if f.Rule != nil {
@@ -348,21 +349,16 @@ func (w *keyWriter) event(e *Event, u substitution) {
 }
 
 // scratch is where reading a stored flow builds what is the flow's own.
-// A reused scratch (reuse) overwrites what it built before; otherwise
-// every read allocates anew, and the flow read stays valid for good.
+// Each read overwrites what the one before built; At reads into a new
+// scratch, so that its flow stays valid for good.
 type scratch struct {
-	reuse  bool
 	buf    []byte
 	tuples []Tuple
 	events []Event
 }
 
 func (sc *scratch) reset() {
-	if sc.reuse {
-		sc.buf, sc.tuples, sc.events = sc.buf[:0], sc.tuples[:0], sc.events[:0]
-	} else {
-		*sc = scratch{}
-	}
+	sc.buf, sc.tuples, sc.events = sc.buf[:0], sc.tuples[:0], sc.events[:0]
 }
 
 func (sc *scratch) string(write func([]byte) []byte) string {
@@ -508,16 +504,13 @@ type StoredFlow struct {
 	refs     Flow
 	keys     AddrKeys
 	haveKeys bool
-	text     string
-	haveText bool
 	sc       scratch
 }
 
 // Load makes sf read flow i of v (v.First() <= i < v.Len()).
 func (v StoreView) Load(i int, sf *StoredFlow) {
 	c, j := v.locate(i)
-	sf.c, sf.j, sf.head, sf.full, sf.haveText, sf.haveKeys = c, j, false, false, false, false
-	sf.sc.reuse = true
+	sf.c, sf.j, sf.head, sf.full, sf.haveKeys = c, j, false, false, false
 }
 
 // Time returns the flow's time.
@@ -574,7 +567,6 @@ func (sf *StoredFlow) Flow() *Flow {
 	if !sf.full {
 		sf.c.load(sf.j, &sf.flow, &sf.sc, true, true)
 		sf.full, sf.head = true, false
-		sf.text, sf.haveText = sf.flow.Explanation, true
 	}
 	return &sf.flow
 }
@@ -583,7 +575,8 @@ func (sf *StoredFlow) Flow() *Flow {
 // that stays at one address while the store lives, so that a search of
 // it may be remembered by address; exact says whether it is the flow's
 // explanation. When not, it is a template whose every substring without
-// a zero or one byte is a substring of the explanation too.
+// a zero or one byte is a substring of the explanation too, and the
+// explanation holds neither byte.
 func (sf *StoredFlow) SharedExplanation() (text string, exact bool) {
 	sh := sf.c.flows[sf.j].shape
 	return sh.flow.Explanation, !sh.text
@@ -619,26 +612,4 @@ func (sf *StoredFlow) AroundEndpoints(n int, has func(string) bool) bool {
 		}
 		p = i + 1
 	}
-}
-
-// Explanation returns the flow's explanation.
-func (sf *StoredFlow) Explanation() string {
-	if sf.full {
-		return sf.flow.Explanation
-	}
-	if !sf.haveText {
-		rec := &sf.c.flows[sf.j]
-		sh := rec.shape
-		sf.text = sh.flow.Explanation
-		if sh.text {
-			sf.Head() // the endpoints, in the scratch
-			fill := filled{client: sf.flow.Orig.Src, seen: sf.flow.Orig.Src}
-			if rec.seen.form != 0 {
-				fill.seen = sf.flow.Reply.Dst
-			}
-			sf.text = sf.sc.string(func(b []byte) []byte { return fill.text(b, sh.flow.Explanation) })
-		}
-		sf.haveText = true
-	}
-	return sf.text
 }

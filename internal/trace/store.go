@@ -9,9 +9,9 @@ import (
 )
 
 // storeChunk is how many flows one chunk of a Store holds. Chunks never
-// move once allocated and are never reused once evicted, so a *Flow from
-// At or a StoreView stays valid while the store grows and evicts, and
-// readers iterate without holding the lock.
+// move once allocated and are never reused once evicted, so a StoreView
+// stays readable while the store grows and evicts, and readers iterate
+// without holding the lock.
 const storeChunk = 1 << 12
 
 // internLimit bounds each intern table. Low-cardinality strings (verdicts,
@@ -275,8 +275,11 @@ func (s *Store) At(i int) *Flow {
 	return c.flow(j)
 }
 
-func (s *Store) locate(i int) (*chunk, int) {
-	return &s.chunks[(i-s.base)/storeChunk], (i - s.base) % storeChunk
+func (s *Store) locate(i int) (*chunk, int) { return locate(s.chunks, s.base, i) }
+
+// locate is the chunk that holds store index i, and i's place in it.
+func locate(chunks []chunk, base, i int) (*chunk, int) {
+	return &chunks[(i-base)/storeChunk], (i - base) % storeChunk
 }
 
 // flow reads flow j of the chunk into a flow of its own.
@@ -341,9 +344,7 @@ func (v StoreView) At(i int) *Flow {
 	return c.flow(j)
 }
 
-func (v StoreView) locate(i int) (*chunk, int) {
-	return &v.chunks[(i-v.base)/storeChunk], (i - v.base) % storeChunk
-}
+func (v StoreView) locate(i int) (*chunk, int) { return locate(v.chunks, v.base, i) }
 
 // From returns the view without the flows before first, and without the
 // chunks only they used, so that a paused table takes in the store's
