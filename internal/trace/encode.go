@@ -1,10 +1,12 @@
 package trace
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"strconv"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // AppendFlow appends f as encoding/json writes it, without reflection or
@@ -341,16 +343,10 @@ func appendStrings(b []byte, ss []string) []byte {
 func appendString(b []byte, s string) []byte {
 	for i := 0; i < len(s); {
 		// Eight bytes at a time while none needs a look (most of a
-		// rule's text, and an explanation between its arrows): a word
-		// with no byte below 0x20, at or above 0x80, or equal to one of
-		// the five that JSON or HTML escape.
-		if i+8 <= len(s) {
-			w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-				uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
-			if w&hiBits == 0 && hasLess(w, 0x20)|hasByte(w, '"')|hasByte(w, '\\')|hasByte(w, '<')|hasByte(w, '>')|hasByte(w, '&') == 0 {
-				i += 8
-				continue
-			}
+		// rule's text, and an explanation between its arrows).
+		if i+8 <= len(s) && plainWord(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))) {
+			i += 8
+			continue
 		}
 		c := s[i]
 		if c < utf8.RuneSelf {
@@ -375,6 +371,15 @@ const (
 	loBits = 0x0101010101010101
 	hiBits = 0x8080808080808080
 )
+
+// plainWord reports whether no byte of w needs a look: none below 0x20,
+// at or above 0x80, or one of the five that JSON or HTML escape. The
+// five take three tests: '"' (0x22) and '&' (0x26) differ only in bit 2,
+// '<' (0x3c) and '>' (0x3e) only in bit 1, so setting that bit makes
+// each pair one byte, which no other byte becomes.
+func plainWord(w uint64) bool {
+	return w&hiBits == 0 && hasLess(w, 0x20)|hasByte(w|loBits*0x04, '&')|hasByte(w|loBits*0x02, '>')|hasByte(w, '\\') == 0
+}
 
 // hasLess is non-zero when a byte of w, all below 0x80, is below n.
 func hasLess(w uint64, n byte) uint64 { return (w - loBits*uint64(n)) & ^w & hiBits }
