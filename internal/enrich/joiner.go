@@ -697,7 +697,7 @@ func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAn
 		return orig, reply, f.Reply != nil
 	}
 	e, ok := j.entryOf(p, live)
-	if !ok && !p.replaced {
+	if !ok && !p.replaced && mayBeStrayReply(j.joined) {
 		e, ok = j.strayReplyOwner(orig)
 		if ok {
 			orig = e.Orig
@@ -719,6 +719,25 @@ func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAn
 // testHookJoinedAddrs, set by tests, sees every flow the joiner enriches
 // with the addresses it made of its typed events.
 var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
+
+// mayBeStrayReply says whether a flow without a conntrack entry may be a
+// stray reply, which strayReplyOwner looks for with a dump of the kernel's
+// table by source: only a packet the kernel reset or dropped, in a flow
+// without a NAT decision (a NAT decision's tuple is its own entry's).
+// Every other flow skips that dump: a flood of connections whose entries
+// are gone by the time they finish (a table overrun, early drops when it
+// is full, a flush) would otherwise ask for a dump of the whole table per
+// flow.
+func mayBeStrayReply(events []event.Event) bool {
+	stray := false
+	for _, ev := range events {
+		if _, ok := natDecisionOf(ev); ok {
+			return false
+		}
+		stray = stray || ev.Kind == event.KindReset || ev.Kind == event.KindDrop
+	}
+	return stray
+}
 
 // strayReplyOwner: a packet to one of our sockets from a peer it never
 // addressed (the return-path incident) belongs to the client connection

@@ -17,6 +17,8 @@ import (
 type fakeCT struct {
 	entries []conntrack.Entry
 	lookups []event.Tuple
+	// bySource are the sources BySource was asked for.
+	bySource []netip.AddrPort
 }
 
 func (c *fakeCT) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
@@ -34,6 +36,7 @@ func (c *fakeCT) find(tu event.Tuple) (conntrack.Entry, bool) {
 }
 
 func (c *fakeCT) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
+	c.bySource = append(c.bySource, src)
 	var out []conntrack.Entry
 	for _, e := range c.entries {
 		if e.Orig.Proto == proto && e.Orig.SrcAddrPort() == src {
@@ -102,6 +105,42 @@ func TestJoinStrayReplyTiedToClient(t *testing.T) {
 	}
 	if len(ct.lookups) == 0 || ct.lookups[0] != stray {
 		t.Errorf("conntrack lookups %v: the packet's tuple was not resolved through conntrack", ct.lookups)
+	}
+}
+
+// TestJoinAsksForStrayRepliesOnlyOfResetsAndDrops: BySource is a dump of
+// the kernel's whole table, so only a flow that may be a stray reply (a
+// reset or a drop, without a NAT decision) asks for one when its entry is
+// gone. Connections whose entries went before they finished (a flood of
+// one-datagram connections with a short timeout, a flushed or overrun
+// table) ask for none.
+func TestJoinAsksForStrayRepliesOnlyOfResetsAndDrops(t *testing.T) {
+	ct := &fakeCT{}
+	var evs []event.Event
+	for i := range 50 {
+		orig := tuple(17, fmt.Sprintf("10.78.1.10:%d", 2000+i), "10.97.78.8:53")
+		reply := tuple(17, "10.78.2.2:5353", fmt.Sprintf("10.78.1.10:%d", 2000+i))
+		evs = append(evs, event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: orig, Reply: reply})
+	}
+	// A DNAT'd connection the backend then reset: a NAT decision still.
+	natted := tuple(6, "10.78.1.10:3000", "10.97.78.8:80")
+	evs = append(evs,
+		event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: natted, Reply: tuple(6, "10.78.2.2:8080", "10.78.1.10:3000")},
+		event.Event{Kind: event.KindReset, Hook: event.HookTCPSendReset, Via: event.ViaTracepoint, Packet: tuple(6, "10.78.2.2:8080", "10.78.1.10:3000")})
+	strayRST := tuple(6, "10.244.2.7:8080", "10.0.0.2:40000")
+	strayDrop := tuple(17, "10.244.2.7:53", "10.0.0.2:40001")
+	unanswered := tuple(6, "10.0.0.2:40002", "10.244.2.7:8080") // a packet event that is neither
+	evs = append(evs,
+		event.Event{Kind: event.KindReset, Hook: event.HookTCPSendReset, Via: event.ViaTracepoint, Packet: strayRST},
+		event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: strayDrop},
+		event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, Packet: unanswered})
+	flows := joinWithCT(t, ct, evs...)
+	if len(flows) != 54 {
+		t.Fatalf("%d flows, want 54", len(flows))
+	}
+	want := []netip.AddrPort{strayRST.DstAddrPort(), strayDrop.DstAddrPort()}
+	if !reflect.DeepEqual(ct.bySource, want) {
+		t.Errorf("BySource asked for %v, want only the stray reset's and drop's destinations %v", ct.bySource, want)
 	}
 }
 
