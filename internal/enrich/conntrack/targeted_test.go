@@ -65,6 +65,43 @@ func TestTargetedBySource(t *testing.T) {
 	}
 }
 
+// TestTargetedBySourceDumpsBounded: dumps by source that take 100 ms each
+// (a big table) stop after the 250 ms of credit are spent, are counted as
+// skipped meanwhile (the answer is the destroyed entries alone), and start
+// again once time has brought the credit back at 5%.
+func TestTargetedBySourceDumpsBounded(t *testing.T) {
+	a, b := dnatEntry(40130, 0), dnatEntry(40131, 0)
+	src := newFake(a)
+	c := &clock{t: time.Unix(1700000000, 0)}
+	src.onSourceDump = func() { c.add(100 * time.Millisecond) }
+	tr := startFake(t, src, Options{Targeted: true}, c.now)
+	src.events <- fakeRecv{ch: []change{{entry: b, destroy: true}}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+
+	for i := range 3 {
+		if got := tr.BySource(6, a.Orig.SrcAddrPort()); len(got) != 1 || got[0].Orig != a.Orig {
+			t.Fatalf("dump %d: %+v", i+1, got)
+		}
+	}
+	// 250 ms + 3 x 5 ms of credit, 300 ms spent: the next is refused.
+	if got := tr.BySource(6, a.Orig.SrcAddrPort()); len(got) != 0 {
+		t.Errorf("a fourth dump ran at once: %+v", got)
+	}
+	if got := tr.BySource(6, b.Orig.SrcAddrPort()); len(got) != 1 || !got[0].Destroyed {
+		t.Errorf("a refused dump still answers from the destroyed entries: %+v", got)
+	}
+	if s := tr.Stats(); src.sourceDumps != 3 || s.SourceDumpsSkipped != 2 {
+		t.Errorf("%d dumps, %d skipped; want 3 and 2", src.sourceDumps, s.SourceDumpsSkipped)
+	}
+	c.add(time.Second) // 50 ms of credit back
+	if got := tr.BySource(6, a.Orig.SrcAddrPort()); len(got) != 1 {
+		t.Errorf("no dump a second later: %+v", got)
+	}
+	if src.sourceDumps != 4 {
+		t.Errorf("%d dumps, want 4", src.sourceDumps)
+	}
+}
+
 // TestTargetedOverrunCounted: an overrun is counted and repaired by
 // nothing (there is no live copy to re-dump); DESTROYs after it apply.
 func TestTargetedOverrunCounted(t *testing.T) {

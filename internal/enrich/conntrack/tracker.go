@@ -64,6 +64,10 @@ type Stats struct {
 	// QueryErrors counts the kernel queries of targeted lookups that
 	// failed (the lookup then answered from the destroyed entries).
 	QueryErrors uint64
+	// SourceDumpsSkipped counts BySource calls of a targeted tracker
+	// answered from the destroyed entries alone, because the kernel dumps
+	// had taken their share of the time (dumpBudget).
+	SourceDumpsSkipped uint64
 	// DecodeErrors counts event messages that could not be parsed.
 	DecodeErrors uint64
 	// LastDump is how long the most recent full dump took to read and
@@ -152,10 +156,14 @@ type Tracker struct {
 
 	overruns, redumps, dropped atomic.Uint64
 	queryErrors                atomic.Uint64
-	lastDump                   atomic.Int64
-	dumped                     atomic.Int64
-	errMu                      sync.Mutex
-	err                        error
+	// sourceDumps bounds BySource's dumps; sourceDumpsSkipped counts those
+	// it refused.
+	sourceDumps        dumpBudget
+	sourceDumpsSkipped atomic.Uint64
+	lastDump           atomic.Int64
+	dumped             atomic.Int64
+	errMu              sync.Mutex
+	err                error
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -572,15 +580,16 @@ func (t *Tracker) Stats() Stats {
 	evicted := t.tab.evicted
 	t.mu.RUnlock()
 	s := Stats{
-		Overruns:       t.overruns.Load(),
-		Redumps:        t.redumps.Load(),
-		DroppedUpdates: t.dropped.Load(),
-		Entries:        live + dead,
-		Destroyed:      dead,
-		Evicted:        evicted,
-		QueryErrors:    t.queryErrors.Load(),
-		LastDump:       time.Duration(t.lastDump.Load()),
-		DumpedEntries:  int(t.dumped.Load()),
+		Overruns:           t.overruns.Load(),
+		Redumps:            t.redumps.Load(),
+		DroppedUpdates:     t.dropped.Load(),
+		Entries:            live + dead,
+		Destroyed:          dead,
+		Evicted:            evicted,
+		QueryErrors:        t.queryErrors.Load(),
+		SourceDumpsSkipped: t.sourceDumpsSkipped.Load(),
+		LastDump:           time.Duration(t.lastDump.Load()),
+		DumpedEntries:      int(t.dumped.Load()),
 	}
 	if dc, ok := t.src.(interface{ decodeErrorCount() uint64 }); ok {
 		s.DecodeErrors = dc.decodeErrorCount()
@@ -615,12 +624,53 @@ func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
 	var live []Entry
 	if t.opts.Targeted {
-		live = t.dumpSource(proto, src)
+		if start := t.now(); t.sourceDumps.take(start) {
+			live = t.dumpSource(proto, src)
+			t.sourceDumps.spend(t.now().Sub(start))
+		} else {
+			t.sourceDumpsSkipped.Add(1)
+		}
 		t.drain()
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return append(live, t.tab.bySource(proto, src, t.now())...)
+}
+
+// dumpBudget keeps the kernel's dumps by source to a share of the time: a
+// dump walks the namespace's whole table, so on a node whose table is
+// full, where packets drop for want of an entry, one dump per stray
+// reply would add load to the node in trouble. Dumps spend credit, which
+// comes back at dumpShare of the time passing, up to dumpBurst.
+type dumpBudget struct {
+	mu     sync.Mutex
+	credit time.Duration
+	at     time.Time // when credit was last brought up to date
+}
+
+const (
+	dumpShare = 0.05
+	dumpBurst = 250 * time.Millisecond
+)
+
+// take brings the credit up to now and says whether a dump may start.
+func (b *dumpBudget) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.at.IsZero() {
+		b.credit = dumpBurst
+	} else if passed := now.Sub(b.at); passed > 0 {
+		b.credit = min(dumpBurst, b.credit+time.Duration(float64(passed)*dumpShare))
+	}
+	b.at = now
+	return b.credit > 0
+}
+
+// spend takes a dump's time from the credit.
+func (b *dumpBudget) spend(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.credit -= d
 }
 
 // dumpSource asks the kernel for the live entries from src (targeted

@@ -33,9 +33,13 @@ type fakeSource struct {
 	pending []fakeRecv
 	// onMiss runs (with mu held) when Get finds nothing.
 	onMiss func(tu event.Tuple)
-	events chan fakeRecv
-	closed chan struct{}
-	once   sync.Once
+	// sourceDumps counts DumpSource calls; onSourceDump runs in each
+	// (with mu held), as a dump of a big table takes time.
+	sourceDumps  int
+	onSourceDump func()
+	events       chan fakeRecv
+	closed       chan struct{}
+	once         sync.Once
 }
 
 type fakeRecv struct {
@@ -107,6 +111,10 @@ func (f *fakeSource) GetAll(tus []event.Tuple, entries []Entry, found []bool) er
 func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sourceDumps++
+	if f.onSourceDump != nil {
+		f.onSourceDump()
+	}
 	if f.queryErr != nil {
 		return nil, f.queryErr
 	}
