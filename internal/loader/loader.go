@@ -7,6 +7,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -131,9 +132,20 @@ type Tracer struct {
 	// before Close interrupts the read and takes readMu to unmap it.
 	readMu  sync.Mutex
 	closing atomic.Bool
-	rec     ringbuf.Record
-	clock   event.Clock
-	names   *ReasonNames
+	// detached is set once Detach has closed the links: the programs make
+	// no more events, and a read that finds the ring empty ends.
+	detached atomic.Bool
+	// unread counts the records Close found in the ring buffer, which no
+	// one will read; closed is closed once Close has counted them.
+	unread uint64
+	closed chan struct{}
+	// lastLost and lastLostErr are the lost counters as Close read them
+	// before closing their map: what Lost returns from then on.
+	lastLost    map[event.Hook]uint64
+	lastLostErr error
+	rec         ringbuf.Record
+	clock       event.Clock
+	names       *ReasonNames
 	// progs are the programs that attached, for their run statistics.
 	// attachMu guards progs, links and Plan once Open has returned:
 	// Reattach changes them while the pipeline runs.
@@ -163,7 +175,7 @@ func Open(cfg Config) (*Tracer, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache(), only: cfg.Only}
+	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache(), only: cfg.Only, closed: make(chan struct{})}
 	if err := t.createMaps(); err != nil {
 		t.Close()
 		return nil, err
@@ -381,6 +393,9 @@ func (t *Tracer) Reattach(hook event.Hook) (HookPlan, error) {
 	}
 	t.attachMu.Lock()
 	defer t.attachMu.Unlock()
+	if t.detached.Load() {
+		return HookPlan{}, os.ErrClosed
+	}
 	i := slices.IndexFunc(t.Plan, func(hp HookPlan) bool { return hp.Hook == hook })
 	if i < 0 {
 		return HookPlan{}, fmt.Errorf("reattach %s: no such hook", hook)
@@ -438,6 +453,15 @@ func (t *Tracer) tryRung(h event.Hook, r rung) error {
 // Lost returns, per hook, the events the kernel could not queue because
 // the ring buffer was full.
 func (t *Tracer) Lost() (map[event.Hook]uint64, error) {
+	if t.closing.Load() {
+		// Close read the counters before it closed their map.
+		<-t.closed
+		return maps.Clone(t.lastLost), t.lastLostErr
+	}
+	return t.readLost()
+}
+
+func (t *Tracer) readLost() (map[event.Hook]uint64, error) {
 	out := map[event.Hook]uint64{}
 	var perCPU []uint64
 	for _, h := range event.Hooks {
@@ -505,6 +529,10 @@ func (t *Tracer) NextOrEmpty() (event.Event, error) {
 		if t.readable() {
 			continue
 		}
+		if t.detached.Load() {
+			// The links were closed before this look: nothing more comes.
+			return event.Event{}, os.ErrClosed
+		}
 		if !time.Now().Before(deadline) {
 			return event.Event{}, Empty{At: at}
 		}
@@ -516,6 +544,20 @@ func (t *Tracer) NextOrEmpty() (event.Event, error) {
 			return event.Event{}, fmt.Errorf("wait for ring buffer: %w", err)
 		}
 	}
+}
+
+// countUnread reads the records left in the ring buffer without decoding
+// them, and counts them.
+func (t *Tracer) countUnread() uint64 {
+	var n uint64
+	for t.readable() {
+		t.reader.SetDeadline(time.Unix(0, 1))
+		if err := t.reader.ReadInto(&t.rec); err != nil {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // readable reports whether the ring buffer holds a record to read.
@@ -555,12 +597,49 @@ const pollEvery = 20 * time.Millisecond
 // Reasons names drop and RST reasons for this kernel.
 func (t *Tracer) Reasons() *ReasonNames { return t.names }
 
+// Detach closes every link, so the programs make no more events, and
+// leaves the ring buffer to be read: Next returns what they queued before,
+// then os.ErrClosed once the ring buffer is empty. A consumer stopping
+// (SIGINT, the end of --duration) reads everything the kernel reported
+// before it stopped instead of dropping it; Close still ends a read that
+// takes too long, and counts what was left (Unread).
+func (t *Tracer) Detach() error {
+	t.attachMu.Lock()
+	defer t.attachMu.Unlock()
+	if t.detached.Swap(true) {
+		return nil
+	}
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	t.links = nil
+	// A read waiting for a record looks again within pollEvery, and ends
+	// then if the ring buffer is empty.
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach: %w", err)
+	}
+	return nil
+}
+
+// Unread is how many records Close found in the ring buffer: events the
+// programs reported that no one read, lost as surely as those the ring
+// buffer had no room for. It waits for a Close in progress.
+func (t *Tracer) Unread() uint64 {
+	if !t.closing.Load() {
+		return 0
+	}
+	<-t.closed
+	return t.unread
+}
+
 // Close detaches every link and frees everything. It is safe to call more
 // than once and from a signal path while Next blocks.
 func (t *Tracer) Close() error {
 	t.closeOnce.Do(func() {
 		var errs []error
 		t.closing.Store(true)
+		defer close(t.closed)
 		t.attachMu.Lock()
 		defer t.attachMu.Unlock()
 		for _, l := range t.links {
@@ -572,7 +651,11 @@ func (t *Tracer) Close() error {
 		t.readMu.Lock()
 		defer t.readMu.Unlock()
 		if t.reader != nil {
+			t.unread = t.countUnread()
 			errs = append(errs, t.reader.Close())
+		}
+		if t.maps["lost"] != nil {
+			t.lastLost, t.lastLostErr = t.readLost()
 		}
 		for _, c := range t.colls {
 			c.Close()

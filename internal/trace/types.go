@@ -386,6 +386,15 @@ type Summary struct {
 	// dropped before the tracker read them, and the table rebuilds after.
 	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
 	ConntrackRedumps  uint64 `json:"conntrack_redumps,omitempty"`
+	// ConntrackSourceDumpsSkipped counts flows that may be stray replies
+	// (a reset or a drop without a conntrack entry) whose client
+	// connection was not looked for: that lookup is a dump of the whole
+	// conntrack table, and the dumps had used their 5% of the time.
+	ConntrackSourceDumpsSkipped uint64 `json:"conntrack_source_dumps_skipped,omitempty"`
+	// UnreadAtStop is how many of LostEvents were still in the ring buffer
+	// when the tracer stopped: it reads what the kernel reported before
+	// the stop for up to a few seconds, then gives up on the rest.
+	UnreadAtStop uint64 `json:"unread_at_stop,omitempty"`
 	// StateChanges counts the state lines: node state changes recorded.
 	StateChanges int `json:"state_changes,omitempty"`
 	// ConntrackDrops is how much conntrack's "drop" counter rose in the

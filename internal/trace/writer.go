@@ -123,8 +123,8 @@ func (w *Writer) WriteState(c *StateChange) error {
 }
 
 // SetLoss records, for the summary, what the capture stage could not
-// deliver or saw go wrong under it: s's lost events in total and by hook,
-// its conntrack overruns and redumps, conntrack's own drops and the hooks
+// deliver or saw go wrong under it: s's lost events in total, by hook and
+// left unread at the stop, its conntrack overruns and redumps, conntrack's own drops and the hooks
 // lost or attached while tracing. The capture stage calls it before Close.
 func (w *Writer) SetLoss(s Summary) {
 	w.mu.Lock()
@@ -133,6 +133,8 @@ func (w *Writer) SetLoss(s Summary) {
 	w.summary.LostByHook = s.LostByHook
 	w.summary.ConntrackOverruns = s.ConntrackOverruns
 	w.summary.ConntrackRedumps = s.ConntrackRedumps
+	w.summary.UnreadAtStop = s.UnreadAtStop
+	w.summary.ConntrackSourceDumpsSkipped = s.ConntrackSourceDumpsSkipped
 	w.summary.ConntrackDrops = s.ConntrackDrops
 	w.summary.HookChanges = s.HookChanges
 	w.summary.Nodes = s.Nodes
