@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -33,6 +35,10 @@ type lab struct {
 	rInode  uint32
 	ln      net.Listener
 	served  atomic.Uint64
+	// udpSink is S's socket for the flood (floodSetup), -1 until then;
+	// floodNext numbers the flood's datagrams, so no two share a tuple.
+	udpSink   int
+	floodNext atomic.Uint64
 	// only restricts the tracer's ladders to these tiers (-only), so a
 	// kernel that allows fentry can be measured with kprobes too.
 	only []event.Via
@@ -49,7 +55,7 @@ func newLab(prefix string) (*lab, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
-	b := &lab{l: nl}
+	b := &lab{l: nl, udpSink: -1}
 	for name, ns := range map[string]*netlab.Namespace{"c": &b.c, "r": &b.r, "s": &b.s} {
 		if *ns, err = nl.Namespace(name); err != nil {
 			b.close()
@@ -80,6 +86,7 @@ func newLab(prefix string) (*lab, error) {
 		func() error { return b.r.Sysctl("net.netfilter.nf_conntrack_tcp_timeout_fin_wait", "2") },
 		func() error { return b.r.Sysctl("net.netfilter.nf_conntrack_tcp_timeout_last_ack", "2") },
 		b.serve,
+		b.floodSetup,
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -127,6 +134,9 @@ func (b *lab) serve() error {
 func (b *lab) close() error {
 	if b.ln != nil {
 		b.ln.Close()
+	}
+	if b.udpSink >= 0 {
+		unix.Close(b.udpSink)
 	}
 	return b.l.Close()
 }

@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,7 @@ type config struct {
 	round     time.Duration
 	workers   int
 	ramp      []int
+	flood     []int // the flood ramp's rates, one-datagram connections a second
 	rampStep  time.Duration
 	attach    int
 	mem       []int
@@ -65,11 +67,12 @@ type config struct {
 
 func main() {
 	var cfg config
-	var ramp, mem, obs, childSpec, vmKernels, only string
+	var ramp, flood, mem, obs, childSpec, vmKernels, only string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
 	flag.StringVar(&ramp, "ramp", "1,2,4,8,16,32", "client worker counts of the loss ramp")
+	flag.StringVar(&flood, "flood", "20000,40000,60000,80000", "rates (one-datagram UDP connections a second) of the flood ramp, which then doubles while the tracer loses nothing and the machine keeps up (\"\" to skip)")
 	flag.DurationVar(&cfg.rampStep, "ramp-step", 5*time.Second, "traffic per ramp step")
 	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
 	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
@@ -123,6 +126,10 @@ func main() {
 	}
 	if cfg.ramp, err = ints(ramp); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -ramp:", err)
+		os.Exit(2)
+	}
+	if cfg.flood, err = ints(flood); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -flood:", err)
 		os.Exit(2)
 	}
 	if cfg.mem, err = ints(mem); err != nil {
@@ -181,6 +188,7 @@ type report struct {
 	plan   loader.Plan   // how the first attach attached each hook
 	rounds []roundResult // overhead rounds, in run order
 	ramp   []rampStep
+	flood  []rampStep
 
 	throughput childResult
 	stages     []goBench
@@ -207,10 +215,17 @@ type roundResult struct {
 }
 
 type rampStep struct {
+	// Workers are the TCP ramp's client workers; Rate is the flood
+	// ramp's asked rate, in connections a second.
 	Workers int
-	Load    load
-	Tracer  observed
-	CT      observed
+	Rate    int
+	// Live and LiveLoad are the flood ramp's second window at the same
+	// rate, with the full live pipeline attached alone.
+	Live     observed
+	LiveLoad load
+	Load     load
+	Tracer   observed
+	CT       observed
 }
 
 func run(ctx context.Context, cfg config) error {
@@ -328,20 +343,64 @@ func kernelSide(ctx context.Context, rep *report) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		step, err := rampOnce(ctx, b, w, cfg.rampStep)
+		step, err := rampOnce(b, func() (load, error) { return b.traffic(ctx, w, cfg.rampStep) })
 		if err != nil {
-			return err
+			return fmt.Errorf("ramp %d workers: %w", w, err)
 		}
+		step.Workers = w
 		rep.ramp = append(rep.ramp, step)
 		logf("ramp %2d workers %8.0f conn/s (%d ok) tracer nat %d lost %d | conntrack -E %d %s", w, step.Load.rate(), step.Load.OK, step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra)
 		time.Sleep(200 * time.Millisecond)
 	}
+	if len(cfg.flood) > 0 {
+		logf("flood ramp: one-datagram UDP connections, tracer and conntrack -E attached together")
+	}
+	for rate, ok := firstRampWorkers(cfg.flood); ok; rate, ok = nextFloodRate(cfg.flood, rep.flood) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		flood := func() (load, error) { return b.flood(ctx, rate, cfg.rampStep) }
+		step, err := rampOnce(b, flood)
+		if err != nil {
+			return fmt.Errorf("flood at %d a second: %w", rate, err)
+		}
+		// R's UDP entries time out after floodUDPTimeout: let them go
+		// before the next window fills the table again.
+		if !liveLost(rep.flood) {
+			time.Sleep(1500 * time.Millisecond)
+			if step.Live, step.LiveLoad, err = observeAlone(b, "live", flood); err != nil {
+				return fmt.Errorf("flood at %d a second, full live pipeline: %w", rate, err)
+			}
+		}
+		step.Rate = rate
+		rep.flood = append(rep.flood, step)
+		logf("flood %7d/s asked %8.0f conn/s (%d NAT decisions, %d send errors) tracer nat %d lost %d | conntrack -E %d %s | live at %.0f conn/s: nat %d lost %d flows %d (%s)", rate, step.Load.rate(), step.Load.OK, step.Load.Failed,
+			step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra, step.LiveLoad.rate(), step.Live.NAT, step.Live.Lost, step.Live.Flows, step.Live.Extra)
+		time.Sleep(1500 * time.Millisecond)
+	}
 	return nil
 }
 
-// rampOnce is one step of the loss ramp: the tracer's kernel side and
-// conntrack -E attached together while w workers connect.
-func rampOnce(ctx context.Context, b *lab, w int, d time.Duration) (rampStep, error) {
+// observeAlone runs traffic with one observer attached.
+func observeAlone(b *lab, key string, traffic func() (load, error)) (observed, load, error) {
+	o, err := newObserver(key)
+	if err != nil {
+		return observed{}, load{}, err
+	}
+	if err := o.start(b); err != nil {
+		return observed{}, load{}, err
+	}
+	l, terr := traffic()
+	got, serr := o.stop()
+	if err := errors.Join(terr, serr); err != nil {
+		return observed{}, load{}, err
+	}
+	return got, l, nil
+}
+
+// rampOnce is one step of a loss ramp: the tracer's kernel side and
+// conntrack -E attached together while traffic runs.
+func rampOnce(b *lab, traffic func() (load, error)) (rampStep, error) {
 	tr, err := newObserver("kernel")
 	if err != nil {
 		return rampStep{}, err
@@ -354,16 +413,16 @@ func rampOnce(ctx context.Context, b *lab, w int, d time.Duration) (rampStep, er
 		tr.stop()
 		return rampStep{}, err
 	}
-	l, terr := b.traffic(ctx, w, d)
+	l, terr := traffic()
 	co, cerr := ct.stop()
 	to, serr := tr.stop()
 	if terr != nil {
 		return rampStep{}, terr
 	}
 	if cerr != nil || serr != nil {
-		return rampStep{}, fmt.Errorf("ramp %d workers: %w", w, errors.Join(cerr, serr))
+		return rampStep{}, errors.Join(cerr, serr)
 	}
-	return rampStep{w, l, to, co}, nil
+	return rampStep{Load: l, Tracer: to, CT: co}, nil
 }
 
 // maxRampWorkers bounds the ramp's extension.
@@ -395,6 +454,39 @@ func nextRampWorkers(listed []int, done []rampStep) (int, bool) {
 	}
 	return last.Workers * 2, true
 }
+
+// maxFloodRate bounds the flood ramp's extension.
+const maxFloodRate = 2_560_000
+
+// nextFloodRate is the flood ramp's next rate: the listed ones, then
+// double the last while the tracer's kernel side has lost nothing and the
+// machine made at least 80% of the rate asked, so the ramp ends where the
+// kernel side loses or where the machine cannot send faster. The full
+// live pipeline's window is left out from its first loss on (liveLost).
+func nextFloodRate(listed []int, done []rampStep) (int, bool) {
+	if len(done) < len(listed) {
+		return listed[len(done)], true
+	}
+	if len(done) == 0 {
+		return 0, false
+	}
+	last := done[len(done)-1]
+	keptUp := last.Load.rate() >= 0.8*float64(last.Rate)
+	if last.Tracer.lostOrMissed(last.Load) > 0 || !keptUp || last.Rate*2 > maxFloodRate {
+		return 0, false
+	}
+	return last.Rate * 2, true
+}
+
+// liveLost says whether the full live pipeline lost or missed NAT
+// decisions in a flood step already.
+func liveLost(done []rampStep) bool {
+	return slices.ContainsFunc(done, func(s rampStep) bool { return s.LiveLoad.OK > 0 && s.Live.lostOrMissed(s.LiveLoad) > 0 })
+}
+
+// lostOrMissed is what an observer lost (its counters) and missed (NAT
+// decisions the kernel made that it never reported) of l's.
+func (o observed) lostOrMissed(l load) int64 { return max(o.Lost, 0) + missed(l.OK, o.NAT) }
 
 func userSide(ctx context.Context, rep *report) error {
 	logf("userspace throughput, one core")

@@ -67,6 +67,7 @@ func (r *report) markdown() string {
 		r.programsMarkdown(p)
 		r.roundsMarkdown(p)
 		r.rampMarkdown(p)
+		r.floodMarkdown(p)
 		r.attachMarkdown(p)
 	}
 	if r.cfg.userside {
@@ -287,6 +288,47 @@ func (r *report) rampMarkdown(p printer) {
 	} else {
 		p("conntrack -E missed none.\n\n")
 	}
+}
+
+// floodMarkdown is the flood ramp: each rate twice, first the kernel side
+// with conntrack -E, then the full live pipeline alone.
+func (r *report) floodMarkdown(p printer) {
+	if len(r.flood) == 0 {
+		return
+	}
+	p("### 3b. One-datagram connections: the flood ramp\n\n")
+	p("A TCP connection costs this machine a handshake and a close in three namespaces, so the ramp above ends near %.0f connections/s. ", rampTop(r.ramp))
+	p("Here C sends UDP datagrams to VIP:%d from a raw socket, each from a source address and port no earlier one used, so each is a new conntrack entry and a new NAT decision in R (DNAT to S:%d, where a socket that is never read drops them; R's UDP timeout is %s s, its namespace only). ", uport, userveport, floodUDPTimeout)
+	p("The connections made are R's DNAT rule's own packet count over the window (`iptables-save -c`), read once it stops rising. ")
+	p("Each rate runs twice, %s each: the tracer's kernel side with `conntrack -E -e NEW` attached together, then the full live pipeline (as `tracer trace -o json`) alone, stopped only once it has read its last event. ", r.cfg.rampStep)
+	p("The rate doubles past the listed ones while the kernel side loses nothing and the machine makes 80%% of the rate asked; the full live pipeline's window is left out after its first loss.\n\n")
+	p("| asked/s | conn/s | NAT decisions (rule count) | tracer NAT seen | tracer lost | tracer missed | conntrack -E seen | conntrack -E missed | conntrack -E says | live conn/s | live NAT decisions | live NAT seen | live lost | live missed | live says |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range r.flood {
+		p("| %d | %.0f | %d | %d | %d | %d | %d | %d | %s | ", s.Rate, s.Load.rate(), s.Load.OK, s.Tracer.NAT, s.Tracer.Lost, missed(s.Load.OK, s.Tracer.NAT), s.CT.NAT, missed(s.Load.OK, s.CT.NAT), s.CT.Extra)
+		if s.LiveLoad.OK == 0 {
+			p("- | - | - | - | - | not run: it lost at a lower rate |\n")
+			continue
+		}
+		p("%.0f | %d | %d | %d | %d | %s |\n", s.LiveLoad.rate(), s.LiveLoad.OK, s.Live.NAT, s.Live.Lost, missed(s.LiveLoad.OK, s.Live.NAT), s.Live.Extra)
+	}
+	got, _ := floodLoss(r.flood)
+	p("\n%s.\n\n", upperFirst(got))
+}
+
+func rampTop(steps []rampStep) float64 {
+	top := 0.0
+	for _, s := range steps {
+		top = max(top, s.Load.rate())
+	}
+	return top
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 func (r *report) attachMarkdown(p printer) {

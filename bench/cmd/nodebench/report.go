@@ -384,6 +384,8 @@ func (r *report) lossTarget() target {
 		}
 	}
 	switch {
+	case len(r.flood) > 0:
+		t.Got, t.Verdict = floodLoss(r.flood)
 	case where != nil:
 		trLost := where.Tracer.Lost + missed(where.Load.OK, where.Tracer.NAT)
 		t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s (%s): conntrack -E missed %d, tracer lost %d and missed %d",
@@ -408,9 +410,73 @@ func (r *report) lossTarget() target {
 		t.Verdict = "not shown: conntrack -E never lost in this run"
 	}
 	if end := rampEnd(r.ramp); end != "" {
-		t.Got += "; " + end
+		t.Got += "; TCP ramp: " + end
 	}
 	return t
+}
+
+// floodLoss is the loss target read from the flood ramp, where the rate
+// goes highest: met when neither the kernel side nor the full live
+// pipeline lost or missed a NAT decision at any rate, conntrack -E's
+// first miss and the rate where the ramp ended beside it.
+func floodLoss(steps []rampStep) (got, verdict string) {
+	var ctFirst, krFirst, liveFirst *rampStep
+	top, liveTop := 0.0, 0.0
+	for i := range steps {
+		s := &steps[i]
+		top = max(top, s.Load.rate())
+		if ctFirst == nil && missed(s.Load.OK, s.CT.NAT) > 0 {
+			ctFirst = s
+		}
+		if krFirst == nil && s.Tracer.lostOrMissed(s.Load) > 0 {
+			krFirst = s
+		}
+		if s.LiveLoad.OK > 0 {
+			liveTop = max(liveTop, s.LiveLoad.rate())
+			if liveFirst == nil && s.Live.lostOrMissed(s.LiveLoad) > 0 {
+				liveFirst = s
+			}
+		}
+	}
+	var parts []string
+	if ctFirst != nil {
+		parts = append(parts, fmt.Sprintf("flood ramp: conntrack -E first missed at %.0f conn/s (%d of %d)", ctFirst.Load.rate(), missed(ctFirst.Load.OK, ctFirst.CT.NAT), ctFirst.Load.OK))
+	} else {
+		parts = append(parts, fmt.Sprintf("flood ramp: conntrack -E missed none up to %.0f conn/s", top))
+	}
+	if krFirst != nil {
+		parts = append(parts, fmt.Sprintf("the tracer's kernel side first lost at %.0f conn/s (%d lost, %d missed of %d)", krFirst.Load.rate(), krFirst.Tracer.Lost, missed(krFirst.Load.OK, krFirst.Tracer.NAT), krFirst.Load.OK))
+	} else {
+		parts = append(parts, fmt.Sprintf("the tracer's kernel side lost none up to %.0f conn/s, where %s", top, floodEnd(steps)))
+	}
+	if liveFirst != nil {
+		parts = append(parts, fmt.Sprintf("the full live pipeline first lost at %.0f conn/s (%d lost, %d missed of %d)", liveFirst.LiveLoad.rate(), liveFirst.Live.Lost, missed(liveFirst.LiveLoad.OK, liveFirst.Live.NAT), liveFirst.LiveLoad.OK))
+	} else {
+		parts = append(parts, fmt.Sprintf("the full live pipeline lost none up to %.0f conn/s", liveTop))
+	}
+	got = strings.Join(parts, "; ")
+	switch {
+	case krFirst != nil || liveFirst != nil:
+		verdict = "missed: the tracer lost"
+	case ctFirst == nil:
+		verdict = "not shown: conntrack -E never lost in this run"
+	default:
+		verdict = "met"
+	}
+	return got, verdict
+}
+
+// floodEnd says why the flood ramp stopped (nextFloodRate).
+func floodEnd(steps []rampStep) string {
+	last := steps[len(steps)-1]
+	switch {
+	case last.Tracer.lostOrMissed(last.Load) > 0:
+		return "it lost"
+	case last.Load.rate() < 0.8*float64(last.Rate):
+		return fmt.Sprintf("the machine could not send faster (%.0f of the %d a second asked)", last.Load.rate(), last.Rate)
+	default:
+		return fmt.Sprintf("the ramp's last rate (%d a second asked)", last.Rate)
+	}
 }
 
 // rampEnd says where the ramp stopped and why (nextRampWorkers): the
