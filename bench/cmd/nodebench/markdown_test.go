@@ -147,3 +147,48 @@ func TestRampExtends(t *testing.T) {
 		t.Errorf("rampEnd(lossy) = %q", got)
 	}
 }
+
+// The flood ramp doubles past its listed rates while the kernel side
+// loses nothing and the machine keeps up; its loss verdict names who lost
+// first, and what the tracer lost where conntrack -E first missed.
+func TestFloodRamp(t *testing.T) {
+	step := func(asked int, made float64, ctNAT, krLost, liveNAT int64) rampStep {
+		ok := uint64(made * 5)
+		s := rampStep{Rate: asked, Load: load{OK: ok, Elapsed: 5 * time.Second}, Tracer: observed{NAT: int64(ok) - krLost}, CT: observed{NAT: ctNAT, Lost: -1}}
+		if liveNAT >= 0 {
+			s.LiveLoad, s.Live = load{OK: ok, Elapsed: 5 * time.Second}, observed{NAT: liveNAT}
+		}
+		return s
+	}
+	listed := []int{20000, 40000}
+	clean := []rampStep{step(20000, 20000, 100000, 0, 100000), step(40000, 40000, 199000, 0, 200000)}
+	if r, ok := nextFloodRate(listed, clean); !ok || r != 80000 {
+		t.Errorf("after a clean listed ramp: %d %v, want 80000", r, ok)
+	}
+	if _, ok := nextFloodRate(listed, append(clean, step(80000, 50000, 0, 0, -1))); ok {
+		t.Error("the flood goes on where the machine made 62% of the rate")
+	}
+	if _, ok := nextFloodRate(listed, append(clean, step(80000, 80000, 0, 5, -1))); ok {
+		t.Error("the flood goes on after the kernel side lost")
+	}
+	if liveLost(clean) {
+		t.Error("liveLost on a clean ramp")
+	}
+	lossy := append(clean, step(80000, 80000, 380000, 0, 390000))
+	if !liveLost(lossy) {
+		t.Error("liveLost misses the full live pipeline's 10,000 missed")
+	}
+	got, verdict := floodLoss(lossy)
+	for _, want := range []string{"conntrack -E first missed at 40000 conn/s (1000 of 200000)", "the tracer's kernel side lost or missed 0, the full live pipeline 0 of 200000",
+		"the full live pipeline first lost at 80000 conn/s (10000 of 400000 NAT decisions missed; its lost counters say 0 events)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("floodLoss: %q lacks %q", got, want)
+		}
+	}
+	if verdict != "missed: the full live pipeline lost from 80000 conn/s, conntrack -E from 40000" {
+		t.Errorf("verdict %q", verdict)
+	}
+	if _, verdict := floodLoss(clean); verdict != "met" {
+		t.Errorf("clean ramp where conntrack -E missed: verdict %q, want met", verdict)
+	}
+}

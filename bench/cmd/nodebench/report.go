@@ -440,30 +440,46 @@ func floodLoss(steps []rampStep) (got, verdict string) {
 	}
 	var parts []string
 	if ctFirst != nil {
-		parts = append(parts, fmt.Sprintf("flood ramp: conntrack -E first missed at %.0f conn/s (%d of %d)", ctFirst.Load.rate(), missed(ctFirst.Load.OK, ctFirst.CT.NAT), ctFirst.Load.OK))
+		live := "was not run"
+		if ctFirst.LiveLoad.OK > 0 {
+			live = fmt.Sprintf("%d of %d", ctFirst.Live.lostOrMissed(ctFirst.LiveLoad), ctFirst.LiveLoad.OK)
+		}
+		parts = append(parts, fmt.Sprintf("flood ramp: conntrack -E first missed at %.0f conn/s (%d of %d); at that rate the tracer's kernel side lost or missed %d, the full live pipeline %s",
+			ctFirst.Load.rate(), missed(ctFirst.Load.OK, ctFirst.CT.NAT), ctFirst.Load.OK, ctFirst.Tracer.lostOrMissed(ctFirst.Load), live))
 	} else {
 		parts = append(parts, fmt.Sprintf("flood ramp: conntrack -E missed none up to %.0f conn/s", top))
 	}
 	if krFirst != nil {
-		parts = append(parts, fmt.Sprintf("the tracer's kernel side first lost at %.0f conn/s (%d lost, %d missed of %d)", krFirst.Load.rate(), krFirst.Tracer.Lost, missed(krFirst.Load.OK, krFirst.Tracer.NAT), krFirst.Load.OK))
+		parts = append(parts, fmt.Sprintf("the tracer's kernel side first lost at %.0f conn/s (%s)", krFirst.Load.rate(), missedOf(krFirst.Load, krFirst.Tracer)))
 	} else {
 		parts = append(parts, fmt.Sprintf("the tracer's kernel side lost none up to %.0f conn/s, where %s", top, floodEnd(steps)))
 	}
 	if liveFirst != nil {
-		parts = append(parts, fmt.Sprintf("the full live pipeline first lost at %.0f conn/s (%d lost, %d missed of %d)", liveFirst.LiveLoad.rate(), liveFirst.Live.Lost, missed(liveFirst.LiveLoad.OK, liveFirst.Live.NAT), liveFirst.LiveLoad.OK))
+		parts = append(parts, fmt.Sprintf("the full live pipeline first lost at %.0f conn/s (%s)", liveFirst.LiveLoad.rate(), missedOf(liveFirst.LiveLoad, liveFirst.Live)))
 	} else {
 		parts = append(parts, fmt.Sprintf("the full live pipeline lost none up to %.0f conn/s", liveTop))
 	}
 	got = strings.Join(parts, "; ")
 	switch {
-	case krFirst != nil || liveFirst != nil:
-		verdict = "missed: the tracer lost"
+	case krFirst != nil:
+		verdict = fmt.Sprintf("missed: the kernel side lost from %.0f conn/s", krFirst.Load.rate())
+	case liveFirst != nil:
+		verdict = fmt.Sprintf("missed: the full live pipeline lost from %.0f conn/s", liveFirst.LiveLoad.rate())
+		if ctFirst != nil {
+			verdict += fmt.Sprintf(", conntrack -E from %.0f", ctFirst.Load.rate())
+		}
 	case ctFirst == nil:
 		verdict = "not shown: conntrack -E never lost in this run"
 	default:
 		verdict = "met"
 	}
 	return got, verdict
+}
+
+// missedOf says how many of l's NAT decisions o missed, and what its lost
+// counters say.
+func missedOf(l load, o observed) string {
+	return fmt.Sprintf("%d of %d NAT decisions missed; its lost counters say %d events", missed(l.OK, o.NAT), l.OK, max(o.Lost, 0))
 }
 
 // floodEnd says why the flood ramp stopped (nextFloodRate).
