@@ -326,8 +326,9 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 }
 
 // drainLimit bounds how long a stopping pipeline reads what the kernel
-// reported before the stop: about 400,000 events of the benchmark's mix
-// at its rate on one core, more than a full ring buffer holds.
+// reported before the stop. A full ring buffer (4 MiB, about 20,000
+// records) takes the pipeline about 50 ms at its benchmark rate on one
+// core; the rest is room for a node busy enough to have filled it.
 const drainLimit = 2 * time.Second
 
 // drainThenClose stops the programs and lets the read loop take in what
