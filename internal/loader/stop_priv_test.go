@@ -4,8 +4,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -94,18 +92,9 @@ func sendUDPFrom(ns netlab.Namespace, port int, addr string) error {
 // udpDNATCount is the packet count of the udp rule in ns's nat PREROUTING.
 func udpDNATCount(t *testing.T, ns netlab.Namespace) uint64 {
 	t.Helper()
-	out, err := ns.Run("iptables-save", "-c", "-t", "nat")
+	n, err := ns.RulePackets("nat", "-A PREROUTING", "-p udp")
 	must(t, err)
-	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, "[") && strings.Contains(l, "-A PREROUTING") && strings.Contains(l, "-p udp") {
-			pkts, _, _ := strings.Cut(l[1:], ":")
-			n, err := strconv.ParseUint(pkts, 10, 64)
-			must(t, err)
-			return n
-		}
-	}
-	t.Fatalf("no udp rule in nat PREROUTING:\n%s", out)
-	return 0
+	return n
 }
 
 // TestDetachDeliversWhatWasQueued: events the programs queued before

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -160,6 +161,40 @@ func (n Namespace) Sysctl(key, value string) error {
 		return fmt.Errorf("sysctl %s=%s in %s: %w", key, value, n.Name, err)
 	}
 	return nil
+}
+
+// RulePackets is the packet counter of the one iptables rule of table in
+// the namespace whose line, as `iptables-save -c` prints it, holds every
+// one of match: the kernel's own count of what the rule decided.
+func (n Namespace) RulePackets(table string, match ...string) (uint64, error) {
+	out, err := n.Run("iptables-save", "-c", "-t", table)
+	if err != nil {
+		return 0, fmt.Errorf("read rule counters: %w", err)
+	}
+	var found []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "[") && containsAll(l, match) {
+			found = append(found, l)
+		}
+	}
+	if len(found) != 1 {
+		return 0, fmt.Errorf("read rule counters: %d rules of table %s in %s hold %q, want one:\n%s", len(found), table, n.Name, match, out)
+	}
+	pkts, _, _ := strings.Cut(found[0][1:], ":")
+	v, err := strconv.ParseUint(pkts, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read rule counters: %q: %w", found[0], err)
+	}
+	return v, nil
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // Do runs fn on an OS thread switched into the namespace (netns.Do):
