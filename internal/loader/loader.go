@@ -551,8 +551,7 @@ func (t *Tracer) NextOrEmpty() (event.Event, error) {
 func (t *Tracer) countUnread() uint64 {
 	var n uint64
 	for t.readable() {
-		t.reader.SetDeadline(time.Unix(0, 1))
-		if err := t.reader.ReadInto(&t.rec); err != nil {
+		if ok, _ := t.readRecord(); !ok {
 			break
 		}
 		n++
@@ -566,18 +565,27 @@ func (t *Tracer) readable() bool { return t.reader.AvailableBytes() > 0 }
 // readOne reads a record the ring buffer holds without waiting; ok is
 // false, with no error, when there was none to read after all.
 func (t *Tracer) readOne() (ev event.Event, ok bool, err error) {
+	if ok, err = t.readRecord(); !ok {
+		return event.Event{}, false, err
+	}
+	ev, err = event.Decode(t.rec.RawSample, t.clock)
+	return ev, true, err
+}
+
+// readRecord reads a record into t.rec without waiting; ok is false, with
+// no error, when there was none to read after all.
+func (t *Tracer) readRecord() (ok bool, err error) {
 	t.reader.SetDeadline(time.Unix(0, 1)) // past: the reader's epoll_wait does not block
 	err = t.reader.ReadInto(&t.rec)
 	switch {
 	case err == nil:
-		ev, err = event.Decode(t.rec.RawSample, t.clock)
-		return ev, true, err
+		return true, nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return event.Event{}, false, nil
+		return false, nil
 	case errors.Is(err, ringbuf.ErrClosed):
-		return event.Event{}, false, os.ErrClosed
+		return false, os.ErrClosed
 	}
-	return event.Event{}, false, fmt.Errorf("read ring buffer: %w", err)
+	return false, fmt.Errorf("read ring buffer: %w", err)
 }
 
 // monotonicNow is now on the events' clock (CLOCK_MONOTONIC from the
@@ -609,17 +617,22 @@ func (t *Tracer) Detach() error {
 	if t.detached.Swap(true) {
 		return nil
 	}
+	// A read waiting for a record looks again within pollEvery, and ends
+	// then if the ring buffer is empty.
+	if err := t.closeLinks(); err != nil {
+		return fmt.Errorf("detach: %w", err)
+	}
+	return nil
+}
+
+// closeLinks closes the links still open (under attachMu).
+func (t *Tracer) closeLinks() error {
 	var errs []error
 	for _, l := range t.links {
 		errs = append(errs, l.Close())
 	}
 	t.links = nil
-	// A read waiting for a record looks again within pollEvery, and ends
-	// then if the ring buffer is empty.
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("detach: %w", err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Unread is how many records Close found in the ring buffer: events the
@@ -642,9 +655,7 @@ func (t *Tracer) Close() error {
 		defer close(t.closed)
 		t.attachMu.Lock()
 		defer t.attachMu.Unlock()
-		for _, l := range t.links {
-			errs = append(errs, l.Close())
-		}
+		errs = append(errs, t.closeLinks())
 		if t.waiter != nil {
 			errs = append(errs, t.waiter.Close())
 		}
