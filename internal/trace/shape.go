@@ -106,10 +106,16 @@ func (e *endpoint) appendTo(b []byte) []byte {
 // seconds; a flow with a time outside it is stored whole.
 const unixRange = 9_000_000_000
 
-// inUnixRange reports whether t is in range and in loc.
-func (s *Store) inUnixRange(t time.Time, loc *time.Location) bool {
+func inUnixRange(t time.Time) bool {
 	u := t.Unix()
-	return u > -unixRange && u < unixRange && s.location(t.Location()) == loc
+	return u > -unixRange && u < unixRange
+}
+
+// inLocation reports whether t is in range and in loc, a location as
+// Store.location gives it.
+func (s *Store) inLocation(t time.Time, loc *time.Location) bool {
+	l := t.Location()
+	return inUnixRange(t) && (l == loc || s.location(l) == loc)
 }
 
 // location is loc, or the first location the store saw with loc's fixed
@@ -150,11 +156,11 @@ func (s *Store) shaped(f *Flow, rec *storedFlow, c *chunk) bool {
 		seenText = f.Reply.Dst
 	}
 	loc := s.location(f.Time.Location())
-	if !s.inUnixRange(f.Time, loc) || strings.ContainsAny(f.Explanation, slotClient+slotSeen) {
+	if !inUnixRange(f.Time) || strings.ContainsAny(f.Explanation, slotClient+slotSeen) {
 		return false
 	}
 	for i := range f.Events {
-		if !s.inUnixRange(f.Events[i].Time, loc) {
+		if !s.inLocation(f.Events[i].Time, loc) {
 			return false
 		}
 	}
