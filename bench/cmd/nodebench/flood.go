@@ -4,10 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,13 +48,8 @@ func (b *lab) floodSetup() error {
 		},
 		func() error {
 			return b.s.Do(func() (err error) {
-				b.udpSink, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-				if err != nil {
+				if b.udpSink, err = net.ListenPacket("udp", net.JoinHostPort(sAddr, fmt.Sprint(userveport))); err != nil {
 					return fmt.Errorf("server udp socket: %w", err)
-				}
-				a := netip.MustParseAddr(sAddr).As4()
-				if err := unix.Bind(b.udpSink, &unix.SockaddrInet4{Port: userveport, Addr: a}); err != nil {
-					return fmt.Errorf("server udp bind: %w", err)
 				}
 				return nil
 			})
@@ -73,21 +67,7 @@ func (b *lab) floodSetup() error {
 // kernel's own count of the flood's NAT decisions (each datagram is a new
 // connection, and the nat table sees only a connection's first packet).
 func (b *lab) udpDNATCount() (uint64, error) {
-	out, err := b.r.Run("iptables-save", "-c", "-t", "nat")
-	if err != nil {
-		return 0, fmt.Errorf("read the udp dnat rule's counter: %w", err)
-	}
-	for _, l := range strings.Split(out, "\n") {
-		if !strings.Contains(l, "-A PREROUTING") || !strings.Contains(l, "-p udp") || !strings.HasPrefix(l, "[") {
-			continue
-		}
-		pkts, _, ok := strings.Cut(l[1:], ":")
-		if !ok {
-			break
-		}
-		return strconv.ParseUint(pkts, 10, 64)
-	}
-	return 0, fmt.Errorf("read the udp dnat rule's counter: no udp rule in R's nat PREROUTING:\n%s", out)
+	return b.r.RulePackets("nat", "-A PREROUTING", "-p udp")
 }
 
 // flood sends one-datagram connections at rate a second (over every

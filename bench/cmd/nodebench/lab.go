@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -35,9 +33,9 @@ type lab struct {
 	rInode  uint32
 	ln      net.Listener
 	served  atomic.Uint64
-	// udpSink is S's socket for the flood (floodSetup), -1 until then;
-	// floodNext numbers the flood's datagrams, so no two share a tuple.
-	udpSink   int
+	// udpSink is S's socket for the flood (floodSetup); floodNext
+	// numbers the flood's datagrams, so no two share a tuple.
+	udpSink   net.PacketConn
 	floodNext atomic.Uint64
 	// only restricts the tracer's ladders to these tiers (-only), so a
 	// kernel that allows fentry can be measured with kprobes too.
@@ -55,7 +53,7 @@ func newLab(prefix string) (*lab, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
-	b := &lab{l: nl, udpSink: -1}
+	b := &lab{l: nl}
 	for name, ns := range map[string]*netlab.Namespace{"c": &b.c, "r": &b.r, "s": &b.s} {
 		if *ns, err = nl.Namespace(name); err != nil {
 			b.close()
@@ -135,8 +133,8 @@ func (b *lab) close() error {
 	if b.ln != nil {
 		b.ln.Close()
 	}
-	if b.udpSink >= 0 {
-		unix.Close(b.udpSink)
+	if b.udpSink != nil {
+		b.udpSink.Close()
 	}
 	return b.l.Close()
 }

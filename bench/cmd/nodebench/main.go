@@ -447,7 +447,7 @@ func nextRampWorkers(listed []int, done []rampStep) (int, bool) {
 		return 0, false
 	}
 	last, prev := done[len(done)-1], done[len(done)-2]
-	lost := last.Tracer.Lost+missed(last.Load.OK, last.Tracer.NAT) > 0
+	lost := last.Tracer.lostOrMissed(last.Load) > 0
 	rising := last.Load.rate() >= 1.05*prev.Load.rate()
 	if lost || !rising || last.Workers*2 > maxRampWorkers {
 		return 0, false
@@ -484,9 +484,11 @@ func liveLost(done []rampStep) bool {
 	return slices.ContainsFunc(done, func(s rampStep) bool { return s.LiveLoad.OK > 0 && s.Live.lostOrMissed(s.LiveLoad) > 0 })
 }
 
-// lostOrMissed is what an observer lost (its counters) and missed (NAT
-// decisions the kernel made that it never reported) of l's.
-func (o observed) lostOrMissed(l load) int64 { return max(o.Lost, 0) + missed(l.OK, o.NAT) }
+// lostOrMissed is what an observer lost of l's: the larger of its lost
+// counters and the NAT decisions the kernel made that it never reported.
+// The two are mostly the same events (the ring buffer had no room for
+// them), so adding them would count those twice.
+func (o observed) lostOrMissed(l load) int64 { return max(o.Lost, missed(l.OK, o.NAT)) }
 
 func userSide(ctx context.Context, rep *report) error {
 	logf("userspace throughput, one core")

@@ -277,7 +277,7 @@ func (r *report) rampMarkdown(p printer) {
 		p("| %d | %.0f | %d | %d | %d | %d | %d | %d | %s |\n", s.Workers, s.Load.rate(), s.Load.OK, s.Tracer.NAT, s.Tracer.Lost,
 			missed(s.Load.OK, s.Tracer.NAT), s.CT.NAT, missed(s.Load.OK, s.CT.NAT), s.CT.Extra)
 		top = max(top, s.Load.rate())
-		lost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
+		lost += s.Tracer.lostOrMissed(s.Load)
 		if first == "" && missed(s.Load.OK, s.CT.NAT) > 0 {
 			first = fmt.Sprintf("%.0f conn/s (%s)", s.Load.rate(), plural(s.Workers, "worker"))
 		}
@@ -300,7 +300,7 @@ func (r *report) floodMarkdown(p printer) {
 	p("A TCP connection costs this machine a handshake and a close in three namespaces, so the ramp above ends near %.0f connections/s. ", rampTop(r.ramp))
 	p("Here C sends UDP datagrams to VIP:%d from a raw socket, each from a source address and port no earlier one used, so each is a new conntrack entry and a new NAT decision in R (DNAT to S:%d, where a socket that is never read drops them; R's UDP timeout is %s s, its namespace only). ", uport, userveport, floodUDPTimeout)
 	p("The connections made are R's DNAT rule's own packet count over the window (`iptables-save -c`), read once it stops rising. ")
-	p("Each rate runs twice, %s each: the tracer's kernel side with `conntrack -E -e NEW` attached together, then the full live pipeline (as `tracer trace -o json`) alone, stopped only once it has read its last event. ", r.cfg.rampStep)
+	p("Each rate runs twice, %s each: the tracer's kernel side with `conntrack -E -e NEW` attached together, then the full live pipeline (as `tracer trace -o json`) alone, which on its stop reads what the kernel reported before for up to 2 s and counts the rest as lost. ", r.cfg.rampStep)
 	p("The rate doubles past the listed ones while the kernel side loses nothing and the machine makes 80%% of the rate asked; the full live pipeline's window is left out after its first loss.\n\n")
 	p("| asked/s | conn/s | NAT decisions (rule count) | tracer NAT seen | tracer lost | tracer missed | conntrack -E seen | conntrack -E missed | conntrack -E says | live conn/s | live NAT decisions | live NAT seen | live lost | live missed | live says |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")

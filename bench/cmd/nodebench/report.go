@@ -367,7 +367,7 @@ func (r *report) lossTarget() target {
 			where = s
 		}
 		top = max(top, s.Load.rate())
-		rampLost += s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT)
+		rampLost += s.Tracer.lostOrMissed(s.Load)
 	}
 	var ctRound *roundResult // the slowest round in which conntrack -E missed some
 	trTop, roundLost := 0.0, int64(0)
@@ -387,7 +387,7 @@ func (r *report) lossTarget() target {
 	case len(r.flood) > 0:
 		t.Got, t.Verdict = floodLoss(r.flood)
 	case where != nil:
-		trLost := where.Tracer.Lost + missed(where.Load.OK, where.Tracer.NAT)
+		trLost := where.Tracer.lostOrMissed(where.Load)
 		t.Got = fmt.Sprintf("ramp, both attached at %.0f conn/s (%s): conntrack -E missed %d, tracer lost %d and missed %d",
 			where.Load.rate(), plural(where.Workers, "worker"), missed(where.Load.OK, where.CT.NAT), where.Tracer.Lost, missed(where.Load.OK, where.Tracer.NAT))
 		t.Verdict = "met"
@@ -502,15 +502,11 @@ func rampEnd(steps []rampStep) string {
 		return ""
 	}
 	for _, s := range steps {
-		if lost := s.Tracer.Lost + missed(s.Load.OK, s.Tracer.NAT); lost > 0 {
+		if lost := s.Tracer.lostOrMissed(s.Load); lost > 0 {
 			return fmt.Sprintf("the tracer first lost at %.0f conn/s (%s): %d", s.Load.rate(), plural(s.Workers, "worker"), lost)
 		}
 	}
-	last := steps[len(steps)-1]
-	top := 0.0
-	for _, s := range steps {
-		top = max(top, s.Load.rate())
-	}
+	last, top := steps[len(steps)-1], rampTop(steps)
 	if last.Workers*2 > maxRampWorkers {
 		return fmt.Sprintf("the tracer never lost; the ramp stopped at its bound of %d workers (%.0f conn/s)", last.Workers, last.Load.rate())
 	}
