@@ -634,6 +634,78 @@ int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *ra
 	return on_nat(ct, range, manip, VIA_KPROBE);
 }
 
+/* ---- nf_ct_delete: the end of every confirmed conntrack entry ----
+ *
+ * What a ctnetlink DESTROY event says of an entry (tuples, status, mark,
+ * zone, TCP state), for the namespaces whose conntrack trackers ask for it
+ * (cfg_ct_netns), in place of their DESTROY subscription: a listener makes
+ * the kernel build a netlink message for every connection that ends, and
+ * that cost the benchmark's node about 7 us a connection. In the ring
+ * buffer an entry's end also comes before any later decision on its tuple,
+ * since the kernel deletes the entry before a new one can take the tuple. */
+const volatile __u32 cfg_ct_nnetns = 0;
+const volatile __u32 cfg_ct_netns[MAX_FILTER_NETNS] = {};
+
+static __always_inline bool ct_netns_wanted(__u32 ns)
+{
+	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
+		if (i >= cfg_ct_nnetns)
+			break;
+		if (cfg_ct_netns[i] == ns)
+			return true;
+	}
+	return false;
+}
+
+/* at_free: the entry's last reference is going, after its delete. */
+static __always_inline int on_ct_end(struct nf_conn *ct, bool at_free, __u8 via)
+{
+	if (!ct)
+		return 0;
+	/* An unconfirmed entry was never in the table: it has no DESTROY
+	 * event. nf_ct_delete does nothing for an entry already dying (a
+	 * second delete). */
+	__u64 status = BPF_CORE_READ(ct, status);
+	if (!(status & IPS_CONFIRMED) || (!at_free && (status & IPS_DYING)))
+		return 0;
+	if (!ct_netns_wanted(net_inum(BPF_CORE_READ(ct, ct_net.net))))
+		return 0;
+	struct event *e = reserve(KIND_CT_DESTROY, HOOK_CT_DESTROY, via);
+	if (!e)
+		return 0;
+	read_ct(e, ct);
+	if (e->orig.proto == IPPROTO_TCP) {
+		e->reason = BPF_CORE_READ(ct, proto.tcp.state);
+		e->has_reason = 1;
+	}
+	submit(e);
+	return 0;
+}
+
+SEC("fentry/nf_ct_delete")
+int BPF_PROG(tr_ctdel_fentry, struct nf_conn *ct)
+{
+	return on_ct_end(ct, false, VIA_FENTRY);
+}
+
+SEC("kprobe/nf_ct_delete")
+int BPF_KPROBE(tr_ctdel_kprobe, struct nf_conn *ct)
+{
+	return on_ct_end(ct, false, VIA_KPROBE);
+}
+
+/* Kernels before 5.19 free an entry through a pointer to destroy_conntrack,
+ * never inlined, while conntrack's own callers of nf_ct_delete may have it
+ * inlined (5.10's garbage collection and lookups of expired entries do: a
+ * probe on nf_ct_delete misses every entry that timed out). An entry's
+ * last reference goes right after its delete, unless a packet in flight
+ * still holds it. */
+SEC("kprobe/destroy_conntrack")
+int BPF_KPROBE(tr_ctfree_kprobe, struct nf_conn *ct)
+{
+	return on_ct_end(ct, true, VIA_KPROBE);
+}
+
 /* ---- ip_vs_conn_new: every IPVS scheduling decision ---- */
 
 static __always_inline void read_inet(__u8 *dst, const union nf_inet_addr *a, __u16 af)

@@ -11,6 +11,9 @@ enum event_kind {
 	KIND_REJECT = 5, /* an ICMP error sent for a packet */
 	KIND_RESET = 6,
 	KIND_DROP = 7,
+	/* Not a decision: a conntrack entry's end, as ctnetlink's DESTROY
+	 * event says it, for userspace's conntrack trackers. */
+	KIND_CT_DESTROY = 8,
 };
 
 /* Logical hooks: each has its own attach ladder in internal/loader. */
@@ -26,7 +29,8 @@ enum hook_id {
 	HOOK_ICMP6_SEND = 8,
 	HOOK_NF_SEND_RESET6 = 9,
 	HOOK_TCP_SEND_RESET6 = 10,
-	HOOK_MAX = 11,
+	HOOK_CT_DESTROY = 11,
+	HOOK_MAX = 12,
 };
 
 enum via {
@@ -65,7 +69,7 @@ struct tuple {
 struct event {
 	__u64 ts_ns; /* CLOCK_MONOTONIC */
 	__u32 netns; /* inode of the network namespace */
-	__u32 reason; /* drop reason, RST reason; IPVS: connection flags */
+	__u32 reason; /* drop reason, RST reason; IPVS: connection flags; conntrack end: TCP state */
 	__u32 ct_status;
 	__u32 ct_mark;
 	__u32 range_flags; /* NF_NAT_RANGE_* */

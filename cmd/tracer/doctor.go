@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
@@ -51,7 +53,14 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := preflight(loader.Needs{}); err != nil {
 		return err
 	}
-	t, err := loader.Open(loader.Config{Only: vias})
+	// The conntrack trackers of `tracer trace` ask for the ends of their
+	// namespace's entries: show how they would get them here.
+	cfg := loader.Config{Only: vias}
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/net", &st) == nil {
+		cfg.ConntrackNetns = []uint32{uint32(st.Ino)}
+	}
+	t, err := loader.Open(cfg)
 	if t != nil {
 		rep.Hooks = live.HookRecords(t.Plan)
 		if cerr := t.Close(); cerr != nil {

@@ -71,7 +71,7 @@ func Decode(b []byte, clock Clock) (Event, error) {
 	}
 	le := binary.LittleEndian
 	e.Kind = Kind(b[OffKind])
-	if e.Kind < KindDNAT || e.Kind > KindDrop {
+	if e.Kind < KindDNAT || e.Kind > KindCTDestroy {
 		return e, fmt.Errorf("decode event: unknown kind %d", b[OffKind])
 	}
 	e.Hook = Hook(b[OffHook])

@@ -23,11 +23,16 @@ const (
 	KindReject     Kind = 5 // an ICMP error was sent for a packet
 	KindReset      Kind = 6
 	KindDrop       Kind = 7
+	// KindCTDestroy is not a decision: a conntrack entry's end (Orig,
+	// Reply, CTStatus, CTMark, CTZone; TCP's state in Reason), what
+	// ctnetlink's DESTROY event says, for the conntrack trackers. It
+	// never joins a flow.
+	KindCTDestroy Kind = 8
 )
 
 // kindNames are the trace format's names of the kinds (trace.Kind*;
 // internal/trace's tests hold the two together).
-var kindNames = [...]string{"", "dnat", "snat", "ipvs", "ipvs-no-dest", "reject", "reset", "drop"}
+var kindNames = [...]string{"", "dnat", "snat", "ipvs", "ipvs-no-dest", "reject", "reset", "drop", "ct-destroy"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && k != 0 {
@@ -52,14 +57,16 @@ const (
 	HookICMP6Send     Hook = 8
 	HookNFSendReset6  Hook = 9
 	HookTCPSendReset6 Hook = 10
+	// HookCTDestroy reports conntrack entries' ends (KindCTDestroy).
+	HookCTDestroy Hook = 11
 )
 
 // Hooks lists every hook in the order doctor shows them.
 var Hooks = []Hook{HookNFNat, HookIPVSConnNew, HookIPVSLeave, HookICMPSend, HookICMP6Send,
-	HookNFSendReset, HookNFSendReset6, HookTCPSendReset, HookTCPSendReset6, HookKfreeSkb}
+	HookNFSendReset, HookNFSendReset6, HookTCPSendReset, HookTCPSendReset6, HookKfreeSkb, HookCTDestroy}
 
 var hookNames = [...]string{"", "nf_nat_setup_info", "ip_vs_conn_new", "ip_vs_leave", "icmp_send", "nf_send_reset",
-	"tcp_send_reset", "kfree_skb", "icmp6_send", "nf_send_reset6", "tcp_send_reset6"}
+	"tcp_send_reset", "kfree_skb", "icmp6_send", "nf_send_reset6", "tcp_send_reset6", "nf_ct_delete"}
 
 func (h Hook) String() string {
 	if int(h) < len(hookNames) && h != 0 {

@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -30,6 +31,9 @@ func HookRecords(p loader.Plan) []trace.Hook {
 			why = plain[:1] // every method failed for the same reason
 		}
 		rec.Error = strings.Join(dedup(why), "; ")
+		if h.Hook == event.HookCTDestroy && h.Via == event.ViaNone && !h.NotAsked {
+			rec.Error += "; conntrack trackers subscribe to ctnetlink's DESTROY events instead"
+		}
 		out = append(out, rec)
 	}
 	return out

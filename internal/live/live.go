@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,9 @@ type Pipeline struct {
 	cfg    Config
 	tracer *loader.Tracer
 	ct     multiConntrack
+	// fed are the trackers the kernel side reports conntrack entries'
+	// ends to (event.KindCTDestroy), by their namespace's inode.
+	fed map[uint32]*conntrack.Tracker
 	// counters are the observed namespace's conntrack counters; nil when
 	// they cannot be read.
 	counters      *conntrack.Counters
@@ -104,6 +108,9 @@ type Pipeline struct {
 // Conntrack or node state that cannot be read is a warning, not a failure:
 // the kernel's decisions are still worth showing.
 func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
+	ctPaths := append([]string{cfg.NetnsPath}, cfg.PeerNetns...)
+	ctNetns := netnsInodes(ctPaths)
+	cfg.Loader.ConntrackNetns = conntrackNetns(ctNetns)
 	tr, err := loader.Open(cfg.Loader)
 	if err != nil {
 		return nil, err
@@ -122,13 +129,23 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	// The trackers outlive ctx until Close: Run's last flows, flushed
 	// once ctx is done, still ask them for their entries.
 	ctCtx := context.WithoutCancel(ctx)
-	for _, path := range append([]string{cfg.NetnsPath}, cfg.PeerNetns...) {
-		ct, err := conntrack.OpenWith(ctCtx, path, ConntrackOptions())
+	endsReported := tr.Plan.Serves(event.HookCTDestroy)
+	for i, path := range ctPaths {
+		opts := ConntrackOptions()
+		ino := ctNetns[i]
+		opts.FedDestroys = endsReported && ino != 0 && slices.Contains(cfg.Loader.ConntrackNetns, ino)
+		ct, err := conntrack.OpenWith(ctCtx, path, opts)
 		if err != nil {
 			p.warn("conntrack of %s unavailable, its flows carry only what the kernel events say: %v", orCaller(path), err)
 			continue
 		}
 		p.ct = append(p.ct, ct)
+		if opts.FedDestroys {
+			if p.fed == nil {
+				p.fed = map[uint32]*conntrack.Tracker{}
+			}
+			p.fed[ino] = ct
+		}
 	}
 	p.openCounters()
 	if p.watcher, err = node.WatchWith(ctx, cfg.NetnsPath, node.WatchOptions{Poll: statePoll, OnPublish: p.states.publish}); err != nil {
@@ -163,6 +180,35 @@ func (p *Pipeline) openCounters() {
 	if s := c.First(); s.Max > 0 && uint64(s.Entries)*10 >= uint64(s.Max)*9 {
 		p.warn("conntrack table of %s is %d%% full (%d of %d entries, net.netfilter.nf_conntrack_max): when it fills, conntrack drops new connections", orCaller(p.cfg.NetnsPath), uint64(s.Entries)*100/uint64(s.Max), s.Entries, s.Max)
 	}
+}
+
+// netnsInodes are the inodes of the namespaces at paths ("" the
+// caller's), 0 where one cannot be read.
+func netnsInodes(paths []string) []uint32 {
+	out := make([]uint32, len(paths))
+	for i, path := range paths {
+		if path == "" {
+			path = "/proc/self/ns/net"
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil {
+			out[i] = uint32(st.Ino)
+		}
+	}
+	return out
+}
+
+// conntrackNetns are the namespaces whose conntrack entries' ends the
+// kernel side is asked to report: those of the trackers, as many as it
+// takes; the others subscribe to ctnetlink's DESTROY events.
+func conntrackNetns(inodes []uint32) []uint32 {
+	var out []uint32
+	for _, ino := range inodes {
+		if ino != 0 && !slices.Contains(out, ino) && len(out) < loader.MaxNetns {
+			out = append(out, ino)
+		}
+	}
+	return out
 }
 
 // ConntrackOptions are the options of the pipeline's conntrack trackers:
@@ -304,6 +350,12 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 				clock.idle(d.idle)
 				continue
 			}
+			if d.ev.Kind == event.KindCTDestroy {
+				// In the ring's order: before any later decision on
+				// the entry's tuple is joined.
+				p.ended(d.ev)
+				continue
+			}
 			sum.Events++
 			if onEvent != nil {
 				onEvent(d.ev)
@@ -411,8 +463,17 @@ func (p *Pipeline) read(out chan<- decoded) {
 			p.decodeErrors.Add(1)
 			continue
 		}
-		p.events.Add(1)
+		if ev.Kind != event.KindCTDestroy {
+			p.events.Add(1)
+		}
 		out <- decoded{ev: ev}
+	}
+}
+
+// ended hands a conntrack entry's end to its namespace's tracker.
+func (p *Pipeline) ended(ev event.Event) {
+	if ct := p.fed[ev.Netns]; ct != nil {
+		ct.Ended(conntrack.EndOf(ev))
 	}
 }
 

@@ -118,6 +118,17 @@ var ladders = map[event.Hook][]rung{
 		{via: event.ViaKprobe, prog: "tr_rst_kprobe", target: "tcp_v6_send_reset", attach: kprobe},
 		{via: event.ViaTracepoint, prog: "tr_rst_tp", target: "tcp_send_reset", attach: rawTracepoint, families: familyV6},
 	},
+	// Conntrack entries' ends, for the conntrack trackers that asked
+	// (Config.ConntrackNetns). There is no tracepoint or netfilter rung:
+	// without fentry or kprobes the trackers subscribe to ctnetlink's
+	// DESTROY events instead.
+	event.HookCTDestroy: {
+		// Before 5.19: nf_ct_delete is inlined into conntrack's own
+		// callers (5.10), and the free is a function of its own.
+		{via: event.ViaKprobe, prog: "tr_ctfree_kprobe", target: "destroy_conntrack", attach: kprobe},
+		{via: event.ViaFentry, prog: "tr_ctdel_fentry", target: "nf_ct_delete", attach: fentry},
+		{via: event.ViaKprobe, prog: "tr_ctdel_kprobe", target: "nf_ct_delete", attach: kprobe},
+	},
 	event.HookKfreeSkb: {
 		{via: event.ViaTracepoint, prog: "tr_drop_tp3", target: "kfree_skb", attach: rawTracepoint, needs: "the drop reason argument (kernel 5.17+)"},
 		{via: event.ViaTracepoint, prog: "tr_drop_tp", target: "kfree_skb", attach: rawTracepoint},

@@ -41,6 +41,11 @@ type Config struct {
 	// Only restricts every ladder to these methods (to test one tier on a
 	// kernel that supports several, like pwru's --backend).
 	Only []event.Via
+	// ConntrackNetns are the inodes of the namespaces (at most four)
+	// whose conntrack entries' ends are reported (event.KindCTDestroy),
+	// for conntrack trackers fed from the ring buffer. None leaves
+	// event.HookCTDestroy unattached; it is not a filter of the rest.
+	ConntrackNetns []uint32
 }
 
 const (
@@ -49,6 +54,10 @@ const (
 	maxNetns    = 4 // MAX_FILTER_NETNS
 )
 
+// MaxNetns is how many namespaces Config.Netns and Config.ConntrackNetns
+// can each name.
+const MaxNetns = maxNetns
+
 // Validate checks the filters fit the kernel side.
 func (c Config) Validate() error {
 	if len(c.Ports) > maxPorts {
@@ -56,6 +65,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Netns) > maxNetns {
 		return fmt.Errorf("at most %d network namespaces can be observed at once, got %d", maxNetns, len(c.Netns))
+	}
+	if len(c.ConntrackNetns) > maxNetns {
+		return fmt.Errorf("at most %d network namespaces' conntrack entries can be followed at once, got %d", maxNetns, len(c.ConntrackNetns))
 	}
 	if len(c.Prefixes) > maxPrefixes {
 		return fmt.Errorf("at most %d address prefixes can be filtered in the kernel, got %d", maxPrefixes, len(c.Prefixes))
@@ -82,6 +94,9 @@ type HookPlan struct {
 	// netfilter tier or none).
 	Program  string
 	Attempts []Attempt
+	// NotAsked: the hook has no use in this configuration (conntrack
+	// ends, when no tracker asked for them) and was not tried.
+	NotAsked bool
 	// fentryElsewhere: another hook attached by fentry, so the kernel does
 	// allow it and a failure is about this function.
 	fentryElsewhere bool
@@ -110,6 +125,11 @@ func (p Plan) Attached() int {
 		}
 	}
 	return n
+}
+
+// Serves reports whether hook has a method.
+func (p Plan) Serves(hook event.Hook) bool {
+	return slices.ContainsFunc(p, func(h HookPlan) bool { return h.Hook == hook && h.Via != event.ViaNone })
 }
 
 // ErrNothingAttached is returned when no hook could attach at all.
@@ -214,8 +234,9 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		return nil
 	}
-	var netns [maxNetns]uint32
+	var netns, ctNetns [maxNetns]uint32
 	copy(netns[:], cfg.Netns)
+	copy(ctNetns[:], cfg.ConntrackNetns)
 	var ports [maxPorts]uint16
 	copy(ports[:], cfg.Ports)
 	var prefixes [maxPrefixes]tracerPrefix
@@ -234,6 +255,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"cfg_ports":      ports,
 		"cfg_nprefixes":  uint32(len(cfg.Prefixes)),
 		"cfg_prefixes":   prefixes,
+		"cfg_ct_nnetns":  uint32(len(cfg.ConntrackNetns)),
+		"cfg_ct_netns":   ctNetns,
 	} {
 		if err := set(name, v); err != nil {
 			return err
@@ -336,6 +359,11 @@ func (t *Tracer) attachAll(cfg Config) {
 	var roles uint32
 	for _, h := range event.Hooks {
 		hp := HookPlan{Hook: h}
+		if h == event.HookCTDestroy && len(cfg.ConntrackNetns) == 0 {
+			hp.NotAsked = true
+			t.Plan = append(t.Plan, hp)
+			continue
+		}
 		for _, r := range ladders[h] {
 			if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, r.via) {
 				continue

@@ -30,6 +30,9 @@ func (h HookPlan) Summary() string {
 		}
 		return s
 	}
+	if h.NotAsked {
+		return "not attached: not asked for"
+	}
 	if len(h.Attempts) == 0 {
 		return "not attached: no method selected"
 	}

@@ -96,43 +96,48 @@ type tracerPrefix struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tracerMapAnswered       = "answered"
-	tracerMapEvents         = "events"
-	tracerMapFollowUse      = "follow_use"
-	tracerMapFollowed       = "followed"
-	tracerMapLost           = "lost"
-	tracerProgTrDropTp      = "tr_drop_tp"
-	tracerProgTrDropTp3     = "tr_drop_tp3"
-	tracerProgTrIcmpFentry  = "tr_icmp_fentry"
-	tracerProgTrIcmpKprobe  = "tr_icmp_kprobe"
-	tracerProgTrIcmpTp      = "tr_icmp_tp"
-	tracerProgTrIpvsFentry  = "tr_ipvs_fentry"
-	tracerProgTrIpvsKprobe  = "tr_ipvs_kprobe"
-	tracerProgTrIpvsKraw    = "tr_ipvs_kraw"
-	tracerProgTrIpvslFentry = "tr_ipvsl_fentry"
-	tracerProgTrIpvslKprobe = "tr_ipvsl_kprobe"
-	tracerProgTrIpvslKraw   = "tr_ipvsl_kraw"
-	tracerProgTrNatFentry   = "tr_nat_fentry"
-	tracerProgTrNatKprobe   = "tr_nat_kprobe"
-	tracerProgTrNfDnat      = "tr_nf_dnat"
-	tracerProgTrNfSnat      = "tr_nf_snat"
-	tracerProgTrNfrstFentry = "tr_nfrst_fentry"
-	tracerProgTrNfrstKprobe = "tr_nfrst_kprobe"
-	tracerProgTrRstFentry   = "tr_rst_fentry"
-	tracerProgTrRstFentry3  = "tr_rst_fentry3"
-	tracerProgTrRstKprobe   = "tr_rst_kprobe"
-	tracerProgTrRstTp       = "tr_rst_tp"
-	tracerProgTrRstTp3      = "tr_rst_tp3"
-	tracerVarCfgFamilies    = "cfg_families"
-	tracerVarCfgNetns       = "cfg_netns"
-	tracerVarCfgNfRoles     = "cfg_nf_roles"
-	tracerVarCfgNnetns      = "cfg_nnetns"
-	tracerVarCfgNports      = "cfg_nports"
-	tracerVarCfgNprefixes   = "cfg_nprefixes"
-	tracerVarCfgPorts       = "cfg_ports"
-	tracerVarCfgPrefixes    = "cfg_prefixes"
-	tracerVarCfgProtoMask   = "cfg_proto_mask"
-	tracerVarUnusedEvent    = "unused_event"
+	tracerMapAnswered        = "answered"
+	tracerMapEvents          = "events"
+	tracerMapFollowUse       = "follow_use"
+	tracerMapFollowed        = "followed"
+	tracerMapLost            = "lost"
+	tracerProgTrCtdelFentry  = "tr_ctdel_fentry"
+	tracerProgTrCtdelKprobe  = "tr_ctdel_kprobe"
+	tracerProgTrCtfreeKprobe = "tr_ctfree_kprobe"
+	tracerProgTrDropTp       = "tr_drop_tp"
+	tracerProgTrDropTp3      = "tr_drop_tp3"
+	tracerProgTrIcmpFentry   = "tr_icmp_fentry"
+	tracerProgTrIcmpKprobe   = "tr_icmp_kprobe"
+	tracerProgTrIcmpTp       = "tr_icmp_tp"
+	tracerProgTrIpvsFentry   = "tr_ipvs_fentry"
+	tracerProgTrIpvsKprobe   = "tr_ipvs_kprobe"
+	tracerProgTrIpvsKraw     = "tr_ipvs_kraw"
+	tracerProgTrIpvslFentry  = "tr_ipvsl_fentry"
+	tracerProgTrIpvslKprobe  = "tr_ipvsl_kprobe"
+	tracerProgTrIpvslKraw    = "tr_ipvsl_kraw"
+	tracerProgTrNatFentry    = "tr_nat_fentry"
+	tracerProgTrNatKprobe    = "tr_nat_kprobe"
+	tracerProgTrNfDnat       = "tr_nf_dnat"
+	tracerProgTrNfSnat       = "tr_nf_snat"
+	tracerProgTrNfrstFentry  = "tr_nfrst_fentry"
+	tracerProgTrNfrstKprobe  = "tr_nfrst_kprobe"
+	tracerProgTrRstFentry    = "tr_rst_fentry"
+	tracerProgTrRstFentry3   = "tr_rst_fentry3"
+	tracerProgTrRstKprobe    = "tr_rst_kprobe"
+	tracerProgTrRstTp        = "tr_rst_tp"
+	tracerProgTrRstTp3       = "tr_rst_tp3"
+	tracerVarCfgCtNetns      = "cfg_ct_netns"
+	tracerVarCfgCtNnetns     = "cfg_ct_nnetns"
+	tracerVarCfgFamilies     = "cfg_families"
+	tracerVarCfgNetns        = "cfg_netns"
+	tracerVarCfgNfRoles      = "cfg_nf_roles"
+	tracerVarCfgNnetns       = "cfg_nnetns"
+	tracerVarCfgNports       = "cfg_nports"
+	tracerVarCfgNprefixes    = "cfg_nprefixes"
+	tracerVarCfgPorts        = "cfg_ports"
+	tracerVarCfgPrefixes     = "cfg_prefixes"
+	tracerVarCfgProtoMask    = "cfg_proto_mask"
+	tracerVarUnusedEvent     = "unused_event"
 )
 
 // loadTracer returns the embedded CollectionSpec for tracer.
@@ -177,28 +182,31 @@ type tracerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tracerProgramSpecs struct {
-	TrDropTp      *ebpf.ProgramSpec `ebpf:"tr_drop_tp"`
-	TrDropTp3     *ebpf.ProgramSpec `ebpf:"tr_drop_tp3"`
-	TrIcmpFentry  *ebpf.ProgramSpec `ebpf:"tr_icmp_fentry"`
-	TrIcmpKprobe  *ebpf.ProgramSpec `ebpf:"tr_icmp_kprobe"`
-	TrIcmpTp      *ebpf.ProgramSpec `ebpf:"tr_icmp_tp"`
-	TrIpvsFentry  *ebpf.ProgramSpec `ebpf:"tr_ipvs_fentry"`
-	TrIpvsKprobe  *ebpf.ProgramSpec `ebpf:"tr_ipvs_kprobe"`
-	TrIpvsKraw    *ebpf.ProgramSpec `ebpf:"tr_ipvs_kraw"`
-	TrIpvslFentry *ebpf.ProgramSpec `ebpf:"tr_ipvsl_fentry"`
-	TrIpvslKprobe *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kprobe"`
-	TrIpvslKraw   *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kraw"`
-	TrNatFentry   *ebpf.ProgramSpec `ebpf:"tr_nat_fentry"`
-	TrNatKprobe   *ebpf.ProgramSpec `ebpf:"tr_nat_kprobe"`
-	TrNfDnat      *ebpf.ProgramSpec `ebpf:"tr_nf_dnat"`
-	TrNfSnat      *ebpf.ProgramSpec `ebpf:"tr_nf_snat"`
-	TrNfrstFentry *ebpf.ProgramSpec `ebpf:"tr_nfrst_fentry"`
-	TrNfrstKprobe *ebpf.ProgramSpec `ebpf:"tr_nfrst_kprobe"`
-	TrRstFentry   *ebpf.ProgramSpec `ebpf:"tr_rst_fentry"`
-	TrRstFentry3  *ebpf.ProgramSpec `ebpf:"tr_rst_fentry3"`
-	TrRstKprobe   *ebpf.ProgramSpec `ebpf:"tr_rst_kprobe"`
-	TrRstTp       *ebpf.ProgramSpec `ebpf:"tr_rst_tp"`
-	TrRstTp3      *ebpf.ProgramSpec `ebpf:"tr_rst_tp3"`
+	TrCtdelFentry  *ebpf.ProgramSpec `ebpf:"tr_ctdel_fentry"`
+	TrCtdelKprobe  *ebpf.ProgramSpec `ebpf:"tr_ctdel_kprobe"`
+	TrCtfreeKprobe *ebpf.ProgramSpec `ebpf:"tr_ctfree_kprobe"`
+	TrDropTp       *ebpf.ProgramSpec `ebpf:"tr_drop_tp"`
+	TrDropTp3      *ebpf.ProgramSpec `ebpf:"tr_drop_tp3"`
+	TrIcmpFentry   *ebpf.ProgramSpec `ebpf:"tr_icmp_fentry"`
+	TrIcmpKprobe   *ebpf.ProgramSpec `ebpf:"tr_icmp_kprobe"`
+	TrIcmpTp       *ebpf.ProgramSpec `ebpf:"tr_icmp_tp"`
+	TrIpvsFentry   *ebpf.ProgramSpec `ebpf:"tr_ipvs_fentry"`
+	TrIpvsKprobe   *ebpf.ProgramSpec `ebpf:"tr_ipvs_kprobe"`
+	TrIpvsKraw     *ebpf.ProgramSpec `ebpf:"tr_ipvs_kraw"`
+	TrIpvslFentry  *ebpf.ProgramSpec `ebpf:"tr_ipvsl_fentry"`
+	TrIpvslKprobe  *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kprobe"`
+	TrIpvslKraw    *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kraw"`
+	TrNatFentry    *ebpf.ProgramSpec `ebpf:"tr_nat_fentry"`
+	TrNatKprobe    *ebpf.ProgramSpec `ebpf:"tr_nat_kprobe"`
+	TrNfDnat       *ebpf.ProgramSpec `ebpf:"tr_nf_dnat"`
+	TrNfSnat       *ebpf.ProgramSpec `ebpf:"tr_nf_snat"`
+	TrNfrstFentry  *ebpf.ProgramSpec `ebpf:"tr_nfrst_fentry"`
+	TrNfrstKprobe  *ebpf.ProgramSpec `ebpf:"tr_nfrst_kprobe"`
+	TrRstFentry    *ebpf.ProgramSpec `ebpf:"tr_rst_fentry"`
+	TrRstFentry3   *ebpf.ProgramSpec `ebpf:"tr_rst_fentry3"`
+	TrRstKprobe    *ebpf.ProgramSpec `ebpf:"tr_rst_kprobe"`
+	TrRstTp        *ebpf.ProgramSpec `ebpf:"tr_rst_tp"`
+	TrRstTp3       *ebpf.ProgramSpec `ebpf:"tr_rst_tp3"`
 }
 
 // tracerMapSpecs contains maps before they are loaded into the kernel.
@@ -216,6 +224,8 @@ type tracerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tracerVariableSpecs struct {
+	CfgCtNetns   *ebpf.VariableSpec `ebpf:"cfg_ct_netns"`
+	CfgCtNnetns  *ebpf.VariableSpec `ebpf:"cfg_ct_nnetns"`
 	CfgFamilies  *ebpf.VariableSpec `ebpf:"cfg_families"`
 	CfgNetns     *ebpf.VariableSpec `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.VariableSpec `ebpf:"cfg_nf_roles"`
@@ -269,6 +279,8 @@ func (m *tracerMaps) Close() error {
 //
 // It can be passed to loadTracerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tracerVariables struct {
+	CfgCtNetns   *ebpf.Variable `ebpf:"cfg_ct_netns"`
+	CfgCtNnetns  *ebpf.Variable `ebpf:"cfg_ct_nnetns"`
 	CfgFamilies  *ebpf.Variable `ebpf:"cfg_families"`
 	CfgNetns     *ebpf.Variable `ebpf:"cfg_netns"`
 	CfgNfRoles   *ebpf.Variable `ebpf:"cfg_nf_roles"`
@@ -285,32 +297,38 @@ type tracerVariables struct {
 //
 // It can be passed to loadTracerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tracerPrograms struct {
-	TrDropTp      *ebpf.Program `ebpf:"tr_drop_tp"`
-	TrDropTp3     *ebpf.Program `ebpf:"tr_drop_tp3"`
-	TrIcmpFentry  *ebpf.Program `ebpf:"tr_icmp_fentry"`
-	TrIcmpKprobe  *ebpf.Program `ebpf:"tr_icmp_kprobe"`
-	TrIcmpTp      *ebpf.Program `ebpf:"tr_icmp_tp"`
-	TrIpvsFentry  *ebpf.Program `ebpf:"tr_ipvs_fentry"`
-	TrIpvsKprobe  *ebpf.Program `ebpf:"tr_ipvs_kprobe"`
-	TrIpvsKraw    *ebpf.Program `ebpf:"tr_ipvs_kraw"`
-	TrIpvslFentry *ebpf.Program `ebpf:"tr_ipvsl_fentry"`
-	TrIpvslKprobe *ebpf.Program `ebpf:"tr_ipvsl_kprobe"`
-	TrIpvslKraw   *ebpf.Program `ebpf:"tr_ipvsl_kraw"`
-	TrNatFentry   *ebpf.Program `ebpf:"tr_nat_fentry"`
-	TrNatKprobe   *ebpf.Program `ebpf:"tr_nat_kprobe"`
-	TrNfDnat      *ebpf.Program `ebpf:"tr_nf_dnat"`
-	TrNfSnat      *ebpf.Program `ebpf:"tr_nf_snat"`
-	TrNfrstFentry *ebpf.Program `ebpf:"tr_nfrst_fentry"`
-	TrNfrstKprobe *ebpf.Program `ebpf:"tr_nfrst_kprobe"`
-	TrRstFentry   *ebpf.Program `ebpf:"tr_rst_fentry"`
-	TrRstFentry3  *ebpf.Program `ebpf:"tr_rst_fentry3"`
-	TrRstKprobe   *ebpf.Program `ebpf:"tr_rst_kprobe"`
-	TrRstTp       *ebpf.Program `ebpf:"tr_rst_tp"`
-	TrRstTp3      *ebpf.Program `ebpf:"tr_rst_tp3"`
+	TrCtdelFentry  *ebpf.Program `ebpf:"tr_ctdel_fentry"`
+	TrCtdelKprobe  *ebpf.Program `ebpf:"tr_ctdel_kprobe"`
+	TrCtfreeKprobe *ebpf.Program `ebpf:"tr_ctfree_kprobe"`
+	TrDropTp       *ebpf.Program `ebpf:"tr_drop_tp"`
+	TrDropTp3      *ebpf.Program `ebpf:"tr_drop_tp3"`
+	TrIcmpFentry   *ebpf.Program `ebpf:"tr_icmp_fentry"`
+	TrIcmpKprobe   *ebpf.Program `ebpf:"tr_icmp_kprobe"`
+	TrIcmpTp       *ebpf.Program `ebpf:"tr_icmp_tp"`
+	TrIpvsFentry   *ebpf.Program `ebpf:"tr_ipvs_fentry"`
+	TrIpvsKprobe   *ebpf.Program `ebpf:"tr_ipvs_kprobe"`
+	TrIpvsKraw     *ebpf.Program `ebpf:"tr_ipvs_kraw"`
+	TrIpvslFentry  *ebpf.Program `ebpf:"tr_ipvsl_fentry"`
+	TrIpvslKprobe  *ebpf.Program `ebpf:"tr_ipvsl_kprobe"`
+	TrIpvslKraw    *ebpf.Program `ebpf:"tr_ipvsl_kraw"`
+	TrNatFentry    *ebpf.Program `ebpf:"tr_nat_fentry"`
+	TrNatKprobe    *ebpf.Program `ebpf:"tr_nat_kprobe"`
+	TrNfDnat       *ebpf.Program `ebpf:"tr_nf_dnat"`
+	TrNfSnat       *ebpf.Program `ebpf:"tr_nf_snat"`
+	TrNfrstFentry  *ebpf.Program `ebpf:"tr_nfrst_fentry"`
+	TrNfrstKprobe  *ebpf.Program `ebpf:"tr_nfrst_kprobe"`
+	TrRstFentry    *ebpf.Program `ebpf:"tr_rst_fentry"`
+	TrRstFentry3   *ebpf.Program `ebpf:"tr_rst_fentry3"`
+	TrRstKprobe    *ebpf.Program `ebpf:"tr_rst_kprobe"`
+	TrRstTp        *ebpf.Program `ebpf:"tr_rst_tp"`
+	TrRstTp3       *ebpf.Program `ebpf:"tr_rst_tp3"`
 }
 
 func (p *tracerPrograms) Close() error {
 	return _TracerClose(
+		p.TrCtdelFentry,
+		p.TrCtdelKprobe,
+		p.TrCtfreeKprobe,
 		p.TrDropTp,
 		p.TrDropTp3,
 		p.TrIcmpFentry,

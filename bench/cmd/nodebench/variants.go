@@ -94,11 +94,17 @@ type kernelOnly struct {
 	stats    bool
 	statsOff io.Closer
 	base     []loader.ProgramStat
-	t        *loader.Tracer
-	nat      atomic.Int64
-	all      atomic.Int64
-	errs     atomic.Int64
-	done     chan struct{}
+	// askEnds has the kernel side report R's conntrack entries' ends, as
+	// the live pipeline does for its trackers; they go to ended, once
+	// set, and count in ends, not in all.
+	askEnds bool
+	ended   atomic.Pointer[conntrack.Tracker]
+	t       *loader.Tracer
+	nat     atomic.Int64
+	all     atomic.Int64
+	ends    atomic.Int64
+	errs    atomic.Int64
+	done    chan struct{}
 }
 
 const (
@@ -114,7 +120,11 @@ func (k *kernelOnly) name() string {
 }
 
 func (k *kernelOnly) start(b *lab) error {
-	t, err := loader.Open(b.loaderConfig())
+	cfg := b.loaderConfig()
+	if k.askEnds {
+		cfg.ConntrackNetns = cfg.Netns
+	}
+	t, err := loader.Open(cfg)
 	if err != nil {
 		return fmt.Errorf("attach tracer: %w", err)
 	}
@@ -127,6 +137,7 @@ func (k *kernelOnly) start(b *lab) error {
 	}
 	k.nat.Store(0)
 	k.all.Store(0)
+	k.ends.Store(0)
 	k.errs.Store(0)
 	go func() {
 		defer close(k.done)
@@ -137,6 +148,13 @@ func (k *kernelOnly) start(b *lab) error {
 			}
 			if err != nil {
 				k.errs.Add(1)
+				continue
+			}
+			if ev.Kind == event.KindCTDestroy {
+				k.ends.Add(1)
+				if ct := k.ended.Load(); ct != nil {
+					ct.Ended(conntrack.EndOf(ev))
+				}
 				continue
 			}
 			k.all.Add(1)
@@ -483,6 +501,7 @@ func (*ctTracker) name() string { return ctName }
 
 func (c *ctTracker) start(b *lab) error {
 	c.prof.suffix = "-ct"
+	c.askEnds = true
 	if err := c.prof.start(); err != nil {
 		return err
 	}
@@ -490,12 +509,17 @@ func (c *ctTracker) start(b *lab) error {
 		c.prof.stop()
 		return err
 	}
+	opts := live.ConntrackOptions()
+	opts.FedDestroys = c.t.Plan.Serves(event.HookCTDestroy)
 	var err error
-	labelled("ct", func(ctx context.Context) { c.ct, err = conntrack.OpenWith(ctx, b.r.Path(), live.ConntrackOptions()) })
+	labelled("ct", func(ctx context.Context) { c.ct, err = conntrack.OpenWith(ctx, b.r.Path(), opts) })
 	if err != nil {
 		c.kernelOnly.stop()
 		c.prof.stop()
 		return fmt.Errorf("open conntrack tracker: %w", err)
+	}
+	if opts.FedDestroys {
+		c.ended.Store(c.ct)
 	}
 	return nil
 }
@@ -505,6 +529,10 @@ func (c *ctTracker) stop() (observed, error) {
 	st := c.ct.Stats()
 	cerr := c.ct.Close()
 	perr := c.prof.stop()
-	o.Extra = strings.TrimPrefix(fmt.Sprintf("%s; conntrack %d entries, %d overruns", o.Extra, st.Entries, st.Overruns), "; ")
+	from := "DESTROY events"
+	if c.ended.Load() != nil {
+		from = fmt.Sprintf("%d ends from the kernel side", c.ends.Load())
+	}
+	o.Extra = strings.TrimPrefix(fmt.Sprintf("%s; conntrack %d entries (%s), %d overruns", o.Extra, st.Entries, from, st.Overruns), "; ")
 	return o, errors.Join(err, cerr, perr)
 }

@@ -73,23 +73,28 @@ type netlinkSource struct {
 // destroyReader. mdlayher/socket creates the socket on a locked thread
 // switched into that namespace and switches back, so no goroutine is left
 // in it.
-func dialNetlink(nsFD int, readBuffer int, targeted bool) (*netlinkSource, error) {
+func dialNetlink(nsFD int, readBuffer int, opts Options) (*netlinkSource, error) {
 	s := &netlinkSource{closed: make(chan struct{})}
-	if err := s.dial(&netlink.Config{NetNS: nsFD}, readBuffer, targeted); err != nil {
+	if err := s.dial(&netlink.Config{NetNS: nsFD}, readBuffer, opts); err != nil {
 		s.closeSockets()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *netlinkSource) dial(cfg *netlink.Config, readBuffer int, targeted bool) error {
+func (s *netlinkSource) dial(cfg *netlink.Config, readBuffer int, opts Options) error {
 	var err error
-	if targeted {
+	switch {
+	case opts.FedDestroys:
+		// The kernel side reports the ends; no event socket at all.
+	case opts.Targeted:
 		if s.destroys, err = newDestroyReader(cfg, readBuffer); err != nil {
 			return err
 		}
-	} else if s.events, err = dialEvents(cfg, readBuffer); err != nil {
-		return err
+	default:
+		if s.events, err = dialEvents(cfg, readBuffer); err != nil {
+			return err
+		}
 	}
 	if s.dumper, err = ct.Dial(cfg); err != nil {
 		return fmt.Errorf("open conntrack dump socket: %w", err)

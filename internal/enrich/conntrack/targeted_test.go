@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"testing"
@@ -241,5 +242,54 @@ func TestTargetedLookupAllReadsDestroys(t *testing.T) {
 	tr.LookupAll(nil, nil, nil)
 	if h := tr.DestroyedRead(gone.Orig); len(h) != 1 || h[0].State != "CLOSE" {
 		t.Fatalf("DestroyedRead after an empty batch: %+v", h)
+	}
+}
+
+// TestFedTrackerTakesEndsFromTheCaller: a tracker fed its ends reads no
+// event socket (a DESTROY queued on its source stays unread), asks the
+// kernel for live entries as any targeted tracker, and answers a
+// connection the caller reported ended from that end, in Lookup,
+// Destroyed and BySource, with what the kernel side's event said. Closed,
+// it closes Updates and takes no more ends.
+func TestFedTrackerTakesEndsFromTheCaller(t *testing.T) {
+	a, b := dnatEntry(40140, 0), dnatEntry(40141, 0)
+	src := newFake(a)
+	tr := startFake(t, src, Options{Targeted: true, FedDestroys: true}, time.Now)
+	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
+
+	tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: b.Orig, Reply: b.Reply,
+		CTStatus: b.Status | StatusSeenReply, CTMark: 7, CTZone: 3, Reason: 7, HasReason: true}))
+	e, ok := tr.Lookup(b.Reply)
+	if !ok || !e.Destroyed || !e.Replied || e.State != "TIME_WAIT" || e.Mark != 7 || e.Zone != 3 ||
+		e.Status&StatusDying == 0 || e.Orig != b.Orig {
+		t.Fatalf("ended entry: %+v %v", e, ok)
+	}
+	if e, ok := tr.Lookup(a.Orig); !ok || e.Destroyed {
+		t.Fatalf("live entry: %+v %v (a DESTROY on the socket was read)", e, ok)
+	}
+	if got := tr.Destroyed(b.Orig); len(got) != 1 || got[0].Reply != b.Reply {
+		t.Fatalf("destroyed of %v: %+v", b.Orig, got)
+	}
+	if got := tr.BySource(6, b.Orig.SrcAddrPort()); len(got) != 1 || !got[0].Destroyed {
+		t.Fatalf("by source %v: %+v", b.Orig.SrcAddrPort(), got)
+	}
+	if s := tr.Stats(); s.Destroyed != 1 {
+		t.Fatalf("stats %+v: want the one end handed over", s)
+	}
+	if len(src.events) != 1 {
+		t.Fatalf("the source's DESTROY was read: %d left", len(src.events))
+	}
+
+	tr.Close()
+	for range tr.Updates() {
+	}
+	tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: a.Orig, Reply: a.Reply, CTStatus: a.Status}))
+}
+
+// TestFedNeedsTargeted: ends are fed to a targeted tracker only; an
+// untargeted one keeps its table from every event.
+func TestFedNeedsTargeted(t *testing.T) {
+	if _, err := start(context.Background(), newFake(), Options{FedDestroys: true}, time.Now); err == nil {
+		t.Fatal("an untargeted tracker took FedDestroys")
 	}
 }

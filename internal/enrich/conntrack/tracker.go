@@ -106,6 +106,13 @@ type Options struct {
 	// DESTROYs lost in one are lost.
 	Targeted bool
 
+	// FedDestroys (with Targeted) opens no event socket at all: the
+	// caller hands the tracker each entry's end as the kernel side
+	// reported it (Ended), which spares the kernel a netlink message per
+	// connection. The ends it does not hand over are lost to it, as
+	// DESTROYs lost in an overrun are; the caller counts them.
+	FedDestroys bool
+
 	// pruneEvery overrides how often destroyed entries are pruned (tests
 	// with a fake clock).
 	pruneEvery time.Duration
@@ -189,7 +196,7 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 	}
 	var src *netlinkSource
 	err := withNetns(netnsPath, func(nsFD int) (err error) {
-		src, err = dialNetlink(nsFD, opts.ReadBuffer, opts.Targeted)
+		src, err = dialNetlink(nsFD, opts.ReadBuffer, opts)
 		return err
 	})
 	if err != nil {
@@ -231,8 +238,14 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		queue:   make(chan item, 1024),
 		done:    make(chan struct{}),
 	}
+	if opts.FedDestroys && !opts.Targeted {
+		return nil, errors.New("conntrack tracker: ends can be fed to a targeted tracker only")
+	}
 	ctx, t.cancel = context.WithCancel(ctx)
-	if opts.Targeted {
+	switch {
+	case opts.FedDestroys:
+		go t.pruneLoop(ctx)
+	case opts.Targeted:
 		d, ok := src.(drainer)
 		if !ok {
 			return nil, errors.New("targeted conntrack tracker: the source cannot be drained")
@@ -240,7 +253,7 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		t.drainer = d
 		go t.waitLoop()
 		go t.pruneLoop(ctx)
-	} else {
+	default:
 		if err := t.dump(false); err != nil {
 			return nil, err
 		}
@@ -610,6 +623,12 @@ func (t *Tracker) Close() error {
 		if t.cancel != nil {
 			t.cancel()
 		}
+		if t.opts.FedDestroys {
+			t.rx.Lock()
+			t.stopped = true
+			close(t.updates)
+			t.rx.Unlock()
+		}
 		if err := t.src.Close(); err != nil {
 			t.closeErr = fmt.Errorf("close conntrack tracker: %w", err)
 		}
@@ -730,6 +749,9 @@ const destroyBatch = 5 * time.Millisecond
 // drain applies every event queued now. Overruns are counted: there is no
 // live copy to repair, and the DESTROYs lost in one stay lost.
 func (t *Tracker) drain() {
+	if t.drainer == nil {
+		return // fed: every end handed over is applied already
+	}
 	t.rx.Lock()
 	defer t.rx.Unlock()
 	if t.stopped {
@@ -748,6 +770,35 @@ func (t *Tracker) drain() {
 	if len(batch) > 0 {
 		t.applyDestroys(batch)
 	}
+}
+
+// Ended applies the end of a connection the kernel side reported
+// (EndOf an event.KindCTDestroy) to a tracker opened with FedDestroys.
+// The caller hands the ends over in the order the ring buffer gave them,
+// among the decisions: an earlier connection's end then always comes
+// before a newer connection of its tuple is joined, as a DESTROY read
+// before the newer entry was asked for does.
+func (t *Tracker) Ended(e Entry) {
+	t.rx.Lock()
+	defer t.rx.Unlock()
+	if t.stopped {
+		return
+	}
+	t.applyDestroys([]change{{entry: e, destroy: true}})
+}
+
+// EndOf is the entry a kernel-side conntrack end (event.KindCTDestroy)
+// reports, as ctnetlink's DESTROY event has it: the kernel marks the
+// entry DYING as it deletes it, after the program read its status.
+func EndOf(ev event.Event) Entry {
+	e := Entry{Orig: ev.Orig, Reply: ev.Reply, Status: ev.CTStatus | StatusDying, Mark: ev.CTMark, Zone: ev.CTZone}
+	e.Orig.Src, e.Orig.Dst = unmap(e.Orig.Src), unmap(e.Orig.Dst)
+	e.Reply.Src, e.Reply.Dst = unmap(e.Reply.Src), unmap(e.Reply.Dst)
+	if ev.HasReason && ev.Orig.Proto == 6 {
+		e.State = TCPStateName(uint8(ev.Reason))
+	}
+	e.Replied = e.Status&StatusSeenReply != 0
+	return e
 }
 
 // applyDestroys records a targeted tracker's DESTROYs as the table would
