@@ -779,19 +779,27 @@ func (t *Tracker) drain() {
 // before a newer connection of its tuple is joined, as a DESTROY read
 // before the newer entry was asked for does.
 func (t *Tracker) Ended(e Entry) {
+	if e.Seen.IsZero() {
+		e.Seen = t.now()
+	}
 	t.rx.Lock()
 	defer t.rx.Unlock()
 	if t.stopped {
 		return
 	}
-	t.applyDestroys([]change{{entry: e, destroy: true}})
+	t.mu.Lock()
+	t.tab.upsert(e, true)
+	e = t.tab.destroy(e)
+	t.mu.Unlock()
+	t.publish(e)
 }
 
 // EndOf is the entry a kernel-side conntrack end (event.KindCTDestroy)
-// reports, as ctnetlink's DESTROY event has it: the kernel marks the
-// entry DYING as it deletes it, after the program read its status.
+// reports, as ctnetlink's DESTROY event has it (the kernel marks the
+// entry DYING as it deletes it, after the program read its status), seen
+// when the kernel ended it.
 func EndOf(ev event.Event) Entry {
-	e := Entry{Orig: ev.Orig, Reply: ev.Reply, Status: ev.CTStatus | StatusDying, Mark: ev.CTMark, Zone: ev.CTZone}
+	e := Entry{Orig: ev.Orig, Reply: ev.Reply, Status: ev.CTStatus | StatusDying, Mark: ev.CTMark, Zone: ev.CTZone, Seen: ev.Time}
 	e.Orig.Src, e.Orig.Dst = unmap(e.Orig.Src), unmap(e.Orig.Dst)
 	e.Reply.Src, e.Reply.Dst = unmap(e.Reply.Src), unmap(e.Reply.Dst)
 	if ev.HasReason && ev.Orig.Proto == 6 {
