@@ -89,7 +89,7 @@ func main() {
 	flag.StringVar(&vmKernels, "vm", "", "kernel series to also measure in QEMU guests (\"5.10 6.1 6.12\"; SERIES:TIER+TIER restricts the tiers, as -only; \"\" for none)")
 	flag.IntVar(&cfg.vm.rounds, "vm-rounds", 4, "interleaved rounds of every observer in each guest")
 	flag.DurationVar(&cfg.vm.round, "vm-round", 3*time.Second, "traffic per observer per round in each guest")
-	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,live", "observers of the guests' rounds")
+	flag.StringVar(&cfg.vm.observers, "vm-observers", "none,kernel,stats,ct,live", "observers of the guests' rounds")
 	flag.DurationVar(&cfg.vm.timeout, "vm-timeout", 15*time.Minute, "kill a guest that has not finished after this long")
 	flag.Parse()
 	if spec, ok := strings.CutPrefix(childSpec, "observe:"); ok {
@@ -295,9 +295,13 @@ func kernelSide(ctx context.Context, rep *report) error {
 	}
 
 	logf("attach+detach of the whole hook set, %d times", cfg.attach)
+	// The whole set is what the live pipeline attaches: conntrack's ends
+	// for its tracker of R too.
+	whole := b.loaderConfig()
+	whole.ConntrackNetns = whole.Netns
 	for range cfg.attach {
 		t0 := time.Now()
-		t, err := loader.Open(b.loaderConfig())
+		t, err := loader.Open(whole)
 		if err != nil {
 			return fmt.Errorf("attach: %w", err)
 		}
