@@ -1,14 +1,10 @@
 package loader
 
 import (
-	"bytes"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,91 +12,14 @@ import (
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
 
-// ctToolEntry is one line of `conntrack -L`: the truth the reported ends
-// are held to.
-type ctToolEntry struct {
-	orig, reply event.Tuple
-	state       string // TCP only
-	replied     bool
-}
-
-// conntrackTool lists ns's conntrack table with the conntrack tool. It
-// reads stdout alone: the tool writes its summary to stderr.
-func conntrackTool(t *testing.T, ns netlab.Namespace, args ...string) []ctToolEntry {
+// conntrackTool lists ns's conntrack table with the conntrack tool.
+func conntrackTool(t *testing.T, ns netlab.Namespace, args ...string) []netlab.ConntrackEntry {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("conntrack", append([]string{"-L"}, args...)...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := ns.RunCmd(cmd); err != nil {
-		t.Fatalf("conntrack -L %v: %v %s", args, err, stderr.String())
-	}
-	var entries []ctToolEntry
-	for _, line := range strings.Split(stdout.String(), "\n") {
-		if e, ok := parseConntrackLine(line); ok {
-			entries = append(entries, e)
-		}
+	entries, err := ns.ConntrackList(args...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return entries
-}
-
-// parseConntrackLine reads "tcp 6 119 TIME_WAIT src=.. dst=.. sport=..
-// dport=.. src=.. dst=.. sport=.. dport=.. [ASSURED] mark=0 use=1": the
-// first src, dst, sport and dport are the original tuple, the second the
-// reply; [UNREPLIED] marks an entry never answered.
-func parseConntrackLine(line string) (ctToolEntry, bool) {
-	f := strings.Fields(line)
-	if len(f) < 4 {
-		return ctToolEntry{}, false
-	}
-	var e ctToolEntry
-	switch f[0] {
-	case "tcp":
-		e.orig.Proto, e.state = 6, f[3]
-	case "udp":
-		e.orig.Proto = 17
-	default:
-		return ctToolEntry{}, false
-	}
-	e.reply.Proto = e.orig.Proto
-	e.replied = true
-	seen := map[string]int{}
-	for _, kv := range f[3:] {
-		if kv == "[UNREPLIED]" {
-			e.replied = false
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			continue
-		}
-		tu := &e.orig
-		if seen[k] > 0 {
-			tu = &e.reply
-		}
-		seen[k]++
-		switch k {
-		case "src", "dst":
-			a, err := netip.ParseAddr(v)
-			if err != nil {
-				return ctToolEntry{}, false
-			}
-			if k == "src" {
-				tu.Src = a
-			} else {
-				tu.Dst = a
-			}
-		case "sport", "dport":
-			var p uint16
-			if _, err := fmt.Sscan(v, &p); err != nil {
-				return ctToolEntry{}, false
-			}
-			if k == "sport" {
-				tu.SrcPort = p
-			} else {
-				tu.DstPort = p
-			}
-		}
-	}
-	return e, e.orig.Valid() && e.reply.Valid()
 }
 
 // TestConntrackEndsReported: the kernel side reports the end of every
@@ -196,7 +115,7 @@ func testConntrackEnds(t *testing.T, only []event.Via) {
 	must(t, connectFrom(tp.c, 33000, vip+":80"))
 	time.Sleep(200 * time.Millisecond)
 	want = conntrackTool(t, tp.r, "-d", vip, "-p", "tcp")
-	if len(want) != 1 || want[0].state != "TIME_WAIT" {
+	if len(want) != 1 || want[0].State != "TIME_WAIT" {
 		t.Fatalf("conntrack -L in R: %+v, want one TCP entry in TIME_WAIT", want)
 	}
 	must(t, connectFrom(tp.c, 33000, vip+":80"))
@@ -223,7 +142,7 @@ func connectFrom(ns netlab.Namespace, port int, addr string) error {
 // runs every few seconds) and holds them to want: each entry's end exactly
 // once, with its tuples, its answer and its state, and none from the
 // namespace not asked for.
-func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, want []ctToolEntry) {
+func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, want []netlab.ConntrackEntry) {
 	t.Helper()
 	var got []event.Event
 	deadline := time.After(15 * time.Second)
@@ -247,24 +166,24 @@ func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, wa
 	}
 	c.drain()
 	for _, w := range want {
-		i := slices.IndexFunc(got, func(ev event.Event) bool { return ev.Orig == w.orig })
+		i := slices.IndexFunc(got, func(ev event.Event) bool { return ev.Orig == w.Orig })
 		if i < 0 {
-			t.Errorf("%s: no end reported for %+v", what, w.orig)
+			t.Errorf("%s: no end reported for %+v", what, w.Orig)
 			continue
 		}
 		ev := got[i]
 		got = slices.Delete(got, i, i+1)
-		if ev.Hook != event.HookCTDestroy || ev.Reply != w.reply {
-			t.Errorf("%s: end of %+v: hook %s, reply %+v, want reply %+v", what, w.orig, ev.Hook, ev.Reply, w.reply)
+		if ev.Hook != event.HookCTDestroy || ev.Reply != w.Reply {
+			t.Errorf("%s: end of %+v: hook %s, reply %+v, want reply %+v", what, w.Orig, ev.Hook, ev.Reply, w.Reply)
 		}
-		if replied := ev.CTStatus&(1<<1) != 0; replied != w.replied {
-			t.Errorf("%s: end of %+v: SEEN_REPLY %v, the tool said replied %v", what, w.orig, replied, w.replied)
+		if replied := ev.CTStatus&(1<<1) != 0; replied == w.Unreplied {
+			t.Errorf("%s: end of %+v: SEEN_REPLY %v, the tool said unreplied %v", what, w.Orig, replied, w.Unreplied)
 		}
 		if ev.CTStatus&(1<<5) == 0 {
-			t.Errorf("%s: end of %+v: status %#x has no DST_NAT", what, w.orig, ev.CTStatus)
+			t.Errorf("%s: end of %+v: status %#x has no DST_NAT", what, w.Orig, ev.CTStatus)
 		}
-		if w.state != "" && (!ev.HasReason || tcpStates[ev.Reason] != w.state) {
-			t.Errorf("%s: end of %+v: TCP state %d, the tool said %s", what, w.orig, ev.Reason, w.state)
+		if w.State != "" && (!ev.HasReason || tcpStates[ev.Reason] != w.State) {
+			t.Errorf("%s: end of %+v: TCP state %d, the tool said %s", what, w.Orig, ev.Reason, w.State)
 		}
 	}
 	if len(got) > 0 {

@@ -47,9 +47,9 @@ func TestPrivGetterAllMatchesConntrackTool(t *testing.T) {
 	var tus []event.Tuple
 	var want []*ctToolEntry
 	for i := range tool {
-		miss := tool[i].orig
+		miss := tool[i].Orig
 		miss.SrcPort += 1000
-		tus = append(tus, tool[i].orig, miss, tool[i].reply)
+		tus = append(tus, tool[i].Orig, miss, tool[i].Reply)
 		want = append(want, &tool[i], nil, &tool[i])
 	}
 	g := getterIn(t, ns)
@@ -77,7 +77,7 @@ func TestPrivGetterAllOverrun(t *testing.T) {
 	var tus []event.Tuple
 	var want []*ctToolEntry
 	for i := range tool[:getBatch] {
-		tus = append(tus, tool[i].orig)
+		tus = append(tus, tool[i].Orig)
 		want = append(want, &tool[i])
 	}
 	g := getterIn(t, ns)
@@ -112,8 +112,8 @@ func checkAgainstTool(t *testing.T, tus []event.Tuple, entries []Entry, found []
 		case w == nil:
 		case !found[i]:
 			t.Errorf("%v: not found; conntrack -L has %+v", tu, *w)
-		case e.Orig != w.orig || e.Reply != w.reply || e.State != w.state ||
-			(e.Status&StatusAssured != 0) != w.assured || e.Replied == w.unreplied:
+		case e.Orig != w.Orig || e.Reply != w.Reply || e.State != w.State ||
+			(e.Status&StatusAssured != 0) != w.Assured || e.Replied == w.Unreplied:
 			t.Errorf("%v: getter %+v (status %v), conntrack -L %+v", tu, e, FormatStatus(e.Status), *w)
 		}
 	}

@@ -1,12 +1,10 @@
 package conntrack
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -18,82 +16,17 @@ import (
 	"github.com/tracer-dev/tracer/internal/netlab"
 )
 
-// ctToolEntry is one line of `conntrack -L`, as the conntrack tool prints
-// the kernel's table.
-type ctToolEntry struct {
-	orig, reply event.Tuple
-	state       string
-	assured     bool
-	unreplied   bool
-}
+type ctToolEntry = netlab.ConntrackEntry
 
 // conntrackList is the namespace's table as `conntrack -L` prints it,
-// for the truth the tracker is compared with. It reads stdout alone: the
-// tool's summary goes to stderr unbuffered, and lands inside a line once
-// the listing passes stdout's 4 KiB buffer.
+// for the truth the tracker is compared with.
 func conntrackList(t *testing.T, ns netlab.Namespace, args ...string) []ctToolEntry {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("conntrack", append([]string{"-L"}, args...)...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := ns.RunCmd(cmd); err != nil {
-		t.Fatalf("conntrack -L %v: %v %s", args, err, stderr.String())
-	}
-	var entries []ctToolEntry
-	for _, line := range strings.Split(stdout.String(), "\n") {
-		if e, ok := parseToolLine(line); ok {
-			entries = append(entries, e)
-		}
+	entries, err := ns.ConntrackList(args...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return entries
-}
-
-// parseToolLine reads "tcp 6 431999 ESTABLISHED src=.. dst=.. sport=..
-// dport=.. src=.. dst=.. sport=.. dport=.. [ASSURED] mark=0 use=1" (ICMP:
-// type, code and id instead of the ports).
-func parseToolLine(line string) (ctToolEntry, bool) {
-	f := strings.Fields(line)
-	if len(f) < 3 {
-		return ctToolEntry{}, false
-	}
-	var e ctToolEntry
-	var proto uint8
-	fmt.Sscan(f[1], &proto)
-	var tuples [2]map[string]string
-	n := -1
-	for _, w := range f[2:] {
-		k, v, ok := strings.Cut(w, "=")
-		switch {
-		case w == "[ASSURED]":
-			e.assured = true
-		case w == "[UNREPLIED]":
-			e.unreplied = true
-		case !ok && w == strings.ToUpper(w) && w[0] >= 'A' && w[0] <= 'Z':
-			e.state = w
-		case k == "src" && n < 1:
-			n++
-			tuples[n] = map[string]string{}
-			tuples[n][k] = v
-		case ok && n >= 0 && n < 2 && k != "mark" && k != "use" && k != "zone":
-			tuples[n][k] = v
-		}
-	}
-	if n != 1 {
-		return ctToolEntry{}, false
-	}
-	e.orig, e.reply = toolTuple(proto, tuples[0]), toolTuple(proto, tuples[1])
-	return e, true
-}
-
-func toolTuple(proto uint8, kv map[string]string) event.Tuple {
-	tu := event.Tuple{Proto: proto, Src: netip.MustParseAddr(kv["src"]), Dst: netip.MustParseAddr(kv["dst"])}
-	num := func(k string) uint16 { var n uint16; fmt.Sscan(kv[k], &n); return n }
-	if proto == 1 || proto == 58 {
-		tu.SrcPort, tu.DstPort = num("id"), num("type")<<8|num("code")
-		return tu
-	}
-	tu.SrcPort, tu.DstPort = num("sport"), num("dport")
-	return tu
 }
 
 // TestPrivTargetedLookup: a targeted tracker's entry of a real DNAT'd
@@ -123,10 +56,10 @@ func TestPrivTargetedLookup(t *testing.T) {
 		t.Fatalf("conntrack -L has %d entries for the connection: %+v", len(tool), tool)
 	}
 	want := tool[0]
-	for _, tu := range []event.Tuple{want.orig, want.reply} {
+	for _, tu := range []event.Tuple{want.Orig, want.Reply} {
 		e, ok := tr.Lookup(tu)
-		if !ok || e.Orig != want.orig || e.Reply != want.reply || e.State != want.state ||
-			(e.Status&StatusAssured != 0) != want.assured || e.Replied == want.unreplied || e.Destroyed {
+		if !ok || e.Orig != want.Orig || e.Reply != want.Reply || e.State != want.State ||
+			(e.Status&StatusAssured != 0) != want.Assured || e.Replied == want.Unreplied || e.Destroyed {
 			t.Fatalf("lookup %v: tracker %+v %v (status %v), conntrack -L %+v", tu, e, ok, FormatStatus(e.Status), want)
 		}
 	}
@@ -138,15 +71,15 @@ func TestPrivTargetedLookup(t *testing.T) {
 	c.Close()
 	waitFor(t, "the kernel's entry to reach CLOSE_WAIT", func() bool {
 		l := conntrackList(t, node, "-p", "tcp", "--sport", sport)
-		return len(l) == 1 && l[0].state == "CLOSE_WAIT"
+		return len(l) == 1 && l[0].State == "CLOSE_WAIT"
 	})
-	if e, ok := tr.Lookup(want.orig); !ok || e.State != "CLOSE_WAIT" {
+	if e, ok := tr.Lookup(want.Orig); !ok || e.State != "CLOSE_WAIT" {
 		t.Fatalf("after close: tracker %+v %v, conntrack -L state CLOSE_WAIT", e, ok)
 	}
 
 	mustRun(t, node, "conntrack", "-D", "-p", "tcp", "--sport", sport)
 	waitFor(t, "the destroy event", func() bool { return tr.Stats().Destroyed == 1 })
-	if e, ok := tr.Lookup(want.reply); !ok || !e.Destroyed || e.Orig != want.orig {
+	if e, ok := tr.Lookup(want.Reply); !ok || !e.Destroyed || e.Orig != want.Orig {
 		t.Fatalf("after conntrack -D: %+v %v", e, ok)
 	}
 	if s := tr.Stats(); s.QueryErrors != 0 || s.Overruns != 0 || s.DumpedEntries != 0 {
@@ -213,8 +146,8 @@ func TestPrivTargetedBySource(t *testing.T) {
 		src := netip.MustParseAddrPort(q.src)
 		var want, got []event.Tuple
 		for _, e := range table {
-			if e.orig.Proto == q.proto && e.orig.SrcAddrPort() == src {
-				want = append(want, e.orig)
+			if e.Orig.Proto == q.proto && e.Orig.SrcAddrPort() == src {
+				want = append(want, e.Orig)
 			}
 		}
 		for _, e := range tr.BySource(q.proto, src) {
