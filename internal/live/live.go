@@ -134,7 +134,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		opts := ConntrackOptions()
 		ino := ctNetns[i]
 		// One tracker of a namespace named twice takes its ends.
-		opts.FedDestroys = endsReported && ino != 0 && slices.Contains(cfg.Loader.ConntrackNetns, ino) && p.fed[ino] == nil
+		opts.FedDestroys = endsReported && slices.Contains(cfg.Loader.ConntrackNetns, ino) && p.fed[ino] == nil
 		ct, err := conntrack.OpenWith(ctCtx, path, opts)
 		if err != nil {
 			p.warn("conntrack of %s unavailable, its flows carry only what the kernel events say: %v", orCaller(path), err)
