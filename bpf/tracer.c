@@ -146,17 +146,23 @@ static __always_inline bool tuple_has_port(const struct tuple *t)
 	return t->family && (port_in(t->sport) || port_in(t->dport));
 }
 
+/* Whether ns is among the first n of list (a load-time filter). */
+static __always_inline bool netns_listed(const volatile __u32 *list, __u32 n, __u32 ns)
+{
+	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
+		if (i >= n)
+			break;
+		if (list[i] == ns)
+			return true;
+	}
+	return false;
+}
+
 static __always_inline bool netns_wanted(__u32 ns)
 {
 	if (!cfg_nnetns || !ns)
 		return true; /* 0: the namespace could not be read */
-	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
-		if (i >= cfg_nnetns)
-			break;
-		if (cfg_netns[i] == ns)
-			return true;
-	}
-	return false;
+	return netns_listed(cfg_netns, cfg_nnetns, ns);
 }
 
 /* The load-time filter: every configured term must match some part of the
@@ -646,17 +652,6 @@ int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *ra
 const volatile __u32 cfg_ct_nnetns = 0;
 const volatile __u32 cfg_ct_netns[MAX_FILTER_NETNS] = {};
 
-static __always_inline bool ct_netns_wanted(__u32 ns)
-{
-	for (int i = 0; i < MAX_FILTER_NETNS; i++) {
-		if (i >= cfg_ct_nnetns)
-			break;
-		if (cfg_ct_netns[i] == ns)
-			return true;
-	}
-	return false;
-}
-
 /* at_free: the entry's last reference is going, after its delete. */
 static __always_inline int on_ct_end(struct nf_conn *ct, bool at_free, __u8 via)
 {
@@ -668,7 +663,7 @@ static __always_inline int on_ct_end(struct nf_conn *ct, bool at_free, __u8 via)
 	__u64 status = BPF_CORE_READ(ct, status);
 	if (!(status & IPS_CONFIRMED) || (!at_free && (status & IPS_DYING)))
 		return 0;
-	if (!ct_netns_wanted(net_inum(BPF_CORE_READ(ct, ct_net.net))))
+	if (!netns_listed(cfg_ct_netns, cfg_ct_nnetns, net_inum(BPF_CORE_READ(ct, ct_net.net))))
 		return 0;
 	struct event *e = reserve(KIND_CT_DESTROY, HOOK_CT_DESTROY, via);
 	if (!e)
