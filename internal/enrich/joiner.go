@@ -109,9 +109,12 @@ type Joiner struct {
 	// finishing, and the rest, are finishAll's scratch: the flows an
 	// Expire finishes and their conntrack lookups.
 	finishing []*pending
-	lookupTus []event.Tuple
-	lookupCT  []conntrack.Entry
-	lookupOK  []bool
+	// unindexing is finishAll's scratch: the entries of the flows
+	// finishing.
+	unindexing []indexEntry
+	lookupTus  []event.Tuple
+	lookupCT   []conntrack.Entry
+	lookupOK   []bool
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -237,7 +240,7 @@ func (j *Joiner) answer(p *pending) answerOf {
 
 // Add joins one decoded event at now, the pipeline's clock.
 func (j *Joiner) Add(ev event.Event, now time.Time) {
-	if j.byTuple.byHash == nil {
+	if j.byTuple.slots == nil {
 		j.byTuple = newTupleIndex()
 		j.epoch = now
 	}
@@ -249,7 +252,6 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 		return
 	}
 	p, key, reply := j.resolve(tu, ev)
-	unseen := p == nil && key == tu // no open flow holds tu
 	d, isNAT := natDecisionOf(ev)
 	if p != nil && isNAT && j.decided(p, d) {
 		// The same decision twice for one tuple: the client reused its
@@ -260,15 +262,11 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	created := p == nil
 	if created {
 		p = j.newPending(packTuple(key))
-		if unseen {
-			j.byTuple.claimUnseen(p, p.key())
-		} else {
-			j.index(p, p.key())
-		}
+		j.byTuple.claim(p, p.key())
 	}
 	if r := packTuple(reply); r.valid() && r != p.reply() {
 		p.setReply(r)
-		j.index(p, r)
+		j.byTuple.claim(p, r)
 	}
 	j.addEvent(p, ev)
 	p.deadline = now.Sub(j.epoch) + j.linger()
@@ -286,21 +284,24 @@ func (j *Joiner) retire(old *pending) {
 	old.replaced = true
 }
 
-// unindex removes every tuple that leads to p: p may be indexed under its
-// key, its reply and its earlier replies (a reply reversed is found
-// through the reply); only those still leading to p are its own.
+// unindex removes every tuple that leads to p.
 func (j *Joiner) unindex(p *pending) {
-	j.byTuple.release(p, p.key())
-	j.unindexReply(p, p.reply())
-	for _, r := range p.oldReplies() {
-		j.unindexReply(p, r)
-	}
+	j.unindexing = j.indexEntries(j.unindexing[:0], p)
+	j.byTuple.releaseAll(j.unindexing)
 }
 
-func (j *Joiner) unindexReply(p *pending, reply ptuple) {
-	if reply.valid() {
-		j.byTuple.release(p, reply)
+// indexEntries appends the entries p may have: under its key, its reply
+// and its earlier replies (a reply reversed is found through the reply);
+// only those still leading to p are its own.
+func (j *Joiner) indexEntries(es []indexEntry, p *pending) []indexEntry {
+	es = append(es, j.byTuple.entry(p, p.key()))
+	if r := p.reply(); r.valid() {
+		es = append(es, j.byTuple.entry(p, r))
 	}
+	for _, r := range p.oldReplies() {
+		es = append(es, j.byTuple.entry(p, r))
+	}
+	return es
 }
 
 func (j *Joiner) linger() time.Duration {
@@ -334,12 +335,6 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 		}
 	}
 	return nil, tu, reply
-}
-
-func (j *Joiner) index(p *pending, tuples ...ptuple) {
-	for _, t := range tuples {
-		j.byTuple.claim(p, t)
-	}
 }
 
 // flowOf is p in the trace format, its events in time order; they stay
@@ -521,6 +516,13 @@ func (j *Joiner) finishAll(now time.Time) {
 			batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
 		}
 	}
+	j.unindexing = j.unindexing[:0]
+	for _, p := range j.finishing {
+		if !p.replaced {
+			j.unindexing = j.indexEntries(j.unindexing, p)
+		}
+	}
+	j.byTuple.releaseAll(j.unindexing)
 	asked := 0
 	for _, p := range j.finishing {
 		live := ctAnswer{batched: batched}
@@ -562,9 +564,6 @@ func (j *Joiner) Open() int { return j.due.len() + len(j.held) }
 // waits for a later reading then); live is its conntrack entry when
 // finishAll asked for it.
 func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
-	if !p.replaced {
-		j.unindex(p)
-	}
 	f, in, block := j.flowOf(p)
 	orig, reply, hasReply := j.addConntrack(f, in, p, live)
 	j.recycle(p) // the flow no longer needs it

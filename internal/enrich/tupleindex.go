@@ -8,93 +8,208 @@ import (
 
 // tupleIndex leads each tuple an open flow holds (its key, its reply and
 // that reversed, its earlier replies) to the flow; it holds the key and
-// the replies, and finds the reversed ones through them. A busy node keeps
-// hundreds of thousands of flows open, two tuples each, so the index
-// keys a tuple by a 64-bit hash and checks the flow it finds: 16 bytes an
-// entry instead of a 40-byte tuple and a pointer, and a hash of five
-// words rather than of the key's bytes. A tuple whose hash another flow's
-// tuple already holds goes to collided, keyed by the whole tuple: with a
-// random seed that is about one pair in 2^64, and crafted packets cannot
-// aim for it; either way every answer stays exact.
+// the replies, and finds the reversed ones through them.
+//
+// A busy node keeps hundreds of thousands of flows open, two tuples each,
+// so nearly every look is a miss of the CPU's caches, and the index is
+// laid out for few of them. It is an open-addressing table of 16-byte
+// slots, probed linearly and kept in Robin Hood order (an entry never
+// sits further from its home slot than the entries it passed), which
+// keeps runs short with the table up to seven eighths full. A tuple and
+// its reverse share one home slot (their position is a hash both give
+// alike), so the look for a tuple and for the reply it may be the
+// reverse of is one run of adjacent slots. A slot keeps the hash, not the
+// tuple: an entry is checked against the flow it leads to, so entries
+// whose hashes collide (about one pair in 2^63 with a random seed, which
+// crafted packets cannot aim for) are only more entries of one run, and
+// every answer stays exact.
 type tupleIndex struct {
-	seed     uint64
-	byHash   map[uint64]*pending
-	collided map[ptuple]*pending
+	seed  uint64
+	slots []indexSlot // a power of two of them, never full
+	used  int
+	shift uint8 // 64 - log2(len(slots)): a hash's top bits are its home
+	// read keeps releaseAll's first reads from being left out as unused.
+	read uint64
 }
 
+// indexSlot is one entry: sum is the hash of the tuple plus that of its
+// reverse (what both share), its lowest bit replaced by the tuple's side
+// (side); p is nil for an empty slot.
+type indexSlot struct {
+	sum uint64
+	p   *pending
+}
+
+const (
+	indexMinSlots = 1 << 10
+	// indexLoad is the most entries per 16 slots.
+	indexLoad = 14
+)
+
 func newTupleIndex() tupleIndex {
-	return tupleIndex{seed: rand.Uint64() | 1, byHash: map[uint64]*pending{}}
+	x := tupleIndex{seed: rand.Uint64() | 1}
+	x.resize(indexMinSlots)
+	return x
+}
+
+// indexKey is where a tuple is filed: the shared sum of it and its
+// reverse, the lowest bit saying which of the two it is (0 for both when
+// a tuple is its own reverse).
+type indexKey uint64
+
+// keyOf is t's key; reverse is that of t reversed.
+func (x *tupleIndex) keyOf(t ptuple) (key, reverse indexKey) {
+	h, r := x.hash(t), x.hash(t.reverse())
+	s := (h + r) &^ 1
+	switch {
+	case h < r:
+		return indexKey(s), indexKey(s | 1)
+	case h > r:
+		return indexKey(s | 1), indexKey(s)
+	}
+	return indexKey(s), indexKey(s)
 }
 
 // get is the flow that holds t, or nil. A flow's reply reversed (the
 // client's packet after its DNAT) is not indexed: it is found under the
-// reply, which costs a second look only for a tuple no flow has under
-// itself.
-func (x *tupleIndex) get(t ptuple) *pending { return x.getHashed(t, x.hash(t)) }
-
-// getHashed is get of t whose hash is h.
-func (x *tupleIndex) getHashed(t ptuple, h uint64) *pending {
-	if p := x.find(t, h); p != nil {
-		return p
-	}
-	r := t.reverse()
-	if p := x.find(r, x.hash(r)); p != nil && p.holds(t) {
-		return p
-	}
-	return nil
+// reply, in the same run of slots.
+func (x *tupleIndex) get(t ptuple) *pending {
+	k, r := x.keyOf(t)
+	return x.look(t, k, r)
 }
 
-// find is the flow indexed under t, whose hash is h.
-func (x *tupleIndex) find(t ptuple, h uint64) *pending {
-	if p := x.byHash[h]; p != nil && p.holds(t) {
-		return p
+// look is get of t, whose key is k and reverse's r. An entry under t
+// itself wins over one under its reverse.
+func (x *tupleIndex) look(t ptuple, k, r indexKey) *pending {
+	var reversed *pending
+	mask := len(x.slots) - 1
+	for i, d := x.home(k), 0; ; i, d = (i+1)&mask, d+1 {
+		s := &x.slots[i]
+		if s.p == nil || x.distance(s, i) < d {
+			// The entries of k's home are all behind: one further on
+			// would have taken this slot.
+			return reversed
+		}
+		switch {
+		case indexKey(s.sum) == k && s.p.holds(t):
+			return s.p
+		case indexKey(s.sum) == r && reversed == nil && s.p.holds(t):
+			reversed = s.p
+		}
 	}
-	if len(x.collided) == 0 {
-		return nil
-	}
-	return x.collided[t]
+}
+
+// distance is how far the entry in slot i, s, sits from its home.
+func (x *tupleIndex) distance(s *indexSlot, i int) int {
+	return (i - x.home(indexKey(s.sum))) & (len(x.slots) - 1)
 }
 
 // claim leads t to p unless t already leads to a flow: the first flow to
 // see a tuple keeps it.
 func (x *tupleIndex) claim(p *pending, t ptuple) {
-	h := x.hash(t)
-	if x.getHashed(t, h) != nil {
+	k, r := x.keyOf(t)
+	if x.look(t, k, r) != nil {
 		return
 	}
-	x.put(p, t, h)
+	x.insert(k, p)
 }
 
-// claimUnseen is claim of a tuple get has just found no flow for: a new
-// connection's key, most often, which saves looking for it twice.
-func (x *tupleIndex) claimUnseen(p *pending, t ptuple) { x.put(p, t, x.hash(t)) }
-
-// put leads t, whose hash is h, to p.
-func (x *tupleIndex) put(p *pending, t ptuple, h uint64) {
-	if _, taken := x.byHash[h]; !taken {
-		x.byHash[h] = p
-		return
+// insert adds the entry k -> p without looking for t first, growing the
+// table when that makes it too full. Where it passes an entry nearer its
+// home than it is to its own, it takes that slot and moves on with the
+// entry it displaced.
+func (x *tupleIndex) insert(k indexKey, p *pending) {
+	e := indexSlot{sum: uint64(k), p: p}
+	mask := len(x.slots) - 1
+	for i, d := x.home(k), 0; ; i, d = (i+1)&mask, d+1 {
+		s := &x.slots[i]
+		if s.p == nil {
+			*s = e
+			break
+		}
+		if sd := x.distance(s, i); sd < d {
+			*s, e = e, *s
+			d = sd
+		}
 	}
-	if x.collided == nil {
-		x.collided = map[ptuple]*pending{}
+	x.used++
+	if x.used*16 > len(x.slots)*indexLoad {
+		x.resize(2 * len(x.slots))
 	}
-	x.collided[t] = p
 }
 
-// release removes t if it leads to p. A hash slot p holds for another of
-// its tuples goes too; release is only ever asked for all of a flow's
-// tuples at once (unindex), so nothing is lost.
-func (x *tupleIndex) release(p *pending, t ptuple) {
-	h := x.hash(t)
-	if x.byHash[h] == p {
-		delete(x.byHash, h)
+func (x *tupleIndex) home(k indexKey) int { return int(uint64(k) >> x.shift) }
+
+func (x *tupleIndex) resize(n int) {
+	old := x.slots
+	x.slots = make([]indexSlot, n)
+	x.shift = uint8(64 - bits.TrailingZeros(uint(n)))
+	x.used = 0
+	for _, s := range old {
+		if s.p != nil {
+			x.insert(indexKey(s.sum), s.p)
+		}
 	}
-	if len(x.collided) == 0 {
-		return
+}
+
+// indexEntry is an entry a flow may have: p under the key k.
+type indexEntry struct {
+	k indexKey
+	p *pending
+}
+
+// entry is p's entry under t.
+func (x *tupleIndex) entry(p *pending, t ptuple) indexEntry {
+	k, _ := x.keyOf(t)
+	return indexEntry{k: k, p: p}
+}
+
+// releaseAll removes the entries es that are there. It first reads the
+// home slot of each: those loads do not wait for one another, so their
+// cache misses overlap where one release after another would take them
+// in turn. An entry p has under the same key for another of its tuples
+// may go instead of the one asked for; entries are only ever released
+// for all of a flow's tuples at once (unindex), so nothing is lost.
+func (x *tupleIndex) releaseAll(es []indexEntry) {
+	var sum uint64
+	for _, e := range es {
+		sum += x.slots[x.home(e.k)].sum
 	}
-	if x.collided[t] == p {
-		delete(x.collided, t)
+	x.read = sum
+	for _, e := range es {
+		x.releaseEntry(e)
 	}
+}
+
+func (x *tupleIndex) releaseEntry(e indexEntry) {
+	mask := len(x.slots) - 1
+	for i, d := x.home(e.k), 0; ; i, d = (i+1)&mask, d+1 {
+		s := &x.slots[i]
+		switch {
+		case s.p == nil || x.distance(s, i) < d:
+			return
+		case s.p == e.p && indexKey(s.sum) == e.k:
+			x.remove(i)
+			return
+		}
+	}
+}
+
+// remove empties slot i and moves the later entries of its run one
+// slot back towards their homes, so that no entry is left behind an empty
+// slot or out of order (no tombstones).
+func (x *tupleIndex) remove(i int) {
+	mask := len(x.slots) - 1
+	x.used--
+	for {
+		j := (i + 1) & mask
+		if s := &x.slots[j]; s.p == nil || x.distance(s, j) == 0 {
+			break
+		}
+		x.slots[i] = x.slots[j]
+		i = j
+	}
+	x.slots[i] = indexSlot{}
 }
 
 // hash mixes the tuple's words with the index's seed (the multiply and
