@@ -1,6 +1,8 @@
 package enrich
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"net/netip"
 	"sync"
 
@@ -24,10 +26,25 @@ type attributionCache struct {
 	// reduced to its family, no port): how much of the source the walks
 	// for that key read, and the answer itself when they read none.
 	// answers is keyed with as much of the source as its key's shape says.
-	shapes  map[attrKey]attrShape
-	answers map[attrKey]attrAnswer
+	// Both are filed under a hash of their key (hashing the key itself,
+	// strings and all, was the cache's largest cost), each entry with its
+	// key to check: a key whose hash another holds is a miss, and the
+	// later of the two takes the place.
+	shapes  map[uint64]shapeEntry
+	answers map[uint64]answerEntry
+	seed    maphash.Seed
 	hits    uint64
 	misses  uint64
+}
+
+type shapeEntry struct {
+	key   attrKey
+	shape attrShape
+}
+
+type answerEntry struct {
+	key    attrKey
+	answer attrAnswer
 }
 
 // attrCacheSize bounds each map; a full map starts over, which costs a
@@ -58,7 +75,47 @@ type attrShape struct {
 func (s attrShape) readsSource() bool { return s.srcBits > 0 || s.portRead }
 
 func newAttributionCache() *attributionCache {
-	return &attributionCache{shapes: map[attrKey]attrShape{}, answers: map[attrKey]attrAnswer{}}
+	return &attributionCache{shapes: map[uint64]shapeEntry{}, answers: map[uint64]answerEntry{}, seed: maphash.MakeSeed()}
+}
+
+// hash is k's hash: its fixed-size fields in two words, mixed, and its
+// strings through maphash.
+func (c *attributionCache) hash(k *attrKey) uint64 {
+	p, a := &k.pkt, &k.act
+	h := mixAddrPort(uint64(p.Proto)|uint64(p.ICMPType)<<8|uint64(p.ICMPCode)<<16|uint64(boolBit(p.ICMPKnown))<<24|
+		uint64(p.State)<<32|uint64(p.NATed)<<40|uint64(boolBit(p.KnowNAT))<<48, p.Src)
+	h = mixAddrPort(h^uint64(p.Mark), p.Dst)
+	h = mixAddrPort(h^(uint64(a.ICMPType)|uint64(a.ICMPCode)<<8), a.To)
+	h = mixAddrPort(h, netip.AddrPortFrom(p.OrigDst, 0))
+	for _, s := range [...]string{p.InIface, p.OutIface, string(a.Kind), a.Hook} {
+		h = mix(h, maphash.String(c.seed, s))
+	}
+	return h
+}
+
+func mixAddrPort(h uint64, ap netip.AddrPort) uint64 {
+	b := ap.Addr().As16()
+	h = mix(h^binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])^uint64(ap.Port())<<1^uint64(ap.Addr().BitLen()))
+	return h
+}
+
+func boolBit(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c *attributionCache) shape(k *attrKey) (uint64, attrShape, bool) {
+	h := c.hash(k)
+	e, ok := c.shapes[h]
+	return h, e.shape, ok && e.key == *k
+}
+
+func (c *attributionCache) answer(k *attrKey) (uint64, attrAnswer, bool) {
+	h := c.hash(k)
+	e, ok := c.answers[h]
+	return h, e.answer, ok && e.key == *k
 }
 
 // keyOf is pkt and act keyed with as much of the source as s read.
@@ -82,10 +139,11 @@ func keyOf(pkt rules.Packet, act rules.KernelAction, s attrShape) attrKey {
 func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAction, eval func(rules.Packet) (*trace.Rule, bool)) (*trace.Rule, bool) {
 	sourceless := keyOf(pkt, act, attrShape{})
 	c.mu.Lock()
-	s, ok := c.shapes[sourceless]
+	sh, s, ok := c.shape(&sourceless)
 	a := s.answer
 	if ok && s.readsSource() {
-		a, ok = c.answers[keyOf(pkt, act, s)]
+		k := keyOf(pkt, act, s)
+		_, a, ok = c.answer(&k)
 	}
 	if ok {
 		c.hits++
@@ -108,18 +166,22 @@ func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAct
 	}
 	// The shape only widens: an answer kept under a narrower one stays
 	// right, it is just no longer asked for.
-	s = c.shapes[sourceless]
+	sh, s, ok = c.shape(&sourceless)
+	if !ok {
+		s = attrShape{}
+	}
 	s = attrShape{srcBits: max(s.srcBits, reads.SrcBits), portRead: s.portRead || reads.SrcPort}
 	if !s.readsSource() {
 		s.answer = a
-		c.shapes[sourceless] = s
+		c.shapes[sh] = shapeEntry{key: sourceless, shape: s}
 		return r, known
 	}
-	c.shapes[sourceless] = s
+	c.shapes[sh] = shapeEntry{key: sourceless, shape: s}
 	if len(c.answers) >= attrCacheSize {
 		clear(c.answers)
 	}
-	c.answers[keyOf(pkt, act, s)] = a
+	k := keyOf(pkt, act, s)
+	c.answers[c.hash(&k)] = answerEntry{key: k, answer: a}
 	return r, known
 }
 

@@ -2,12 +2,12 @@ package enrich
 
 import (
 	"fmt"
-	"maps"
-	"slices"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -120,9 +120,12 @@ func TestAttributionCacheRuleUnchanged(t *testing.T) {
 	c := env.attributions()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	answers := slices.Collect(maps.Values(c.answers))
-	for _, s := range c.shapes {
-		answers = append(answers, s.answer)
+	var answers []attrAnswer
+	for _, e := range c.answers {
+		answers = append(answers, e.answer)
+	}
+	for _, e := range c.shapes {
+		answers = append(answers, e.shape.answer)
 	}
 	for _, ans := range answers {
 		if r := ans.rule; r != nil && r.Owner != nil && r.Owner.Pod != nil {
@@ -141,4 +144,27 @@ func enrichOne(t *testing.T, env *NodeEnv, src, dst, to string) *trace.Flow {
 		t.Fatalf("%d flows", len(out))
 	}
 	return out[0]
+}
+
+// TestAttributionCacheHashCollision: an entry filed under a key's hash
+// but kept for another key is a miss for it, never its answer. No two
+// keys are known to collide, so the other key's entry is filed by hand.
+func TestAttributionCacheHashCollision(t *testing.T) {
+	c := newAttributionCache()
+	pkt := rules.Packet{Proto: rules.ProtoTCP, Src: netip.MustParseAddrPort("10.0.0.1:4000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")}
+	act := rules.KernelAction{Kind: rules.ActionDNAT, Hook: "PREROUTING", To: netip.MustParseAddrPort("10.244.1.5:8080")}
+	mine, other := &trace.Rule{Text: "mine"}, &trace.Rule{Text: "other"}
+	walks := 0
+	eval := func(rules.Packet) (*trace.Rule, bool) { walks++; return mine, true }
+
+	k := keyOf(pkt, act, attrShape{})
+	otherKey := k
+	otherKey.pkt.Dst = netip.MustParseAddrPort("10.96.0.11:80")
+	c.shapes[c.hash(&k)] = shapeEntry{key: otherKey, shape: attrShape{answer: attrAnswer{rule: other, known: true}}}
+	if r, _ := c.attributeCached(pkt, act, eval); r != mine || walks != 1 {
+		t.Fatalf("got rule %q after %d walks, want %q from one walk", r.Text, walks, mine.Text)
+	}
+	if r, _ := c.attributeCached(pkt, act, eval); r != mine || walks != 1 {
+		t.Fatalf("asked again: rule %q after %d walks, want %q from the cache", r.Text, walks, mine.Text)
+	}
 }
