@@ -368,6 +368,7 @@ func kernelSide(ctx context.Context, rep *report) error {
 		if err != nil {
 			return fmt.Errorf("flood at %d a second: %w", rate, err)
 		}
+		live := "live not run: it lost at a lower rate"
 		// R's UDP entries time out after floodUDPTimeout: let them go
 		// before the next window fills the table again.
 		if !liveLost(rep.flood) {
@@ -375,11 +376,12 @@ func kernelSide(ctx context.Context, rep *report) error {
 			if step.Live, step.LiveLoad, err = observeAlone(b, "live", flood); err != nil {
 				return fmt.Errorf("flood at %d a second, full live pipeline: %w", rate, err)
 			}
+			live = fmt.Sprintf("live at %.0f conn/s: nat %d lost %d flows %d (%s)", step.LiveLoad.rate(), step.Live.NAT, step.Live.Lost, step.Live.Flows, step.Live.Extra)
 		}
 		step.Rate = rate
 		rep.flood = append(rep.flood, step)
-		logf("flood %7d/s asked %8.0f conn/s (%d NAT decisions, %d send errors) tracer nat %d lost %d | conntrack -E %d %s | live at %.0f conn/s: nat %d lost %d flows %d (%s)", rate, step.Load.rate(), step.Load.OK, step.Load.Failed,
-			step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra, step.LiveLoad.rate(), step.Live.NAT, step.Live.Lost, step.Live.Flows, step.Live.Extra)
+		logf("flood %7d/s asked %8.0f conn/s (%d NAT decisions, %d send errors) tracer nat %d lost %d | conntrack -E %d %s | %s", rate, step.Load.rate(), step.Load.OK, step.Load.Failed,
+			step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra, live)
 		time.Sleep(1500 * time.Millisecond)
 	}
 	return nil
