@@ -2,7 +2,6 @@ package trace
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -11,8 +10,8 @@ import (
 
 // AppendFlow appends f as encoding/json writes it, without reflection or
 // allocation: a flow is the line a trace writes most. Whatever the fast
-// path does not cover (a string that needs escaping, a time outside years
-// 0-9999) is handed to encoding/json, so the bytes are json.Marshal's
+// path does not cover (a time outside years 0-9999) is handed to the
+// time's own MarshalJSON, so the bytes are json.Marshal's
 // (TestAppendFlowMatchesMarshal holds them to it).
 func AppendFlow(b []byte, f *Flow) ([]byte, error) { return (*FlowEncoder)(nil).AppendFlow(b, f) }
 
@@ -336,11 +335,14 @@ func appendStrings(b []byte, ss []string) []byte {
 	return append(b, ']')
 }
 
-// appendString quotes s as encoding/json does. What it writes as it is
-// (printable ASCII other than the quote, the backslash and HTML's <, > and
-// &; valid UTF-8 other than U+2028 and U+2029) goes straight in; a string
-// with anything else is left to encoding/json.
+// appendString quotes s as encoding/json does (HTML's <, > and & escaped,
+// invalid UTF-8 as U+FFFD, U+2028 and U+2029 escaped). The runs that need
+// nothing (printable ASCII other than those and the quote and backslash,
+// valid UTF-8 other than the two) are copied whole; a rule's text with
+// its quoted comments takes no detour through encoding/json.
 func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0 // s[start:i] is yet to be copied
 	for i := 0; i < len(s); {
 		// Eight bytes at a time while none needs a look (most of a
 		// rule's text, and an explanation between its arrows).
@@ -350,21 +352,55 @@ func appendString(b []byte, s string) []byte {
 		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-				return appendMarshalled(b, s)
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
 			}
+			b = appendEscapedByte(append(b, s[start:i]...), c)
 			i++
+			start = i
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
 		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
-			return appendMarshalled(b, s)
+			b = append(b, s[start:i]...)
+			switch r {
+			case utf8.RuneError:
+				b = append(b, `\ufffd`...)
+			default:
+				b = append(b, `\u202`...)
+				b = append(b, hexDigits[r&0xf])
+			}
+			i += size
+			start = i
+			continue
 		}
 		i += size
 	}
-	b = append(b, '"')
-	b = append(b, s...)
+	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendEscapedByte writes c, an ASCII byte JSON or HTML escape, as
+// encoding/json does.
+func appendEscapedByte(b []byte, c byte) []byte {
+	switch c {
+	case '"', '\\':
+		return append(b, '\\', c)
+	case '\b':
+		return append(b, '\\', 'b')
+	case '\f':
+		return append(b, '\\', 'f')
+	case '\n':
+		return append(b, '\\', 'n')
+	case '\r':
+		return append(b, '\\', 'r')
+	case '\t':
+		return append(b, '\\', 't')
+	}
+	return append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 }
 
 const (
@@ -390,10 +426,6 @@ func hasByte(w uint64, c byte) uint64 {
 	return (x - loBits) & ^x & hiBits
 }
 
-func appendMarshalled(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
-}
 
 // appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
 // nanoseconds, quoted); MarshalJSON itself writes the times it refuses
