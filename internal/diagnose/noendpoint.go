@@ -1,9 +1,10 @@
 package diagnose
 
 import (
-	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -22,6 +23,43 @@ type noEndpointRule struct {
 	comment string
 	local   bool // "has no local endpoints": a Local traffic policy
 	reject  bool // -j REJECT; otherwise -j DROP
+}
+
+// noEndpointRules remembers what each rule says, by the rule: a rule is
+// shared by every flow attributed to it and never changes, and reading its
+// text is dearer than the rest of the diagnosis. A full memo starts over.
+var noEndpointRules = struct {
+	sync.Mutex
+	said map[*trace.Rule]noEndpointSaid
+}{said: map[*trace.Rule]noEndpointSaid{}}
+
+type noEndpointSaid struct {
+	rule noEndpointRule
+	ok   bool
+}
+
+const noEndpointRulesKept = 4096
+
+// noEndpointRuleOf is parseNoEndpointRule of r, once per rule.
+func noEndpointRuleOf(r *trace.Rule) (noEndpointRule, bool) {
+	if r == nil {
+		return noEndpointRule{}, false
+	}
+	m := &noEndpointRules
+	m.Lock()
+	said, known := m.said[r]
+	m.Unlock()
+	if known {
+		return said.rule, said.ok
+	}
+	ne, ok := parseNoEndpointRule(r)
+	m.Lock()
+	if len(m.said) >= noEndpointRulesKept {
+		clear(m.said)
+	}
+	m.said[r] = noEndpointSaid{rule: ne, ok: ok}
+	m.Unlock()
+	return ne, ok
 }
 
 func parseNoEndpointRule(r *trace.Rule) (noEndpointRule, bool) {
@@ -58,98 +96,118 @@ func hasTarget(text, target string) bool {
 	return false
 }
 
-func (ne noEndpointRule) service() string {
-	s := ne.svc.Namespace + "/" + ne.svc.Name
+// appendService writes the Service the rule names, and its port's name.
+func (ne noEndpointRule) appendService(b []byte) []byte {
+	b = append(append(append(b, ne.svc.Namespace...), '/'), ne.svc.Name...)
 	if ne.svc.Port != "" {
-		s += " (port " + ne.svc.Port + ")"
+		b = append(append(append(b, " (port "...), ne.svc.Port...), ')')
 	}
-	return s
+	return b
 }
 
 // serviceNoEndpoint: kube-proxy's iptables mode refuses a Service port that
 // has no endpoint in the filter table, where nothing was DNAT'd: a Service
 // with no ready endpoint at all is REJECTed (the client sees "connection
 // refused"), one whose Local traffic policy leaves this node without an
-// endpoint is DROPped (the client times out).
+// endpoint is DROPped (the client times out). A Service without endpoints
+// is refused at the rate its clients retry, so the explanation is written
+// straight into one buffer.
 func (d *diagnosis) serviceNoEndpoint() (Result, bool) {
 	if !d.has(trace.KindReject, trace.KindDrop) {
 		return Result{}, false
 	}
-	ne, ok := parseNoEndpointRule(d.f.Rule)
+	ne, ok := noEndpointRuleOf(d.f.Rule)
 	if !ok {
 		return Result{}, false
 	}
-	return Result{trace.VerdictServiceNoEndpoint, sentences(
-		d.noEndpointWhat(ne),
-		d.ruleEvidence(),
-		d.noEndpointComment(ne),
-		d.noEndpointCrossCheck(ne),
-		d.noEndpointFix(ne),
-	)}, true
+	p := newProse()
+	for _, write := range [...]func(*diagnosis, []byte, noEndpointRule) []byte{
+		(*diagnosis).appendNoEndpointWhat,
+		func(d *diagnosis, b []byte, _ noEndpointRule) []byte { return d.appendRuleEvidence(b) },
+		(*diagnosis).appendNoEndpointComment,
+		(*diagnosis).appendNoEndpointCrossCheck,
+		(*diagnosis).appendNoEndpointFix,
+	} {
+		p.begin()
+		p.b = write(d, p.b, ne)
+		p.end()
+	}
+	return Result{trace.VerdictServiceNoEndpoint, p.done()}, true
 }
 
-func (d *diagnosis) noEndpointComment(ne noEndpointRule) string {
+func (d *diagnosis) appendNoEndpointComment(b []byte, ne noEndpointRule) []byte {
 	if r := d.f.Rule; r.NFTables() {
-		return fmt.Sprintf("kube-proxy's element %s of map %s names it: comment %q", r.Element.Key, r.Element.Map, ne.comment)
+		b = append(append(append(append(b, "kube-proxy's element "...), r.Element.Key...), " of map "...), r.Element.Map...)
+		return strconv.AppendQuote(append(b, " names it: comment "...), ne.comment)
 	}
-	return fmt.Sprintf("kube-proxy's comment on it: %q", ne.comment)
+	return strconv.AppendQuote(append(b, "kube-proxy's comment on it: "...), ne.comment)
 }
 
-// noEndpointWhat says what happened to the connection, and what its client
-// saw.
-func (d *diagnosis) noEndpointWhat(ne noEndpointRule) string {
-	why := fmt.Sprintf("no endpoints: Service %s has no ready endpoint", ne.service())
+// appendNoEndpointWhat says what happened to the connection, and what its
+// client saw.
+func (d *diagnosis) appendNoEndpointWhat(b []byte, ne noEndpointRule) []byte {
 	if ne.local {
-		why = fmt.Sprintf("no local endpoint: Service %s has a Local traffic policy and node %s runs none of its ready endpoints", ne.service(), d.nodeName())
+		b = ne.appendService(append(b, "no local endpoint: Service "...))
+		b = append(append(append(b, " has a Local traffic policy and node "...), d.nodeName()...), " runs none of its ready endpoints"...)
+	} else {
+		b = append(ne.appendService(append(b, "no endpoints: Service "...)), " has no ready endpoint"...)
 	}
-	did := "dropped it silently: the client times out"
-	if ne.reject {
-		did = "rejected it with an ICMP error the kernel did not report, and dropped it"
-		if ev := d.event(trace.KindReject); ev != nil {
-			did = fmt.Sprintf("rejected it with %s: the client sees \"connection refused\"", orDefault(ev.Reason, "an ICMP error"))
-		}
+	if r := d.f.Rule; r.NFTables() {
+		b = append(append(append(b, ", so kube-proxy (nftables mode) lists it in "...), r.Element.Map...), ", whose element caught the connection from "...)
+	} else {
+		b = append(b, ", so kube-proxy's filter rule for it caught the connection from "...)
 	}
-	if d.f.Rule.NFTables() {
-		return fmt.Sprintf("%s, so kube-proxy (nftables mode) lists it in %s, whose element caught the connection from %s to %s and %s",
-			why, d.f.Rule.Element.Map, d.f.Orig.Src, d.f.Orig.Dst, did)
+	b = append(append(append(append(b, d.f.Orig.Src...), " to "...), d.f.Orig.Dst...), " and "...)
+	switch ev := d.event(trace.KindReject); {
+	case !ne.reject:
+		return append(b, "dropped it silently: the client times out"...)
+	case ev != nil:
+		return append(append(append(b, "rejected it with "...), orDefault(ev.Reason, "an ICMP error")...), `: the client sees "connection refused"`...)
 	}
-	return fmt.Sprintf("%s, so kube-proxy's filter rule for it caught the connection from %s to %s and %s",
-		why, d.f.Orig.Src, d.f.Orig.Dst, did)
+	return append(b, "rejected it with an ICMP error the kernel did not report, and dropped it"...)
 }
 
-// noEndpointCrossCheck compares the Service the rule names with the one
-// the metadata says the client addressed. When they differ both are
+// appendNoEndpointCrossCheck compares the Service the rule names with the
+// one the metadata says the client addressed. When they differ both are
 // named: which one is stale only the cluster can tell.
-func (d *diagnosis) noEndpointCrossCheck(ne noEndpointRule) string {
+func (d *diagnosis) appendNoEndpointCrossCheck(b []byte, ne noEndpointRule) []byte {
 	sv := d.f.Service
 	if sv == nil {
-		return "The Service is named by the rule's comment alone: no pod and Service metadata says what " + d.f.Orig.Dst + " is"
+		return append(append(append(b, "The Service is named by the rule's comment alone: no pod and Service metadata says what "...), d.f.Orig.Dst...), " is"...)
 	}
 	if sv.Namespace == ne.svc.Namespace && sv.Name == ne.svc.Name {
-		return ""
+		return b
 	}
-	return fmt.Sprintf("But the metadata says %s is Service %s/%s, not %s/%s: kube-proxy's rules and the API server disagree (one is stale, e.g. kube-proxy has not synced since the address changed hands); check both Services",
-		d.f.Orig.Dst, sv.Namespace, sv.Name, ne.svc.Namespace, ne.svc.Name)
+	b = append(append(append(b, "But the metadata says "...), d.f.Orig.Dst...), " is Service "...)
+	b = append(append(append(b, sv.Namespace...), '/'), sv.Name...)
+	b = append(append(append(append(b, ", not "...), ne.svc.Namespace...), '/'), ne.svc.Name...)
+	return append(b, ": kube-proxy's rules and the API server disagree (one is stale, e.g. kube-proxy has not synced since the address changed hands); check both Services"...)
 }
 
 func (d *diagnosis) nodeName() string { return orDefault(d.env.NodeName(), "this node") }
 
-// noEndpointFix: kube-proxy writes "has no endpoints" when no endpoint of
-// the Service is ready, and "has no local endpoints" in KUBE-SERVICES for
-// internalTrafficPolicy Local, in KUBE-EXTERNAL-SERVICES for
-// externalTrafficPolicy Local.
-func (d *diagnosis) noEndpointFix(ne noEndpointRule) string {
+// appendNoEndpointFix: kube-proxy writes "has no endpoints" when no
+// endpoint of the Service is ready, and "has no local endpoints" in
+// KUBE-SERVICES for internalTrafficPolicy Local, in KUBE-EXTERNAL-SERVICES
+// for externalTrafficPolicy Local.
+func (d *diagnosis) appendNoEndpointFix(b []byte, ne noEndpointRule) []byte {
 	ns, name := ne.svc.Namespace, ne.svc.Name
-	list := fmt.Sprintf("`kubectl get endpointslices -n %s -l kubernetes.io/service-name=%s -o wide`", ns, name)
+	list := func(b []byte) []byte {
+		b = append(append(append(b, "`kubectl get endpointslices -n "...), ns...), " -l kubernetes.io/service-name="...)
+		return append(append(b, name...), " -o wide`"...)
+	}
 	switch {
 	case !ne.local:
-		return fmt.Sprintf("Fix: the selector of Service %s/%s matches no ready pod. %s lists its endpoints and whether they are ready; check that the selector (`kubectl describe service -n %s %s`) matches the pods' labels and that those pods pass their readiness probes",
-			ns, name, list, ns, name)
+		b = append(append(append(append(b, "Fix: the selector of Service "...), ns...), '/'), name...)
+		b = append(list(append(b, " matches no ready pod. "...)), " lists its endpoints and whether they are ready; check that the selector (`kubectl describe service -n "...)
+		b = append(append(append(append(b, ns...), ' '), name...), "`) matches the pods' labels and that those pods pass their readiness probes"...)
+		return b
 	case d.ruleIn("KUBE-EXTERNAL-SERVICES") || d.f.Rule.NFTables() && d.f.Rule.Element.Map == noEndpointNodePort:
-		return fmt.Sprintf("Fix: with externalTrafficPolicy: Local, external IPs, LoadBalancer IPs and NodePorts answer only on nodes with a ready endpoint (%s shows each endpoint's node). Send external traffic only to such nodes (the load balancer's health check on healthCheckNodePort does that), run an endpoint on node %s, or use externalTrafficPolicy: Cluster",
-			list, d.nodeName())
+		b = list(append(b, "Fix: with externalTrafficPolicy: Local, external IPs, LoadBalancer IPs and NodePorts answer only on nodes with a ready endpoint ("...))
+		b = append(b, " shows each endpoint's node). Send external traffic only to such nodes (the load balancer's health check on healthCheckNodePort does that), run an endpoint on node "...)
+		return append(append(b, d.nodeName()...), ", or use externalTrafficPolicy: Cluster"...)
 	default:
-		return fmt.Sprintf("Fix: with internalTrafficPolicy: Local, the ClusterIP answers only on nodes with a ready endpoint (%s shows each endpoint's node). Run an endpoint on every node whose clients use it (a DaemonSet), or use internalTrafficPolicy: Cluster",
-			list)
+		b = list(append(b, "Fix: with internalTrafficPolicy: Local, the ClusterIP answers only on nodes with a ready endpoint ("...))
+		return append(b, " shows each endpoint's node). Run an endpoint on every node whose clients use it (a DaemonSet), or use internalTrafficPolicy: Cluster"...)
 	}
 }

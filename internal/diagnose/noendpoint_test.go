@@ -1,6 +1,9 @@
 package diagnose
 
 import (
+	"flag"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -122,5 +125,58 @@ func TestServiceNoEndpointNearMisses(t *testing.T) {
 			f.Service = &trace.ServiceRef{Namespace: "ns6", Name: "svc6", Port: "p80"}
 			check(t, f, c.verdict, c.fact)
 		})
+	}
+}
+
+var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden from the code")
+
+// TestServiceNoEndpointText holds the whole explanation of each shape of
+// no-endpoint flow, iptables and nftables, to testdata: the texts are
+// built piece by piece for speed, and a piece lost or doubled shows here.
+// go test -run TestServiceNoEndpointText -update rewrites the file.
+func TestServiceNoEndpointText(t *testing.T) {
+	nftRule := func(chain, elemMap, key, comment string) *trace.Rule {
+		return &trace.Rule{Backend: trace.BackendNFTables, Family: "ip", Table: "kube-proxy", Chain: chain, EntryChain: "filter-forward",
+			Path: []string{"filter-forward", "service-endpoints-check", chain}, Text: "reject", Handle: 7,
+			Element: &trace.RuleElement{Map: elemMap, Key: key, Comment: comment}}
+	}
+	svc6 := &trace.ServiceRef{Namespace: "ns6", Name: "svc6", Port: "p80"}
+	cases := []struct {
+		name  string
+		rule  *trace.Rule
+		svc   *trace.ServiceRef
+		kinds []string
+	}{
+		{"iptables reject", kubeServicesRule(svc6RejectSaved), svc6, []string{trace.KindReject, trace.KindDrop}},
+		{"iptables reject seen as its drop", kubeServicesRule(svc6Reject), svc6, []string{trace.KindDrop}},
+		{"iptables external Local drop", externalServicesRule(svc2NodePort), &trace.ServiceRef{Namespace: "ns2", Name: "svc2", Port: "p80"}, []string{trace.KindDrop}},
+		{"iptables internal Local drop", kubeServicesRule(`-A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j DROP`), nil, []string{trace.KindDrop}},
+		{"iptables other Service addressed", kubeServicesRule(svc6Reject), &trace.ServiceRef{Namespace: "ns-a", Name: "mysql-a", Port: "80"}, []string{trace.KindReject}},
+		{"iptables unnamed port", kubeServicesRule(`-A KUBE-SERVICES -d 172.30.0.46/32 -p tcp -m comment --comment "ns6/svc6 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable`), nil, []string{trace.KindReject}},
+		{"nftables reject", nftRule("reject-chain", "no-endpoint-services", "172.30.0.46 . tcp . 80", "ns6/svc6:p80"), svc6, []string{trace.KindReject, trace.KindDrop}},
+		{"nftables NodePort Local drop", nftRule("nodeport-endpoints-check", "no-endpoint-nodeports", "tcp . 30007", "ns7/svc7:p80"), nil, []string{trace.KindDrop}},
+	}
+	var got strings.Builder
+	for _, c := range cases {
+		f := flow("tcp", "10.0.0.2:40000", "172.30.0.46:80", "", c.kinds...)
+		f.Rule, f.Service = c.rule, c.svc
+		r := Diagnose(f, newEnv())
+		fmt.Fprintf(&got, "%s: %s: %s\n", c.name, r.Verdict, r.Explanation)
+	}
+	const path = "testdata/noendpoint.golden"
+	if *updateGolden {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != string(want) {
+		t.Errorf("explanations differ from %s:\n got:\n%s\nwant:\n%s", path, got.String(), want)
 	}
 }
