@@ -1,9 +1,9 @@
 package diagnose
 
 import (
-	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -40,41 +40,56 @@ func (d *diagnosis) clusterIPReject() (Result, bool) {
 		return Result{}, false
 	}
 	dst := d.dst()
-	what := d.f.Proto + " port " + fmt.Sprint(dst.Port())
+	what := func(b []byte) []byte {
+		if d.isPing() {
+			return append(b, "ICMP (ping)"...)
+		}
+		return strconv.AppendUint(append(append(b, d.f.Proto...), " port "...), uint64(dst.Port()), 10)
+	}
+	p := newProse()
+	p.begin()
+	if !strings.Contains(d.f.Rule.Text, "reject") {
+		p.b = d.appendTarget(append(what(append(p.b, "dropped by kube-proxy's cluster-ips-check: "...)), " to "...))
+		p.b = dst.Addr().AppendTo(append(p.b, " is in the service CIDR but no Service has address "...))
+		p.b = append(p.b, ", so kube-proxy (nftables mode) drops it and the client times out"...)
+		p.end()
+		p.add(d.appendRuleEvidence)
+		p.begin()
+		p.b = dst.Addr().AppendTo(append(p.b, "Fix: the address belongs to no Service (deleted, or never allocated): look the Service up again (`kubectl get services -A -o wide | grep "...))
+		p.b = append(p.b, "`) and use its current ClusterIP or DNS name"...)
+		p.end()
+		return Result{trace.VerdictClusterIPReject, p.done()}, true
+	}
+	p.b = d.appendTarget(append(what(append(p.b, "rejected by kube-proxy's cluster-ips-check: "...)), " to "...))
+	p.b = append(p.b, " reached the filter still addressed to the ClusterIP, which means no Service has that port or protocol there (it accepts "...)
+	if ports := d.env.ServicePortsOn(dst.Addr()); len(ports) > 0 {
+		p.b = append(p.b, "only "...)
+		for i, port := range ports {
+			if i > 0 {
+				p.b = append(p.b, ", "...)
+			}
+			p.b = append(p.b, port...)
+		}
+	} else {
+		p.b = append(p.b, "no Service port"...)
+	}
+	p.b = append(p.b, "), so kube-proxy (nftables mode) answered with "...)
+	switch ev := d.event(trace.KindReject); {
+	case ev != nil && ev.Reason != "":
+		p.b = append(p.b, ev.Reason...)
+	case dst.Addr().Is6():
+		p.b = append(p.b, "an ICMPv6 port unreachable"...)
+	default:
+		p.b = append(p.b, "an ICMP port unreachable"...)
+	}
+	p.end()
+	p.add(d.appendRuleEvidence)
 	if d.isPing() {
-		what = "ICMP (ping)"
+		p.sentence("A ClusterIP is virtual: kube-proxy answers only its Service ports, and ping never will. Test the Service with a connection to its port instead")
+	} else {
+		p.sentence("Fix: connect to one of the Service's own ports; a ClusterIP answers nothing else")
 	}
-	rule := d.f.Rule
-	if !strings.Contains(rule.Text, "reject") {
-		return Result{trace.VerdictClusterIPReject, sentences(
-			fmt.Sprintf("dropped by kube-proxy's cluster-ips-check: %s to %s is in the service CIDR but no Service has address %s, so kube-proxy (nftables mode) drops it and the client times out",
-				what, d.target(), dst.Addr()),
-			d.ruleEvidence(),
-			"Fix: the address belongs to no Service (deleted, or never allocated): look the Service up again (`kubectl get services -A -o wide | grep "+dst.Addr().String()+"`) and use its current ClusterIP or DNS name",
-		)}, true
-	}
-	ports := d.env.ServicePortsOn(dst.Addr())
-	accepted := "no Service port"
-	if len(ports) > 0 {
-		accepted = "only " + strings.Join(ports, ", ")
-	}
-	how := "an ICMP port unreachable"
-	if dst.Addr().Is6() {
-		how = "an ICMPv6 port unreachable"
-	}
-	if ev := d.event(trace.KindReject); ev != nil && ev.Reason != "" {
-		how = ev.Reason
-	}
-	fix := "Fix: connect to one of the Service's own ports; a ClusterIP answers nothing else"
-	if d.isPing() {
-		fix = "A ClusterIP is virtual: kube-proxy answers only its Service ports, and ping never will. Test the Service with a connection to its port instead"
-	}
-	return Result{trace.VerdictClusterIPReject, sentences(
-		fmt.Sprintf("rejected by kube-proxy's cluster-ips-check: %s to %s reached the filter still addressed to the ClusterIP, which means no Service has that port or protocol there (it accepts %s), so kube-proxy (nftables mode) answered with %s",
-			what, d.target(), accepted, how),
-		d.ruleEvidence(),
-		fix,
-	)}, true
+	return Result{trace.VerdictClusterIPReject, p.done()}, true
 }
 
 // nftNoEndpointComment is kube-proxy's comment on a no-endpoint-services

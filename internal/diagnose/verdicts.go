@@ -322,17 +322,20 @@ func (d *diagnosis) clientSideMismatch() (Result, bool) {
 // generic: any other REJECT, stack RST or drop, with the rule or reason.
 func (d *diagnosis) generic() (Result, bool) {
 	if ev := d.event(trace.KindReject); ev != nil {
-		return Result{trace.VerdictRejected, sentences(
-			fmt.Sprintf("rejected: %s from %s was answered with %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "an ICMP error")),
-			orDefault(d.ruleEvidence(), "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"),
-		)}, true
+		p := d.openedBy("rejected: ", " was answered with ")
+		p.b = append(p.b, orDefault(ev.Reason, "an ICMP error")...)
+		p.end()
+		p.begin()
+		n := len(p.b)
+		if p.b = d.appendRuleEvidence(p.b); len(p.b) == n {
+			p.b = append(p.b, "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"...)
+		}
+		p.end()
+		return Result{trace.VerdictRejected, p.done()}, true
 	}
 	if ev := d.event(trace.KindReset); ev != nil {
 		if ev.By == trace.ResetByNetfilter {
-			return Result{trace.VerdictRejected, sentences(
-				fmt.Sprintf("rejected: %s from %s was refused with a TCP reset by a REJECT --reject-with tcp-reset rule", d.target(), d.f.Orig.Src),
-				d.ruleEvidence(),
-			)}, true
+			return Result{trace.VerdictRejected, d.withRule(d.openedBy("rejected: ", " was refused with a TCP reset by a REJECT --reject-with tcp-reset rule"))}, true
 		}
 		return Result{trace.VerdictReset, d.stackReset(ev.Reason)}, true
 	}
@@ -340,17 +343,32 @@ func (d *diagnosis) generic() (Result, bool) {
 		if r := d.f.Rule; r != nil && (strings.Contains(r.Text, "-j REJECT") || r.NFTables() && strings.Contains(r.Text, "reject")) {
 			// REJECT drops the packet after answering it; the answer itself
 			// was not seen (a bridged packet's reset goes straight out).
-			return Result{trace.VerdictRejected, sentences(
-				fmt.Sprintf("rejected: %s from %s was refused by a REJECT rule, which dropped the packet", d.target(), d.f.Orig.Src),
-				d.ruleEvidence(),
-			)}, true
+			return Result{trace.VerdictRejected, d.withRule(d.openedBy("rejected: ", " was refused by a REJECT rule, which dropped the packet"))}, true
 		}
-		return Result{trace.VerdictDropped, sentences(
-			fmt.Sprintf("dropped: a packet of %s from %s was dropped, reason %s", d.target(), d.f.Orig.Src, orDefault(ev.Reason, "unknown (this kernel gives none)")),
-			d.ruleEvidence(),
-		)}, true
+		p := d.openedBy("dropped: a packet of ", " was dropped, reason ")
+		p.b = append(p.b, orDefault(ev.Reason, "unknown (this kernel gives none)")...)
+		return Result{trace.VerdictDropped, d.withRule(p)}, true
 	}
 	return Result{}, false
+}
+
+// openedBy opens an explanation with a sentence that says, between lead
+// and then, what the client addressed and from where; the sentence is
+// left open.
+func (d *diagnosis) openedBy(lead, then string) *prose {
+	p := newProse()
+	p.begin()
+	p.b = d.appendTarget(append(p.b, lead...))
+	p.b = append(append(append(p.b, " from "...), d.f.Orig.Src...), then...)
+	return p
+}
+
+// withRule closes p's open sentence, adds the rule's evidence and returns
+// the text.
+func (d *diagnosis) withRule(p *prose) string {
+	p.end()
+	p.add(d.appendRuleEvidence)
+	return p.done()
 }
 
 // stackReset explains the TCP stack's reset of the flow, and why from

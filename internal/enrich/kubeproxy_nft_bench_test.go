@@ -12,10 +12,11 @@ import (
 
 // BenchmarkKubeProxyNFTFlows joins, attributes, diagnoses and writes
 // (to io.Discard) one-event flows on a node whose rules are the real
-// kube-proxy v1.37.2's nftables mode: per 4 flows, 2 DNATs of a ClusterIP
+// kube-proxy v1.37.2's nftables mode: per 5 flows, 2 DNATs of a ClusterIP
 // to an endpoint, a connection to a Service without endpoints rejected by
 // reject-chain, a NodePort of a Local Service without a local endpoint
-// dropped by nodeport-endpoints-check. Events come 10 µs apart on one
+// dropped by nodeport-endpoints-check, a ping to a ClusterIP rejected by
+// cluster-ips-check. Events come 10 µs apart on one
 // goroutine; ns/op is per event, flows are emitted after the linger.
 // bench/mix's mix is an IPVS-mode node's; this is the mode users run now,
 // whose Services without endpoints are refused as often as their clients
@@ -44,13 +45,18 @@ func BenchmarkKubeProxyNFTFlows(b *testing.B) {
 	var evs []event.Event
 	for i := range 400_000 {
 		src := fmt.Sprintf("10.180.%d.%d:%d", 1+i%3, 10+(i/3)%200, 10000+(i/600)%50000)
-		switch i % 4 {
+		switch i % 5 {
 		case 0, 1:
 			evs = append(evs, dnatTo(src, "172.30.0.44:80", "10.180.0.5:80"))
 		case 2:
 			evs = append(evs, rejectEvent(event.ViaTracepoint, event.NFHookNone, src, "172.30.0.46:80"))
-		default:
+		case 3:
 			evs = append(evs, dropEvent(src, "198.51.100.10:30007"))
+		default:
+			// An echo request (type 8) whose id is the source port.
+			ping := rejectEvent(event.ViaTracepoint, event.NFHookNone, src, "172.30.0.44:2048")
+			ping.Packet.Proto = 1
+			evs = append(evs, ping)
 		}
 	}
 	now := time.Unix(1700000000, 0)
@@ -70,7 +76,7 @@ func BenchmarkKubeProxyNFTFlows(b *testing.B) {
 	b.StopTimer()
 	hits, misses := env.AttributionCacheStats()
 	b.ReportMetric(float64(misses)/float64(max(hits+misses, 1)), "walks/attribution")
-	if b.N >= 1_000_000 && (verdicts[trace.VerdictOK] == 0 || verdicts[trace.VerdictServiceNoEndpoint] == 0 || len(verdicts) != 2) {
-		b.Fatalf("verdicts %v, want ok and service-no-endpoint", verdicts)
+	if b.N >= 1_000_000 && (verdicts[trace.VerdictOK] == 0 || verdicts[trace.VerdictServiceNoEndpoint] == 0 || verdicts[trace.VerdictClusterIPReject] == 0 || len(verdicts) != 3) {
+		b.Fatalf("verdicts %v, want ok, service-no-endpoint and clusterip-reject", verdicts)
 	}
 }
