@@ -120,18 +120,22 @@ func (d *diagnosis) serviceNoEndpoint() (Result, bool) {
 	if !ok {
 		return Result{}, false
 	}
+	// Each piece is a sentence of its own; calls, not a list of funcs,
+	// keep d from escaping to the heap.
 	p := newProse()
-	for _, write := range [...]func(*diagnosis, []byte, noEndpointRule) []byte{
-		(*diagnosis).appendNoEndpointWhat,
-		func(d *diagnosis, b []byte, _ noEndpointRule) []byte { return d.appendRuleEvidence(b) },
-		(*diagnosis).appendNoEndpointComment,
-		(*diagnosis).appendNoEndpointCrossCheck,
-		(*diagnosis).appendNoEndpointFix,
-	} {
-		p.begin()
-		p.b = write(d, p.b, ne)
-		p.end()
-	}
+	p.begin()
+	p.b = d.appendNoEndpointWhat(p.b, ne)
+	p.end()
+	p.add(d.appendRuleEvidence)
+	p.begin()
+	p.b = d.appendNoEndpointComment(p.b, ne)
+	p.end()
+	p.begin()
+	p.b = d.appendNoEndpointCrossCheck(p.b, ne)
+	p.end()
+	p.begin()
+	p.b = d.appendNoEndpointFix(p.b, ne)
+	p.end()
 	return Result{trace.VerdictServiceNoEndpoint, p.done()}, true
 }
 
