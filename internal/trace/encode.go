@@ -426,7 +426,6 @@ func hasByte(w uint64, c byte) uint64 {
 	return (x - loBits) & ^x & hiBits
 }
 
-
 // appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
 // nanoseconds, quoted); MarshalJSON itself writes the times it refuses
 // (a year outside 0-9999, a zone a day or more from UTC), and says why.
