@@ -79,6 +79,7 @@ func BenchmarkKubeProxyNFTFlows(b *testing.B) {
 		i++
 	}
 	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	hits, misses := env.AttributionCacheStats()
 	b.ReportMetric(float64(misses)/float64(max(hits+misses, 1)), "walks/attribution")
 	if b.N >= 1_000_000 && (verdicts[trace.VerdictOK] == 0 || verdicts[trace.VerdictServiceNoEndpoint] == 0 || verdicts[trace.VerdictClusterIPReject] == 0 || len(verdicts) != 3) {
