@@ -107,10 +107,8 @@ type Joiner struct {
 	// joined is flowOf's scratch: the finishing flow's events.
 	joined []event.Event
 	// finishing, and the rest, are finishAll's scratch: the flows an
-	// Expire finishes and their conntrack lookups.
-	finishing []*pending
-	// unindexing is finishAll's scratch: the entries of the flows
-	// finishing.
+	// Expire finishes, their index entries and their conntrack lookups.
+	finishing  []*pending
 	unindexing []indexEntry
 	lookupTus  []event.Tuple
 	lookupCT   []conntrack.Entry
@@ -252,6 +250,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 		return
 	}
 	p, key, reply := j.resolve(tu, ev)
+	unseen := p == nil && key == tu // no open flow holds tu
 	d, isNAT := natDecisionOf(ev)
 	if p != nil && isNAT && j.decided(p, d) {
 		// The same decision twice for one tuple: the client reused its
@@ -262,7 +261,11 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	created := p == nil
 	if created {
 		p = j.newPending(packTuple(key))
-		j.byTuple.claim(p, p.key())
+		if unseen {
+			j.byTuple.claimUnseen(p, p.key())
+		} else {
+			j.byTuple.claim(p, p.key())
+		}
 	}
 	if r := packTuple(reply); r.valid() && r != p.reply() {
 		p.setReply(r)

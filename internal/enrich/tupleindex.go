@@ -32,9 +32,8 @@ type tupleIndex struct {
 	read uint64
 }
 
-// indexSlot is one entry: sum is the hash of the tuple plus that of its
-// reverse (what both share), its lowest bit replaced by the tuple's side
-// (side); p is nil for an empty slot.
+// indexSlot is one entry: sum is its indexKey; p is nil for an empty
+// slot.
 type indexSlot struct {
 	sum uint64
 	p   *pending
@@ -111,6 +110,13 @@ func (x *tupleIndex) claim(p *pending, t ptuple) {
 	if x.look(t, k, r) != nil {
 		return
 	}
+	x.insert(k, p)
+}
+
+// claimUnseen is claim of a tuple get has just found no flow for: a new
+// connection's key, most often, which saves looking for it twice.
+func (x *tupleIndex) claimUnseen(p *pending, t ptuple) {
+	k, _ := x.keyOf(t)
 	x.insert(k, p)
 }
 
