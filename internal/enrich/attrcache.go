@@ -95,8 +95,7 @@ func (c *attributionCache) hash(k *attrKey) uint64 {
 
 func mixAddrPort(h uint64, ap netip.AddrPort) uint64 {
 	b := ap.Addr().As16()
-	h = mix(h^binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])^uint64(ap.Port())<<1^uint64(ap.Addr().BitLen()))
-	return h
+	return mix(h^binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])^uint64(ap.Port())<<1^uint64(ap.Addr().BitLen()))
 }
 
 func boolBit(b bool) uint8 {
@@ -112,10 +111,9 @@ func (c *attributionCache) shape(k *attrKey) (uint64, attrShape, bool) {
 	return h, e.shape, ok && e.key == *k
 }
 
-func (c *attributionCache) answer(k *attrKey) (uint64, attrAnswer, bool) {
-	h := c.hash(k)
-	e, ok := c.answers[h]
-	return h, e.answer, ok && e.key == *k
+func (c *attributionCache) answer(k *attrKey) (attrAnswer, bool) {
+	e, ok := c.answers[c.hash(k)]
+	return e.answer, ok && e.key == *k
 }
 
 // keyOf is pkt and act keyed with as much of the source as s read.
@@ -139,11 +137,11 @@ func keyOf(pkt rules.Packet, act rules.KernelAction, s attrShape) attrKey {
 func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAction, eval func(rules.Packet) (*trace.Rule, bool)) (*trace.Rule, bool) {
 	sourceless := keyOf(pkt, act, attrShape{})
 	c.mu.Lock()
-	sh, s, ok := c.shape(&sourceless)
+	_, s, ok := c.shape(&sourceless)
 	a := s.answer
 	if ok && s.readsSource() {
 		k := keyOf(pkt, act, s)
-		_, a, ok = c.answer(&k)
+		a, ok = c.answer(&k)
 	}
 	if ok {
 		c.hits++
@@ -166,7 +164,7 @@ func (c *attributionCache) attributeCached(pkt rules.Packet, act rules.KernelAct
 	}
 	// The shape only widens: an answer kept under a narrower one stays
 	// right, it is just no longer asked for.
-	sh, s, ok = c.shape(&sourceless)
+	sh, s, ok := c.shape(&sourceless)
 	if !ok {
 		s = attrShape{}
 	}

@@ -149,7 +149,9 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c flowContext) ([]b
 	if ep.base.IsZero() {
 		ep.base = ev.Time
 	}
-	start := len(b)
+	if !ep.packsExactly(ev) {
+		return b, false
+	}
 	var mask uint16
 	set := func(bit uint16, on bool) {
 		if on {
@@ -202,11 +204,7 @@ func (ep *eventPacker) appendEvent(b []byte, ev event.Event, c flowContext) ([]b
 	b = appendTuple(b, ev.Packet, c)
 	b = appendTuple(b, ev.Orig, c)
 	b = appendTuple(b, ev.Reply, c)
-	b = appendTuple(b, event.Tuple{Src: ev.To.MinAddr, Dst: ev.To.MaxAddr, SrcPort: ev.To.MinPort, DstPort: ev.To.MaxPort}, c)
-	if !ep.packsExactly(ev) {
-		return b[:start], false
-	}
-	return b, true
+	return appendTuple(b, event.Tuple{Src: ev.To.MinAddr, Dst: ev.To.MaxAddr, SrcPort: ev.To.MinPort, DstPort: ev.To.MaxPort}, c), true
 }
 
 // packsExactly reports whether ev reads back from its packed form as it
