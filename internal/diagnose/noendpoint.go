@@ -62,10 +62,8 @@ func noEndpointRuleOf(r *trace.Rule) (noEndpointRule, bool) {
 	return ne, ok
 }
 
+// parseNoEndpointRule reads r, which is not nil.
 func parseNoEndpointRule(r *trace.Rule) (noEndpointRule, bool) {
-	if r == nil {
-		return noEndpointRule{}, false
-	}
 	if r.NFTables() {
 		return parseNFTNoEndpoint(r)
 	}
@@ -98,7 +96,7 @@ func hasTarget(text, target string) bool {
 
 // appendService writes the Service the rule names, and its port's name.
 func (ne noEndpointRule) appendService(b []byte) []byte {
-	b = append(append(append(b, ne.svc.Namespace...), '/'), ne.svc.Name...)
+	b = appendKey(b, ne.svc.Namespace, ne.svc.Name)
 	if ne.svc.Port != "" {
 		b = append(append(append(b, " (port "...), ne.svc.Port...), ')')
 	}
@@ -183,8 +181,8 @@ func (d *diagnosis) appendNoEndpointCrossCheck(b []byte, ne noEndpointRule) []by
 		return b
 	}
 	b = append(append(append(b, "But the metadata says "...), d.f.Orig.Dst...), " is Service "...)
-	b = append(append(append(b, sv.Namespace...), '/'), sv.Name...)
-	b = append(append(append(append(b, ", not "...), ne.svc.Namespace...), '/'), ne.svc.Name...)
+	b = appendKey(b, sv.Namespace, sv.Name)
+	b = appendKey(append(b, ", not "...), ne.svc.Namespace, ne.svc.Name)
 	return append(b, ": kube-proxy's rules and the API server disagree (one is stale, e.g. kube-proxy has not synced since the address changed hands); check both Services"...)
 }
 
@@ -202,7 +200,7 @@ func (d *diagnosis) appendNoEndpointFix(b []byte, ne noEndpointRule) []byte {
 	}
 	switch {
 	case !ne.local:
-		b = append(append(append(append(b, "Fix: the selector of Service "...), ns...), '/'), name...)
+		b = appendKey(append(b, "Fix: the selector of Service "...), ns, name)
 		b = append(list(append(b, " matches no ready pod. "...)), " lists its endpoints and whether they are ready; check that the selector (`kubectl describe service -n "...)
 		b = append(append(append(append(b, ns...), ' '), name...), "`) matches the pods' labels and that those pods pass their readiness probes"...)
 		return b

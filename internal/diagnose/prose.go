@@ -98,8 +98,12 @@ func appendPod(b []byte, pod *trace.PodRef) []byte {
 // appendNamed appends " (what namespace/name)".
 func appendNamed(b []byte, what, namespace, name string) []byte {
 	b = append(append(append(b, " ("...), what...), ' ')
-	b = append(append(append(b, namespace...), '/'), name...)
-	return append(b, ')')
+	return append(appendKey(b, namespace, name), ')')
+}
+
+// appendKey appends "namespace/name".
+func appendKey(b []byte, namespace, name string) []byte {
+	return append(append(append(b, namespace...), '/'), name...)
 }
 
 // appendRuleEvidence appends the rule that decided and its chain path;
