@@ -78,6 +78,11 @@ type Stats struct {
 	// ConntrackDrops counts packets conntrack itself dropped in the
 	// observed namespace since the start (its "drop" counter).
 	ConntrackDrops uint64
+	// ConntrackKernelLookups counts the conntrack entries asked for by
+	// BPF rather than netlink GETs; ConntrackLookupsOff says why a
+	// tracker asks by netlink alone ("" when none does).
+	ConntrackKernelLookups uint64
+	ConntrackLookupsOff    string
 }
 
 // Pipeline is the attached, running tracer.
@@ -215,8 +220,11 @@ func conntrackNetns(inodes []uint32) []uint32 {
 // ConntrackOptions are the options of the pipeline's conntrack trackers:
 // targeted, so the join asks for the few entries its flows need rather
 // than have the kernel send, and the tracker decode, every state change
-// of every connection of the namespace.
-func ConntrackOptions() conntrack.Options { return conntrack.Options{Targeted: true} }
+// of every connection of the namespace; asked for by BPF where the kernel
+// can (5.18 and later), by netlink GETs elsewhere.
+func ConntrackOptions() conntrack.Options {
+	return conntrack.Options{Targeted: true, Kernel: openKernelConntrack}
+}
 
 func (p *Pipeline) warn(format string, a ...any) {
 	p.warnings = append(p.warnings, fmt.Sprintf(format, a...))
@@ -288,6 +296,13 @@ func (p *Pipeline) Stats() Stats {
 	s.ConntrackOverruns, s.ConntrackRedumps, s.ConntrackSourceDumpsSkipped = p.conntrackLoss()
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
+	}
+	for _, ct := range p.ct {
+		cs := ct.Stats()
+		s.ConntrackKernelLookups += cs.KernelLookups
+		if s.ConntrackLookupsOff == "" {
+			s.ConntrackLookupsOff = cs.KernelLookupsOff
+		}
 	}
 	return s
 }

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/cilium/ebpf/btf"
 
@@ -83,6 +84,30 @@ func TestLaddersNameRealPrograms(t *testing.T) {
 	for _, h := range event.Hooks {
 		if _, ok := ladders[h]; !ok {
 			t.Errorf("hook %s has no ladder", h)
+		}
+	}
+}
+
+// CTLookup writes and reads struct ct_query by fixed offsets: check them
+// against the generated struct, which follows the object's BTF.
+func TestCTQueryLayout(t *testing.T) {
+	var q ctlookupCtQuery
+	for name, got := range map[string][2]uintptr{
+		"size":       {unsafe.Sizeof(q), ctQuerySize},
+		"family":     {unsafe.Offsetof(q.Family), ctQueryFamily},
+		"proto":      {unsafe.Offsetof(q.Proto), ctQueryProto},
+		"found":      {unsafe.Offsetof(q.Found), ctQueryFound},
+		"tcp_state":  {unsafe.Offsetof(q.TcpState), ctQueryTCPState},
+		"zone":       {unsafe.Offsetof(q.Zone), ctQueryZone},
+		"status":     {unsafe.Offsetof(q.Status), ctQueryStatus},
+		"mark":       {unsafe.Offsetof(q.Mark), ctQueryMark},
+		"tuple":      {unsafe.Offsetof(q.Tuple), ctQueryTuple},
+		"reply":      {unsafe.Offsetof(q.Reply), ctQueryReply},
+		"tuple size": {unsafe.Sizeof(q.Tuple), ctTupleSize},
+		"dport":      {unsafe.Offsetof(q.Tuple.Dport), 34},
+	} {
+		if got[0] != got[1] {
+			t.Errorf("struct ct_query %s: %d in the object, %d in ctlookup.go", name, got[0], got[1])
 		}
 	}
 }

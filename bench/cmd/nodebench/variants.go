@@ -312,6 +312,7 @@ func (f *fullLive) stop() (observed, error) {
 	// before; what it cannot read in time it counts as lost.
 	f.cancel()
 	<-f.done
+	st := f.p.Stats()
 	cerr := f.p.Close()
 	perr := f.prof.stop()
 	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events), Flows: f.labFlows.Load(),
@@ -321,6 +322,11 @@ func (f *fullLive) stop() (observed, error) {
 	}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
+	}
+	if st.ConntrackLookupsOff != "" {
+		o.Extra += ", conntrack entries asked by netlink GETs: " + st.ConntrackLookupsOff
+	} else {
+		o.Extra += fmt.Sprintf(", %d conntrack entries asked by BPF", st.ConntrackKernelLookups)
 	}
 	return o, errors.Join(f.err, cerr, perr)
 }

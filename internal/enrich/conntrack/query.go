@@ -13,8 +13,17 @@ import (
 	"github.com/tracer-dev/tracer/internal/event"
 )
 
-// Get is one ctnetlink GET: the kernel finds the entry by either tuple.
+// Get is one lookup: the kernel finds the entry by either tuple, asked
+// by the KernelTable where it answers, else by a ctnetlink GET.
 func (s *netlinkSource) Get(tu event.Tuple) (Entry, bool, error) {
+	if s.kernel != nil && s.kernel.table.Answers(tu) {
+		var e [1]Entry
+		var ok [1]bool
+		if err := s.GetAll([]event.Tuple{tu}, e[:], ok[:]); err != nil {
+			return Entry{}, false, err
+		}
+		return e[0], ok[0], nil
+	}
 	e, ok, err := s.getter.get(tu)
 	if err != nil {
 		return Entry{}, false, fmt.Errorf("get conntrack entry %v: %w", tu, err)
@@ -22,9 +31,16 @@ func (s *netlinkSource) Get(tu event.Tuple) (Entry, bool, error) {
 	return e, ok, nil
 }
 
-// GetAll asks for many entries a few requests to a write (getter.getAll).
+// GetAll asks for many entries: the KernelTable those it answers, the
+// rest a few GETs to a write (getter.getAll).
 func (s *netlinkSource) GetAll(tus []event.Tuple, entries []Entry, found []bool) error {
-	if err := s.getter.getAll(tus, entries, found); err != nil {
+	var err error
+	if s.kernel != nil {
+		err = s.kernel.getAll(tus, entries, found, s.getter.getAll)
+	} else {
+		err = s.getter.getAll(tus, entries, found)
+	}
+	if err != nil {
 		return fmt.Errorf("get %d conntrack entries: %w", len(tus), err)
 	}
 	return nil

@@ -63,6 +63,10 @@ type netlinkSource struct {
 	dumper   *ct.Conn
 	query    *netfilter.Conn
 	getter   *getter
+	// kernel answers the GETs it takes (Options.Kernel); kernelErr is
+	// why there is none.
+	kernel    *kernelLookups
+	kernelErr error
 	// decodeErrors counts event messages ti-mo/conntrack could not parse.
 	decodeErrors atomic.Uint64
 	closed       chan struct{}
@@ -202,6 +206,9 @@ func (s *netlinkSource) closeSockets() error {
 	}
 	if s.getter != nil {
 		errs = append(errs, s.getter.Close())
+	}
+	if s.kernel != nil {
+		errs = append(errs, s.kernel.Close())
 	}
 	return errors.Join(errs...)
 }

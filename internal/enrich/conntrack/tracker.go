@@ -74,6 +74,11 @@ type Stats struct {
 	// apply, and DumpedEntries how many entries it had.
 	LastDump      time.Duration
 	DumpedEntries int
+	// KernelLookups counts the entries asked of the KernelTable;
+	// KernelLookupsOff says why it answers none ("" while it answers,
+	// and without Options.Kernel).
+	KernelLookups    uint64
+	KernelLookupsOff string
 	// Err is the error that stopped the event reader, if any: the table
 	// is no longer kept current.
 	Err string
@@ -112,6 +117,11 @@ type Options struct {
 	// connection. The ends it does not hand over are lost to it, as
 	// DESTROYs lost in an overrun are; the caller counts them.
 	FedDestroys bool
+
+	// Kernel (with Targeted) opens a KernelTable to ask in place of
+	// netlink GETs for what it answers. When it cannot be opened, or
+	// once it fails, the GETs answer everything; Stats says why.
+	Kernel func() (KernelTable, error)
 
 	// pruneEvery overrides how often destroyed entries are pruned (tests
 	// with a fake clock).
@@ -201,6 +211,9 @@ func OpenWith(ctx context.Context, netnsPath string, opts Options) (*Tracker, er
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack tracker: %w", err)
+	}
+	if opts.Targeted && opts.Kernel != nil {
+		src.kernel, src.kernelErr = openKernelLookups(netnsPath, opts.Kernel)
 	}
 	t, err := start(ctx, src, opts, time.Now)
 	if err != nil {
@@ -606,6 +619,9 @@ func (t *Tracker) Stats() Stats {
 	}
 	if dc, ok := t.src.(interface{ decodeErrorCount() uint64 }); ok {
 		s.DecodeErrors = dc.decodeErrorCount()
+	}
+	if ns, ok := t.src.(*netlinkSource); ok {
+		s.KernelLookups, s.KernelLookupsOff = ns.kernelState()
 	}
 	t.errMu.Lock()
 	if t.err != nil {
