@@ -209,6 +209,30 @@ func (t *table) destroy(e Entry) Entry {
 	return n.e
 }
 
+// ended records an entry and its end at once, as upsert then destroy
+// would: the end of a connection a targeted table held no live entry of
+// (every one but a dumped table's), made a destroyed entry without its
+// round trip through the live list. A destroyed entry of the same
+// original tuple is an earlier connection's, kept as its history.
+func (t *table) ended(e Entry) Entry {
+	n := t.find(&e)
+	if n != nil && !n.dead {
+		t.upsert(e, true)
+		return t.destroy(e)
+	}
+	var earlier *node
+	if n != nil && n.e.Orig == e.Orig {
+		earlier = n
+	}
+	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
+	e.Destroyed = true
+	n = &node{e: e, earlier: earlier, dead: true}
+	t.index(n)
+	t.dead.pushFront(n)
+	t.evict()
+	return n.e
+}
+
 // evict keeps the table within its bounds: destroyed entries beyond their
 // own cap, then the least recently updated entries (destroyed ones first)
 // beyond the total cap.

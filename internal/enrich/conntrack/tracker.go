@@ -804,8 +804,7 @@ func (t *Tracker) Ended(e Entry) {
 		return
 	}
 	t.mu.Lock()
-	t.tab.upsert(e, true)
-	e = t.tab.destroy(e)
+	e = t.tab.ended(e)
 	t.mu.Unlock()
 	t.publish(e)
 }
@@ -830,10 +829,7 @@ func EndOf(ev event.Event) Entry {
 // A destroyed entry already held for the tuple is then an earlier
 // connection's (the client reused its source port), never this one's.
 func (t *Tracker) applyDestroys(ch []change) {
-	t.applyEach(ch, func(c change) (Entry, bool) {
-		t.tab.upsert(c.entry, true)
-		return t.tab.destroy(c.entry), true
-	})
+	t.applyEach(ch, func(c change) (Entry, bool) { return t.tab.ended(c.entry), true })
 }
 
 // pruneLoop forgets expired destroyed entries (targeted trackers).
