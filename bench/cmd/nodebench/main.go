@@ -31,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -178,11 +179,13 @@ type report struct {
 	cfg                config
 	started, ended     time.Time
 	loadStart, loadEnd string
-	machine            machine
-	commands           []string
-	nft                nftReport
-	audit              auditReport
-	skippedKernel      string
+	// speedStart and speedEnd are cpuSpeed at the start and the end.
+	speedStart, speedEnd time.Duration
+	machine              machine
+	commands             []string
+	nft                  nftReport
+	audit                auditReport
+	skippedKernel        string
 
 	attach []attachTime
 	plan   loader.Plan   // how the first attach attached each hook
@@ -229,7 +232,7 @@ type rampStep struct {
 }
 
 func run(ctx context.Context, cfg config) error {
-	rep := &report{cfg: cfg, started: time.Now(), loadStart: loadavg(), machine: describeMachine()}
+	rep := &report{cfg: cfg, started: time.Now(), loadStart: loadavg(), machine: describeMachine(), speedStart: cpuSpeed()}
 	rep.commands = append(rep.commands, strings.TrimSpace("go run ./bench/cmd/nodebench "+strings.Join(os.Args[1:], " ")))
 	logf("load average %s", rep.loadStart)
 	if !cfg.kernel {
@@ -251,7 +254,7 @@ func run(ctx context.Context, cfg config) error {
 			return err
 		}
 	}
-	rep.ended, rep.loadEnd = time.Now(), loadavg()
+	rep.ended, rep.loadEnd, rep.speedEnd = time.Now(), loadavg(), cpuSpeed()
 	if cfg.json != "" {
 		if err := writeGuestResult(cfg.json, rep.guestResult()); err != nil {
 			return err
@@ -608,6 +611,30 @@ type machine struct {
 	Memory   string
 	Kernel   string
 	Iptables string
+}
+
+// cpuSpeed is how long one core takes for a fixed piece of work like the
+// pipeline's (sorting, then a map of 1M keys, mostly cache misses), best
+// of 5: two runs of this program compare only as far as their machines
+// do, and two machines of one description (cloud instances of the same
+// CPU name) can differ by half.
+func cpuSpeed() time.Duration {
+	best := time.Duration(math.MaxInt64)
+	for range 5 {
+		rng := rand.New(rand.NewPCG(1, 2))
+		xs := make([]uint64, 1<<20)
+		for i := range xs {
+			xs[i] = rng.Uint64()
+		}
+		start := time.Now()
+		slices.Sort(xs)
+		counts := make(map[uint64]int)
+		for _, x := range xs {
+			counts[x>>44]++
+		}
+		best = min(best, time.Since(start))
+	}
+	return best
 }
 
 func describeMachine() machine {

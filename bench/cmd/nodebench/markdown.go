@@ -33,7 +33,11 @@ func (r *report) targetsMarkdown(p printer) {
 		p("\n")
 		return
 	}
-	p("The last column is the previous run's (%s), as its BENCHMARKS.md said.\n\n", r.previous.When)
+	p("The last column is the previous run's (%s), as its BENCHMARKS.md said", r.previous.When)
+	if r.previous.Speed != "" {
+		p("; its machine's %s was %s, this one's %s: figures of time and rate compare only as far as that does", speedRow, r.previous.Speed, r.speedText())
+	}
+	p(".\n\n")
 	p("| what | target | result | verdict | previous run |\n|---|---|---|---|---|\n")
 	for _, t := range r.targets() {
 		old, ok := r.previous.Results[t.What]
@@ -90,12 +94,20 @@ func (r *report) markdown() string {
 	return b.String()
 }
 
+// speedRow names cpuSpeed in the machine table.
+const speedRow = "CPU speed (sort 1M random uint64, count them in a map by their top 20 bits; one core, best of 5)"
+
+func (r *report) speedText() string {
+	return fmt.Sprintf("%v at the start, %v at the end", r.speedStart.Round(time.Millisecond), r.speedEnd.Round(time.Millisecond))
+}
+
 func (r *report) machineMarkdown(p printer) {
 	p("## Machine\n\n| | |\n|---|---|\n")
 	p("| CPU | %s |\n| cores | %d |\n| memory | %s |\n| kernel | %s |\n| iptables | %s |\n| Go | %s |\n", r.machine.CPU, r.machine.Cores,
 		r.machine.Memory, r.machine.Kernel, r.machine.Iptables, runtime.Version())
 	p("| run | %s, %s |\n", r.started.UTC().Format("2006-01-02 15:04 MST"), r.ended.Sub(r.started).Round(time.Second))
-	p("| load average (1, 5, 15 min) | %s at the start, %s at the end |\n\n", r.loadStart, r.loadEnd)
+	p("| load average (1, 5, 15 min) | %s at the start, %s at the end |\n", r.loadStart, r.loadEnd)
+	p("| %s | %s |\n\n", speedRow, r.speedText())
 	p("## Commands\n\n```\nsudo make bench\n")
 	for _, c := range r.commands {
 		p("%s\n", c)

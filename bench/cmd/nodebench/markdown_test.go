@@ -74,17 +74,20 @@ func TestMarkdownFromFigures(t *testing.T) {
 func TestMarkdownKeepsPreviousFigures(t *testing.T) {
 	old := fakeReport(50000)
 	old.started = time.Date(2026, 11, 30, 13, 58, 0, 0, time.UTC)
+	old.speedStart, old.speedEnd = 150*time.Millisecond, 152*time.Millisecond
 	oldMD := old.markdown()
 	prev := readPrevious(oldMD)
-	if prev.When == "" || len(prev.Results) == 0 {
+	if prev.When == "" || len(prev.Results) == 0 || prev.Speed != "150ms at the start, 152ms at the end" {
 		t.Fatalf("nothing read from the previous report: %+v", prev)
 	}
 	r := fakeReport(100000)
+	r.speedStart, r.speedEnd = 260*time.Millisecond, 262*time.Millisecond
 	r.previous = prev
 	r.previous.Results["userspace throughput, one core"] = "missed: 7.4% of the target (14x short): 73948 events/s"
 	delete(r.previous.Results, "attach + detach")
 	md := r.markdown()
-	for _, want := range []string{"previous run's (" + prev.When + ")", "| missed: 7.4% of the target (14x short): 73948 events/s |", "| not measured |"} {
+	for _, want := range []string{"previous run's (" + prev.When + ")", "| missed: 7.4% of the target (14x short): 73948 events/s |", "| not measured |",
+		"its machine's " + speedRow + " was 150ms at the start, 152ms at the end, this one's 260ms at the start, 262ms at the end"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}

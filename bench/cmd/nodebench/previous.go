@@ -10,6 +10,7 @@ import (
 // is read off the table, not remembered.
 type previousRun struct {
 	When    string            // the "run" row of its machine table
+	Speed   string            // its speedRow, "" before it had one
 	Results map[string]string // target "what" -> "verdict: result"
 }
 
@@ -31,6 +32,8 @@ func readPrevious(md string) previousRun {
 		switch {
 		case section == "Machine" && len(cells) == 2 && cells[0] == "run":
 			prev.When = cells[1]
+		case section == "Machine" && len(cells) == 2 && cells[0] == speedRow:
+			prev.Speed = cells[1]
 		case section == "Targets" && len(cells) >= 4 && cells[0] != "what" && !strings.HasPrefix(cells[0], "---"):
 			prev.Results[cells[0]] = cells[3] + ": " + cells[2]
 		}
