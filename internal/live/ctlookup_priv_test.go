@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
@@ -115,5 +118,43 @@ func TestKernelLookupsAnswerAsGETs(t *testing.T) {
 		if want := i < 2*len(table) && !inZone; wantFound[i] != want {
 			t.Errorf("netlink GETs: %v found %v, want %v", tu, wantFound[i], want)
 		}
+	}
+
+	// One tuple at a time: by BPF where the tracker asks in place (its
+	// namespace is the caller's), by a GET where a thread would have to
+	// be woken for it. Both answer as the GETs did.
+	single := func(opts conntrack.Options, tu event.Tuple) (conntrack.Entry, bool, uint64) {
+		tr, err := conntrack.OpenWith(ctx, "", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		e, ok := tr.Lookup(tu)
+		e.Seen = time.Time{}
+		return e, ok, tr.Stats().KernelLookups
+	}
+	k := slices.IndexFunc(tus, func(tu event.Tuple) bool { return tu.Proto == unix.IPPROTO_TCP })
+	if !wantFound[k] {
+		t.Fatalf("netlink GETs did not find %v", tus[k])
+	}
+	err = ns.Do(func() error {
+		e, ok, n := single(ConntrackOptions(), tus[k])
+		if e != want[k] || !ok || n != 1 {
+			t.Errorf("in place: %v found %v %+v by %d BPF lookups, want %+v by 1", tus[k], ok, e, n, want[k])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := conntrack.OpenWith(ctx, ns.Path(), ConntrackOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	e, ok := tr.Lookup(tus[k])
+	e.Seen = time.Time{}
+	if n := tr.Stats().KernelLookups; e != want[k] || !ok || n != 0 {
+		t.Errorf("on the tracker's thread: %v found %v %+v by %d BPF lookups, want %+v by a GET", tus[k], ok, e, n, want[k])
 	}
 }

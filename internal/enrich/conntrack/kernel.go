@@ -107,6 +107,10 @@ func startKernelLookups(path string, table KernelTable) (*kernelLookups, error) 
 	}
 }
 
+// inPlace reports whether the table runs on the caller's thread (the
+// caller's own namespace).
+func (k *kernelLookups) inPlace() bool { return k.calls == nil }
+
 func (k *kernelLookups) lookupAll(tus []event.Tuple, entries []Entry, found []bool) error {
 	if k.calls == nil {
 		return k.table.LookupAll(tus, entries, found)

@@ -14,9 +14,11 @@ import (
 )
 
 // Get is one lookup: the kernel finds the entry by either tuple, asked
-// by the KernelTable where it answers, else by a ctnetlink GET.
+// by the KernelTable where it answers in place, else by a ctnetlink GET.
+// A table on a thread of its own is left to batches: handing it one tuple
+// costs two thread wake-ups, which a GET does not.
 func (s *netlinkSource) Get(tu event.Tuple) (Entry, bool, error) {
-	if s.kernel != nil && s.kernel.table.Answers(tu) {
+	if s.kernel != nil && s.kernel.inPlace() && s.kernel.table.Answers(tu) {
 		var e [1]Entry
 		var ok [1]bool
 		if err := s.GetAll([]event.Tuple{tu}, e[:], ok[:]); err != nil {
