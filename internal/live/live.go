@@ -293,30 +293,31 @@ func (p *Pipeline) Stats() Stats {
 			s.Lost += n
 		}
 	}
-	s.ConntrackOverruns, s.ConntrackRedumps, s.ConntrackSourceDumpsSkipped = p.conntrackLoss()
+	cs := p.conntrackStats()
+	s.ConntrackOverruns, s.ConntrackRedumps, s.ConntrackSourceDumpsSkipped = cs.Overruns, cs.Redumps, cs.SourceDumpsSkipped
+	s.ConntrackKernelLookups, s.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
-	}
-	for _, ct := range p.ct {
-		cs := ct.Stats()
-		s.ConntrackKernelLookups += cs.KernelLookups
-		if s.ConntrackLookupsOff == "" {
-			s.ConntrackLookupsOff = cs.KernelLookupsOff
-		}
 	}
 	return s
 }
 
-// conntrackLoss sums the trackers' overruns and redumps, and the lookups
-// of stray replies' owners they left out.
-func (p *Pipeline) conntrackLoss() (overruns, redumps, skipped uint64) {
+// conntrackStats sums the trackers' overruns, redumps, the lookups of
+// stray replies' owners they left out and the entries they asked by BPF;
+// KernelLookupsOff is the first tracker's reason to ask by netlink alone.
+func (p *Pipeline) conntrackStats() conntrack.Stats {
+	var sum conntrack.Stats
 	for _, ct := range p.ct {
 		cs := ct.Stats()
-		overruns += cs.Overruns
-		redumps += cs.Redumps
-		skipped += cs.SourceDumpsSkipped
+		sum.Overruns += cs.Overruns
+		sum.Redumps += cs.Redumps
+		sum.SourceDumpsSkipped += cs.SourceDumpsSkipped
+		sum.KernelLookups += cs.KernelLookups
+		if sum.KernelLookupsOff == "" {
+			sum.KernelLookupsOff = cs.KernelLookupsOff
+		}
 	}
-	return overruns, redumps, skipped
+	return sum
 }
 
 // decoded is one event read from the ring buffer, or (idle set) the time
@@ -510,7 +511,8 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 		sum.ConntrackDrops = p.counters.Drops()
 	}
 	sum.DecodeErrors = int(p.decodeErrors.Load())
-	sum.ConntrackOverruns, sum.ConntrackRedumps, sum.ConntrackSourceDumpsSkipped = p.conntrackLoss()
+	cs := p.conntrackStats()
+	sum.ConntrackOverruns, sum.ConntrackRedumps, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.Redumps, cs.SourceDumpsSkipped
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}
 		for h, n := range lost {

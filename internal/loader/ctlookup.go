@@ -54,11 +54,13 @@ type CTEntry struct {
 // OpenCTLookup loads the lookup program; it fails on kernels without the
 // conntrack kfuncs (before 5.18, or conntrack without BTF).
 func OpenCTLookup() (*CTLookup, error) {
-	if _, ok, readable := kernelSymbol(ctLookupKfunc); readable && !ok {
-		return nil, fmt.Errorf("load conntrack lookup program: the kernel has no %s (conntrack's kfuncs came in Linux 5.18)", ctLookupKfunc)
-	}
 	c := &CTLookup{buf: make([]byte, CTQuerySlots*ctQuerySize)}
 	if err := loadCtlookupObjects(&c.objs, nil); err != nil {
+		// kallsyms is read only to explain a failure: it is a read of
+		// the whole table, which a tracker starting need not pay for.
+		if _, ok, readable := kernelSymbol(ctLookupKfunc); readable && !ok {
+			return nil, fmt.Errorf("load conntrack lookup program: the kernel has no %s (conntrack's kfuncs came in Linux 5.18)", ctLookupKfunc)
+		}
 		return nil, fmt.Errorf("load conntrack lookup program: %w", err)
 	}
 	return c, nil

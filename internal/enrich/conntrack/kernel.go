@@ -146,8 +146,12 @@ func (k *kernelLookups) getAll(tus []event.Tuple, entries []Entry, found []bool,
 	return nil
 }
 
-// ask answers the tuples at the indexes idx by lookup, through scratch.
+// ask answers the tuples at the indexes idx by lookup: through scratch,
+// unless idx holds every index (each once), when they are asked in place.
 func (k *kernelLookups) ask(idx []int, tus []event.Tuple, entries []Entry, found []bool, lookup func([]event.Tuple, []Entry, []bool) error) error {
+	if len(idx) == len(tus) {
+		return lookup(tus, entries, found)
+	}
 	n := len(idx)
 	k.tus, k.entries, k.found = growTo(k.tus, n), growTo(k.entries, n), growTo(k.found, n)
 	for j, i := range idx {
