@@ -38,12 +38,12 @@ type Destroyed interface {
 	Destroyed(event.Tuple) []conntrack.Entry
 }
 
-// ReadDestroyed is Destroyed of a BatchConntrack whose LookupAll reads the
-// DESTROYs queued by the time it returns (conntrack's
-// Tracker.DestroyedRead): the flows finished after it are answered from
-// that read, not one more each.
+// ReadDestroyed is Destroyed, appended to dst, of a BatchConntrack whose
+// LookupAll reads the DESTROYs queued by the time it returns (conntrack's
+// Tracker.AppendDestroyedRead): the flows finished after it are answered
+// from that read, not one more each.
 type ReadDestroyed interface {
-	DestroyedRead(event.Tuple) []conntrack.Entry
+	AppendDestroyedRead(dst []conntrack.Entry, tu event.Tuple) []conntrack.Entry
 }
 
 // DefaultLinger is how long a flow stays open after its last event: long
@@ -113,6 +113,8 @@ type Joiner struct {
 	lookupTus  []event.Tuple
 	lookupCT   []conntrack.Entry
 	lookupOK   []bool
+	// destroyed is entryOf's scratch: a replaced flow's destroyed entries.
+	destroyed []conntrack.Entry
 	// held are finished flows waiting for the next reading (HoldFor), in
 	// the order they finished, which is their deadlines' order.
 	held []heldFlow
@@ -643,7 +645,10 @@ func (j *Joiner) entryOf(p *pending, live ctAnswer) (conntrack.Entry, bool) {
 		}
 	}
 	if h, ok := j.CT.(ReadDestroyed); ok && live.batched {
-		return agreedEntry(h.DestroyedRead(key), answer)
+		j.destroyed = h.AppendDestroyedRead(j.destroyed[:0], key)
+		e, ok := agreedEntry(j.destroyed, answer)
+		clear(j.destroyed)
+		return e, ok
 	}
 	h, ok := j.CT.(Destroyed)
 	if !ok {

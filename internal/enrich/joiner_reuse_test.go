@@ -187,7 +187,7 @@ func TestJoinNewerConnectionNotReadYet(t *testing.T) {
 
 // batchHistoryCT is historyCT read as conntrack.Tracker is in batches: its
 // LookupAll reads the DESTROYs, so the flows finished after it take their
-// history from DestroyedRead; reads counts the reads of the socket that
+// history from AppendDestroyedRead; reads counts the reads of the socket that
 // Destroyed would make.
 type batchHistoryCT struct {
 	historyCT
@@ -206,8 +206,8 @@ func (b *batchHistoryCT) Destroyed(tu event.Tuple) []conntrack.Entry {
 	return b.historyCT.Destroyed(tu)
 }
 
-func (b *batchHistoryCT) DestroyedRead(tu event.Tuple) []conntrack.Entry {
-	return b.historyCT.Destroyed(tu)
+func (b *batchHistoryCT) AppendDestroyedRead(dst []conntrack.Entry, tu event.Tuple) []conntrack.Entry {
+	return append(dst, b.historyCT.Destroyed(tu)...)
 }
 
 // TestJoinReusedPortHistoryReadOncePerBatch: with a batch conntrack, the

@@ -223,7 +223,7 @@ func conntrackNetns(inodes []uint32) []uint32 {
 // of every connection of the namespace; asked for by BPF where the kernel
 // can (5.18 and later), by netlink GETs elsewhere.
 func ConntrackOptions() conntrack.Options {
-	return conntrack.Options{Targeted: true, Kernel: openKernelConntrack}
+	return conntrack.Options{Targeted: true, NoUpdates: true, Kernel: openKernelConntrack}
 }
 
 func (p *Pipeline) warn(format string, a ...any) {
@@ -567,7 +567,7 @@ func (m multiConntrack) Lookup(tu event.Tuple) (conntrack.Entry, bool) {
 // it did not have, as Lookup does one tuple. The first is asked for all
 // of them in place: one namespace is the common case. Each is asked, with
 // no tuples when none are left, so that each has read its DESTROYs
-// (DestroyedRead).
+// (AppendDestroyedRead).
 func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, found []bool) {
 	clear(found)
 	if len(m) == 0 {
@@ -592,23 +592,25 @@ func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, 
 	}
 }
 
+// Destroyed is the first tracker's non-empty history of tu.
 func (m multiConntrack) Destroyed(tu event.Tuple) []conntrack.Entry {
-	return m.firstHistory(tu, (*conntrack.Tracker).Destroyed)
-}
-
-func (m multiConntrack) DestroyedRead(tu event.Tuple) []conntrack.Entry {
-	return m.firstHistory(tu, (*conntrack.Tracker).DestroyedRead)
-}
-
-// firstHistory is the first tracker's non-empty history of tu, as history
-// reads it.
-func (m multiConntrack) firstHistory(tu event.Tuple, history func(*conntrack.Tracker, event.Tuple) []conntrack.Entry) []conntrack.Entry {
 	for _, t := range m {
-		if h := history(t, tu); len(h) > 0 {
+		if h := t.Destroyed(tu); len(h) > 0 {
 			return h
 		}
 	}
 	return nil
+}
+
+// AppendDestroyedRead appends the first tracker's non-empty history of tu,
+// as it has read it, to dst.
+func (m multiConntrack) AppendDestroyedRead(dst []conntrack.Entry, tu event.Tuple) []conntrack.Entry {
+	for _, t := range m {
+		if out := t.AppendDestroyedRead(dst, tu); len(out) > len(dst) {
+			return out
+		}
+	}
+	return dst
 }
 
 func (m multiConntrack) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {

@@ -308,18 +308,19 @@ func (t *table) replace(dump []Entry, now time.Time) []Entry {
 	return changed
 }
 
-// history lists the entries whose original tuple is tu, newest first: the
-// one lookup finds, then the destroyed ones it replaced, within the
-// retention.
-func (t *table) history(tu event.Tuple, now time.Time) []Entry {
-	var out []Entry
+// appendDestroyed appends the destroyed entries whose original tuple is
+// tu to dst, newest first, within the retention: the one lookup finds when
+// it is destroyed, then the destroyed ones it replaced.
+func (t *table) appendDestroyed(dst []Entry, tu event.Tuple, now time.Time) []Entry {
 	for n := t.byTuple[tu]; n != nil && !n.gone && n.e.Orig == tu; n = n.earlier {
 		if n.dead && now.Sub(n.e.Seen) > t.retention {
 			break
 		}
-		out = append(out, n.e)
+		if n.e.Destroyed {
+			dst = append(dst, n.e)
+		}
 	}
-	return out
+	return dst
 }
 
 func (t *table) len() (live, dead int) { return t.live.n, t.dead.n }

@@ -63,7 +63,7 @@ func compareTables(t *testing.T, got, want *table, tuples []event.Tuple, now tim
 		if g != w || gok != wok {
 			t.Fatalf("lookup %v: %+v %v, upsert+destroy %+v %v", tu, g, gok, w, wok)
 		}
-		if gh, wh := got.history(tu, now), want.history(tu, now); !reflect.DeepEqual(gh, wh) {
+		if gh, wh := got.appendDestroyed(nil, tu, now), want.appendDestroyed(nil, tu, now); !reflect.DeepEqual(gh, wh) {
 			t.Fatalf("history %v: %+v, upsert+destroy %+v", tu, gh, wh)
 		}
 	}

@@ -209,7 +209,7 @@ func TestTargetedDestroyed(t *testing.T) {
 
 // TestTargetedLookupAllReadsDestroys: LookupAll reads the DESTROYs the
 // kernel queued before it returned, a batch of no tuples too, so
-// DestroyedRead answers of them without a read of its own: the replaced
+// AppendDestroyedRead answers of them without a read of its own: the replaced
 // connection's DESTROY queued while the batch was asked for, and one
 // queued before an empty batch.
 func TestTargetedLookupAllReadsDestroys(t *testing.T) {
@@ -232,16 +232,16 @@ func TestTargetedLookupAllReadsDestroys(t *testing.T) {
 	if !found[0] || entries[0].Reply != newer.Reply || found[1] {
 		t.Fatalf("LookupAll: %+v %v", entries, found)
 	}
-	if h := tr.DestroyedRead(replaced.Orig); len(h) != 1 || h[0].State != "TIME_WAIT" || h[0].Reply != replaced.Reply {
-		t.Fatalf("DestroyedRead after the batch: %+v, want the replaced connection's entry", h)
+	if h := tr.AppendDestroyedRead(nil, replaced.Orig); len(h) != 1 || h[0].State != "TIME_WAIT" || h[0].Reply != replaced.Reply {
+		t.Fatalf("AppendDestroyedRead after the batch: %+v, want the replaced connection's entry", h)
 	}
 
 	src.mu.Lock()
 	src.pending = append(src.pending, fakeRecv{ch: []change{{entry: gone, destroy: true}}})
 	src.mu.Unlock()
 	tr.LookupAll(nil, nil, nil)
-	if h := tr.DestroyedRead(gone.Orig); len(h) != 1 || h[0].State != "CLOSE" {
-		t.Fatalf("DestroyedRead after an empty batch: %+v", h)
+	if h := tr.AppendDestroyedRead(nil, gone.Orig); len(h) != 1 || h[0].State != "CLOSE" {
+		t.Fatalf("AppendDestroyedRead after an empty batch: %+v", h)
 	}
 }
 
@@ -291,5 +291,48 @@ func TestFedTrackerTakesEndsFromTheCaller(t *testing.T) {
 func TestFedNeedsTargeted(t *testing.T) {
 	if _, err := start(context.Background(), newFake(), Options{FedDestroys: true}, time.Now); err == nil {
 		t.Fatal("an untargeted tracker took FedDestroys")
+	}
+}
+
+// TestNoUpdatesReusesItsBatches: a tracker whose caller never reads
+// Updates copies nothing to it and counts no dropped update, and the
+// drains that reuse one batch after another keep every DESTROY as it
+// came: each batch's entries, not the next batch's written over them.
+func TestNoUpdatesReusesItsBatches(t *testing.T) {
+	src := newFake()
+	tr := startFake(t, src, Options{Targeted: true, NoUpdates: true, UpdateBuffer: 2}, time.Now)
+	var want []Entry
+	for round := range 3 {
+		var ch []change
+		for i := range 5 {
+			e := dnatEntry(uint16(40200+round*10+i), StatusSeenReply)
+			e.Mark = uint32(round*10 + i)
+			e.State = []string{"TIME_WAIT", "CLOSE", "LAST_ACK"}[round]
+			ch = append(ch, change{entry: e, destroy: true})
+			want = append(want, e)
+		}
+		src.events <- fakeRecv{ch: ch}
+		n := len(want)
+		waitFor(t, "the round's DESTROYs", func() bool { return tr.Stats().Destroyed == n })
+	}
+	for _, w := range want {
+		h := tr.AppendDestroyedRead(nil, w.Orig)
+		if len(h) != 1 || h[0].Mark != w.Mark || h[0].State != w.State || h[0].Reply != w.Reply || !h[0].Replied {
+			t.Fatalf("destroyed %v: %+v, want mark %d state %s", w.Orig, h, w.Mark, w.State)
+		}
+	}
+	if s := tr.Stats(); s.DroppedUpdates != 0 {
+		t.Errorf("dropped updates %d, want none counted for a tracker without updates", s.DroppedUpdates)
+	}
+	select {
+	case e, open := <-tr.Updates():
+		if open {
+			t.Fatalf("update %+v delivered with NoUpdates", e)
+		}
+	default:
+	}
+	tr.Close()
+	if _, open := <-tr.Updates(); open {
+		t.Fatal("updates still open after Close")
 	}
 }

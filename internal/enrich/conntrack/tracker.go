@@ -95,6 +95,11 @@ type Options struct {
 	Retention time.Duration
 	// UpdateBuffer is the capacity of the Updates channel. Default 4096.
 	UpdateBuffer int
+	// NoUpdates is for a caller that never reads Updates: no change is
+	// copied to it (the channel only closes when the tracker stops). A
+	// busy node's DESTROYs would otherwise fill it and then be counted
+	// as dropped, one failed send each.
+	NoUpdates bool
 	// ReadBuffer sets the event socket's receive buffer in bytes (the
 	// kernel doubles it, caps it at net.core.rmem_max and enforces a
 	// minimum). Default 4 MiB, so that bursts of new connections overrun
@@ -147,6 +152,9 @@ func (o Options) withDefaults() Options {
 	if o.UpdateBuffer <= 0 {
 		o.UpdateBuffer = 4096
 	}
+	if o.NoUpdates {
+		o.UpdateBuffer = 0
+	}
 	return o
 }
 
@@ -170,6 +178,10 @@ type Tracker struct {
 	drainer drainer
 	rx      sync.Mutex
 	stopped bool // under rx: Updates is closed, nothing is applied any more
+	// drained and published are drain's and applyEach's scratch (under
+	// rx for a targeted tracker, whose only applier is drain).
+	drained   []change
+	published []Entry
 
 	overruns, redumps, dropped atomic.Uint64
 	queryErrors                atomic.Uint64
@@ -457,11 +469,11 @@ func (t *Tracker) applyChanges(ch []change) {
 // table's lock, then publishes the entries one says changed.
 func (t *Tracker) applyEach(ch []change, one func(change) (Entry, bool)) {
 	now := t.now()
-	out := make([]Entry, 0, len(ch))
+	out := t.published[:0]
 	t.mu.Lock()
 	for _, c := range ch {
 		c.entry.Seen = now
-		if e, changed := one(c); changed {
+		if e, changed := one(c); changed && !t.opts.NoUpdates {
 			out = append(out, e)
 		}
 	}
@@ -469,6 +481,7 @@ func (t *Tracker) applyEach(ch []change, one func(change) (Entry, bool)) {
 	for _, e := range out {
 		t.publish(e)
 	}
+	t.published = scratch(out)
 }
 
 // prune forgets the destroyed entries past the retention.
@@ -480,6 +493,9 @@ func (t *Tracker) prune() {
 
 // publish never blocks: the joiner being slow must not stall the table.
 func (t *Tracker) publish(e Entry) {
+	if t.opts.NoUpdates {
+		return
+	}
 	select {
 	case t.updates <- e:
 	default:
@@ -518,7 +534,7 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 // (getter.getAll: 3.4-3.6 µs an entry against 5.8-5.9 one GET at a time,
 // BenchmarkPrivGetAll), then reads the DESTROYs queued by then, even with
 // no tuples, and looks for the missed ones among them as Lookup does.
-// DestroyedRead answers from that read.
+// AppendDestroyedRead answers from that read.
 func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
 	for i := range tus {
 		tus[i].Src, tus[i].Dst = unmap(tus[i].Src), unmap(tus[i].Dst)
@@ -578,21 +594,22 @@ func (t *Tracker) Destroyed(tu event.Tuple) []Entry {
 	if t.opts.Targeted {
 		t.drain()
 	}
-	return t.DestroyedRead(tu)
+	return t.AppendDestroyedRead(nil, tu)
 }
 
-// DestroyedRead is Destroyed without reading the socket first: for a
+// AppendDestroyedRead appends Destroyed to dst without reading the socket
+// first (and without a slice of its own per call): for a
 // caller that has had LookupAll read it since it learnt that tu's
 // connection had ended (a newer connection's event, or the newer entry a
 // GET found). The kernel queues a connection's DESTROY before the entry
 // leaves its table, so before any newer entry of the tuple exists, and
 // that read holds it: one read per batch instead of one per replaced
 // connection.
-func (t *Tracker) DestroyedRead(tu event.Tuple) []Entry {
+func (t *Tracker) AppendDestroyedRead(dst []Entry, tu event.Tuple) []Entry {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return slices.DeleteFunc(t.tab.history(tu, t.now()), func(e Entry) bool { return !e.Destroyed })
+	return t.tab.appendDestroyed(dst, tu, t.now())
 }
 
 // Updates delivers every change after Open (and the changes a re-dump
@@ -773,7 +790,7 @@ func (t *Tracker) drain() {
 	if t.stopped {
 		return
 	}
-	var batch []change
+	batch := t.drained[:0]
 	err := t.drainer.Drain(func(c change) { batch = append(batch, c) })
 	// The overrun is counted before the DESTROYs read after it apply, so
 	// whoever sees those sees the loss too.
@@ -786,6 +803,20 @@ func (t *Tracker) drain() {
 	if len(batch) > 0 {
 		t.applyDestroys(batch)
 	}
+	t.drained = scratch(batch)
+}
+
+// maxScratch bounds the batches a tracker keeps for its next drain: a
+// burst after a stall need not stay in memory.
+const maxScratch = 4096
+
+// scratch is s emptied for reuse, or nil when it grew past maxScratch.
+func scratch[S ~[]E, E any](s S) S {
+	if cap(s) > maxScratch {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 // Ended applies the end of a connection the kernel side reported

@@ -532,8 +532,9 @@ func TestMemoryPerEntry(t *testing.T) {
 }
 
 // TestHistoryOfAReusedTuple: three connections from one source port, one
-// after the other, are three entries; the history lists them newest first
-// with their own state, and stops where the table forgot an entry.
+// after the other, are three entries; the destroyed ones are listed newest
+// first with their own state, after what dst held, and the list stops
+// where the table forgot an entry.
 func TestHistoryOfAReusedTuple(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tab := newTable(100, 100, time.Minute)
@@ -548,25 +549,26 @@ func TestHistoryOfAReusedTuple(t *testing.T) {
 	tab.upsert(second, false)
 	tab.destroy(second)
 	tab.upsert(third, false)
-	h := tab.history(first.Orig, now.Add(2*time.Second))
-	if len(h) != 3 {
-		t.Fatalf("history has %d entries, want 3: %+v", len(h), h)
+	if e, ok := tab.lookup(first.Orig, now.Add(2*time.Second)); !ok || e.State != "SYN_SENT" || e.Destroyed {
+		t.Fatalf("lookup: %+v %v, want the live third connection", e, ok)
 	}
-	for i, want := range []struct {
-		state     string
-		destroyed bool
-	}{{"SYN_SENT", false}, {"TIME_WAIT", true}, {"CLOSE", true}} {
-		if h[i].State != want.state || h[i].Destroyed != want.destroyed {
-			t.Errorf("history[%d] = %s destroyed=%v, want %s destroyed=%v", i, h[i].State, h[i].Destroyed, want.state, want.destroyed)
+	kept := Entry{State: "kept"}
+	h := tab.appendDestroyed([]Entry{kept}, first.Orig, now.Add(2*time.Second))
+	if len(h) != 3 || h[0] != kept {
+		t.Fatalf("destroyed after one kept entry: %d entries, want 3: %+v", len(h), h)
+	}
+	for i, want := range []string{"TIME_WAIT", "CLOSE"} {
+		if e := h[i+1]; e.State != want || !e.Destroyed {
+			t.Errorf("destroyed[%d] = %s destroyed=%v, want %s destroyed", i, e.State, e.Destroyed, want)
 		}
 	}
-	if r := tab.history(first.Reply, now); len(r) != 0 {
+	if r := tab.appendDestroyed(nil, first.Reply, now); len(r) != 0 {
 		t.Errorf("a reply tuple has no history of its own: %+v", r)
 	}
 	// The first is pruned first (destroyed earliest): the chain ends at
 	// the second.
 	tab.prune(now.Add(time.Minute + time.Second/2))
-	if h := tab.history(first.Orig, now.Add(time.Minute+time.Second/2)); len(h) != 2 || h[1].State != "TIME_WAIT" {
+	if h := tab.appendDestroyed(nil, first.Orig, now.Add(time.Minute+time.Second/2)); len(h) != 1 || h[0].State != "TIME_WAIT" {
 		t.Errorf("after pruning the first entry: %+v", h)
 	}
 }
