@@ -10,6 +10,7 @@ import (
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // uncached hides the NodeEnv's attribution cache: only Env's methods are
@@ -21,6 +22,7 @@ type uncached struct{ enrich.Env }
 // the cache and without it: the flows must come out the same, the cached
 // pass after the walks have filled the cache included.
 func TestAttributionCacheMatchesWalk(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	env, err := mix.Env()
 	if err != nil {
 		t.Fatal(err)

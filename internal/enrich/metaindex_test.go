@@ -8,6 +8,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/meta"
 	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // churnIndex answers every address with a pod of its own, as a cluster
@@ -25,6 +26,7 @@ func churnAddr(i int) netip.Addr {
 // The memo of pods named stays bounded however many pods a long trace
 // names, and still answers for the recent ones.
 func TestIndexMetadataForgetsOldPods(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	m := NewIndexMetadata(churnIndex{})
 	const named = 10 * memoLimit
 	for i := range named {

@@ -7,12 +7,14 @@ import (
 
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // The mix, joined, enriched and written as the live pipeline does it,
 // reads the same byte for byte whether each flow
 // is a new allocation or reuses an emitted flow's memory.
 func TestReuseFlowsWritesTheSame(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	fresh, fb := writeMix(t, false)
 	reused, rb := writeMix(t, true)
 	if fb.flows < 1000 || fb.blocks != fb.flows {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/netlab"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // netlab.New(prefix) removes every namespace named prefix-*, so no scenario
@@ -205,17 +206,15 @@ func testEnv(t *testing.T) *Env {
 	if envErr != nil {
 		t.Fatalf("lab environment: %v", envErr)
 	}
-	if inVM() && !env.IPVS {
+	if guest.In() && !env.IPVS {
 		t.Fatalf("VM matrix kernel without IPVS: %s", env.IPVSReason)
 	}
 	return env
 }
 
-func inVM() bool { return os.Getenv("TRACER_VM") != "" || os.Getenv("TRACER_VM_KERNEL") != "" }
-
 func TestScenarios(t *testing.T) {
 	requirePrivileged(t)
-	if inVM() {
+	if guest.In() {
 		// The guests build and run every scenario in cmd/tracer's
 		// TestLabScenarios, which fails an incident not reproduced on the
 		// guest's kernel; what this test adds (metadata, portmap's rules,

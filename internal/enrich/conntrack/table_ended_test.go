@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // TestTableEndedIsUpsertThenDestroy: ended leaves the table as upsert then
@@ -16,6 +17,7 @@ import (
 // under a small cap on destroyed entries: the entries returned, every
 // tuple's lookup and history, and the destroyed list's order.
 func TestTableEndedIsUpsertThenDestroy(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		got, want := newTable(1_000_000, 16, time.Minute), newTable(1_000_000, 16, time.Minute)

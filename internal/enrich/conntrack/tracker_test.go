@@ -14,6 +14,7 @@ import (
 	ct "github.com/ti-mo/conntrack"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // fakeSource is a kernel table the test edits behind the tracker's back,
@@ -499,6 +500,7 @@ func TestFormatStatus(t *testing.T) {
 // TestMemoryPerEntry measures the table's cost per entry; the figure is
 // logged for the report and bounded so a regression shows.
 func TestMemoryPerEntry(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	if testing.Short() {
 		t.Skip("allocates 200k entries")
 	}
@@ -578,6 +580,7 @@ func TestHistoryOfAReusedTuple(t *testing.T) {
 // overrun, and brings the table in step; one that fails redumpTries times
 // in a row says so in Stats.Err.
 func TestOverrunRedumpRetried(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	a, b := dnatEntry(40011, 0), dnatEntry(40012, 0)
 	src := newFake(a)
 	tr := startFake(t, src, Options{}, time.Now)
