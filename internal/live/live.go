@@ -90,6 +90,8 @@ type Pipeline struct {
 	cfg    Config
 	tracer *loader.Tracer
 	ct     multiConntrack
+	// ctSources say how each tracker of ct began to read its table.
+	ctSources []trace.ConntrackSource
 	// fed are the trackers the kernel side reports conntrack entries'
 	// ends to (event.KindCTDestroy), by their namespace's inode.
 	fed map[uint32]*conntrack.Tracker
@@ -146,6 +148,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 			continue
 		}
 		p.ct = append(p.ct, ct)
+		p.ctSources = append(p.ctSources, conntrackSource(path, ino, ct.Stats(), opts.FedDestroys))
 		if opts.FedDestroys {
 			if p.fed == nil {
 				p.fed = map[uint32]*conntrack.Tracker{}
@@ -162,6 +165,20 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	p.header = p.buildHeader()
 	return p, nil
+}
+
+// conntrackSource says how a tracker opened with stats reads the table of
+// the namespace at path: whether its lookups went to BPF, and whether the
+// kernel side hands it the entries' ends.
+func conntrackSource(path string, ino uint32, stats conntrack.Stats, fed bool) trace.ConntrackSource {
+	src := trace.ConntrackSource{Netns: path, Inode: ino, Lookups: trace.LookupsBPF, Ends: trace.EndsDestroyEvents}
+	if stats.KernelLookupsOff != "" {
+		src.Lookups, src.LookupsWhy = trace.LookupsNetlink, stats.KernelLookupsOff
+	}
+	if fed {
+		src.Ends = trace.EndsKernel
+	}
+	return src
 }
 
 // openCounters opens the observed namespace's conntrack counters and warns
@@ -261,6 +278,7 @@ func (p *Pipeline) buildHeader() trace.Header {
 	if p.cfg.MetadataWarnings != nil {
 		h.Warnings = append(h.Warnings, p.cfg.MetadataWarnings()...)
 	}
+	h.Conntrack = p.ctSources
 	return h
 }
 
@@ -513,6 +531,7 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.DecodeErrors = int(p.decodeErrors.Load())
 	cs := p.conntrackStats()
 	sum.ConntrackOverruns, sum.ConntrackRedumps, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.Redumps, cs.SourceDumpsSkipped
+	sum.ConntrackBPFLookups, sum.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}
 		for h, n := range lost {

@@ -43,7 +43,12 @@ func TestWriterRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "out.ndjson")
-	w, err := Create(path, in.Header)
+	hdr := in.Header
+	hdr.Conntrack = []ConntrackSource{
+		{Netns: "/run/netns/node", Inode: 4026532283, Lookups: LookupsBPF, Ends: EndsKernel},
+		{Lookups: LookupsNetlink, LookupsWhy: "the kernel has no bpf_xdp_ct_lookup", Ends: EndsDestroyEvents},
+	}
+	w, err := Create(path, hdr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +66,8 @@ func TestWriterRoundTrip(t *testing.T) {
 	if len(cut.Flows) != len(in.Flows) || cut.Summary != nil || len(cut.Warnings) != 1 || !strings.Contains(cut.Warnings[0], "no summary line") {
 		t.Fatalf("unclosed trace: %d of %d flows, summary %v, warnings %q", len(cut.Flows), len(in.Flows), cut.Summary, cut.Warnings)
 	}
-	w.SetLoss(Summary{LostEvents: 3, LostByHook: map[string]uint64{"kfree_skb": 3}, ConntrackOverruns: 2, ConntrackRedumps: 1})
+	w.SetLoss(Summary{LostEvents: 3, LostByHook: map[string]uint64{"kfree_skb": 3}, ConntrackOverruns: 2, ConntrackRedumps: 1,
+		ConntrackBPFLookups: 40, ConntrackLookupsOff: "conntrack lookup by BPF failed"})
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +79,12 @@ func TestWriterRoundTrip(t *testing.T) {
 		t.Error("flows differ after a write and read")
 	}
 	if out.Summary.LostEvents != 3 || out.Summary.ConntrackOverruns != 2 || out.Summary.ConntrackRedumps != 1 ||
-		out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 {
+		out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 ||
+		out.Summary.ConntrackBPFLookups != 40 || out.Summary.ConntrackLookupsOff != "conntrack lookup by BPF failed" {
 		t.Errorf("summary %+v", out.Summary)
+	}
+	if !reflect.DeepEqual(out.Header.Conntrack, hdr.Conntrack) {
+		t.Errorf("header conntrack %+v, wrote %+v", out.Header.Conntrack, hdr.Conntrack)
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
 		t.Errorf("files beside the trace: %v", ents)

@@ -35,7 +35,39 @@ type Header struct {
 	Snapshot *Snapshot  `json:"snapshot,omitempty"`
 	Warnings []string   `json:"warnings,omitempty"`
 	Netns    *NetnsInfo `json:"netns,omitempty"`
+	// Conntrack is how each namespace's conntrack table was read, in
+	// the order the join asks them.
+	Conntrack []ConntrackSource `json:"conntrack,omitempty"`
 }
+
+// ConntrackSource is how the tracer read one namespace's conntrack table:
+// what a flow's conntrack entry rests on.
+type ConntrackSource struct {
+	// Netns is the namespace's path, "" for the tracer's own.
+	Netns string `json:"netns,omitempty"`
+	Inode uint32 `json:"inode,omitempty"`
+	// Lookups is how a live entry is asked for: LookupsBPF or
+	// LookupsNetlink; LookupsWhy says why it is not BPF.
+	Lookups    string `json:"lookups"`
+	LookupsWhy string `json:"lookups_why,omitempty"`
+	// Ends is how the ends of entries are learnt: EndsKernel or
+	// EndsDestroyEvents.
+	Ends string `json:"ends"`
+}
+
+// How conntrack is read (ConntrackSource).
+const (
+	// LookupsBPF: TCP and UDP entries by conntrack's bpf_xdp_ct_lookup
+	// kfunc, in test runs of a program never attached; the others by
+	// netlink GETs.
+	LookupsBPF = "bpf"
+	// LookupsNetlink: every entry by a ctnetlink GET.
+	LookupsNetlink = "netlink"
+	// EndsKernel: the kernel side's program on nf_ct_delete.
+	EndsKernel = "nf_ct_delete"
+	// EndsDestroyEvents: a ctnetlink subscription to DESTROY events.
+	EndsDestroyEvents = "destroy_events"
+)
 
 // NetnsInfo names the network namespace that was observed.
 type NetnsInfo struct {
@@ -391,6 +423,11 @@ type Summary struct {
 	// connection was not looked for: that lookup is a dump of the whole
 	// conntrack table, and the dumps had used their 5% of the time.
 	ConntrackSourceDumpsSkipped uint64 `json:"conntrack_source_dumps_skipped,omitempty"`
+	// ConntrackBPFLookups counts the entries asked for by BPF rather
+	// than netlink GETs; ConntrackLookupsOff says why the lookups are
+	// netlink GETs now, when they are (the header says how they began).
+	ConntrackBPFLookups uint64 `json:"conntrack_bpf_lookups,omitempty"`
+	ConntrackLookupsOff string `json:"conntrack_lookups_off,omitempty"`
 	// UnreadAtStop is how many of LostEvents were still in the ring buffer
 	// when the tracer stopped: it reads what the kernel reported before
 	// the stop for up to a few seconds, then gives up on the rest.
