@@ -587,8 +587,12 @@ static __always_inline bool same_addr(const union nf_inet_addr *a, const union n
 	       a->all[2] == b->all[2] && a->all[3] == b->all[3];
 }
 
+/* after: the call has set the reply tuple (fexit), so the event carries
+ * it, and the join asks conntrack nothing when it arrives. Before the call
+ * (a kprobe) the reply tuple is still the original's inverse, or has only
+ * the other manip: what it becomes is conntrack's to say. */
 static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2 *range,
-				  int manip, __u8 via)
+				  int manip, __u8 via, bool after)
 {
 	if (!ct || !range)
 		return 0;
@@ -596,12 +600,14 @@ static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2
 	bpf_core_read(&r, sizeof(r), range);
 
 	/* Null bindings (every new connection without a NAT rule gets one)
-	 * map the address to itself and are not decisions worth reporting. */
+	 * map the address to itself and are not decisions worth reporting.
+	 * The original tuple, which NAT never changes, has the address the
+	 * reply tuple had before the call. */
 	union nf_inet_addr cur = {};
 	if (manip == NF_NAT_MANIP_SRC)
-		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[1].tuple.dst.u3);
+		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[0].tuple.src.u3);
 	else
-		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[1].tuple.src.u3);
+		bpf_core_read(&cur, sizeof(cur), &ct->tuplehash[0].tuple.dst.u3);
 	if (r.flags == NF_NAT_RANGE_MAP_IPS && same_addr(&r.min_addr, &r.max_addr) &&
 	    same_addr(&r.min_addr, &cur))
 		return 0;
@@ -610,9 +616,8 @@ static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2
 	if (!e)
 		return 0;
 	read_ct(e, ct);
-	/* Before the call the reply tuple is still the original's inverse
-	 * (or has only the other manip): what it becomes is conntrack's to say. */
-	__builtin_memset(&e->reply, 0, sizeof(e->reply));
+	if (!after)
+		__builtin_memset(&e->reply, 0, sizeof(e->reply));
 	e->range_flags = r.flags;
 	e->to.family = e->orig.family;
 	e->to.proto = e->orig.proto;
@@ -628,16 +633,17 @@ static __always_inline int on_nat(struct nf_conn *ct, const struct nf_nat_range2
 	return 0;
 }
 
-SEC("fentry/nf_nat_setup_info")
-int BPF_PROG(tr_nat_fentry, struct nf_conn *ct, const struct nf_nat_range2 *range, int manip)
+/* fexit, on the fentry tier: the same trampoline, after the call. */
+SEC("fexit/nf_nat_setup_info")
+int BPF_PROG(tr_nat_fexit, struct nf_conn *ct, const struct nf_nat_range2 *range, int manip, unsigned int ret)
 {
-	return on_nat(ct, range, manip, VIA_FENTRY);
+	return on_nat(ct, range, manip, VIA_FENTRY, true);
 }
 
 SEC("kprobe/nf_nat_setup_info")
 int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *range, int manip)
 {
-	return on_nat(ct, range, manip, VIA_KPROBE);
+	return on_nat(ct, range, manip, VIA_KPROBE, false);
 }
 
 /* ---- nf_ct_delete: the end of every confirmed conntrack entry ----

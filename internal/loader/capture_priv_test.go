@@ -474,6 +474,7 @@ func scenarios() []scenario {
 			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
 				e := evs[event.KindDNAT]
 				checkTuple(t, "dnat orig", e.Orig, client, rAddrC+":80")
+				checkReply(t, e, sAddr+":8080", client)
 				checkEq(t, "dnat to", e.To.String(), sAddr+":8080")
 				checkNFHook(t, e, "PREROUTING")
 			},
@@ -490,9 +491,7 @@ func scenarios() []scenario {
 				e := evs[event.KindSNAT]
 				checkTuple(t, "snat orig", e.Orig, client, sAddr+":8080")
 				checkEq(t, "snat to address", e.To.MinAddr.String(), rAddrS)
-				if e.Reply.Valid() {
-					checkEq(t, "snat reply dst", e.Reply.Dst.String(), rAddrS)
-				}
+				checkSNATReply(t, e, rAddrS)
 				checkNFHook(t, e, "POSTROUTING")
 			},
 		},
@@ -656,6 +655,7 @@ func scenarios6() []scenario {
 			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
 				e := evs[event.KindDNAT]
 				checkTuple(t, "dnat orig", e.Orig, client, hostPort(rAddrC6, 80))
+				checkReply(t, e, hostPort(sAddr6, 8080), client)
 				checkEq(t, "dnat to", e.To.String(), hostPort(sAddr6, 8080))
 				checkNFHook(t, e, "PREROUTING")
 			},
@@ -672,9 +672,7 @@ func scenarios6() []scenario {
 				e := evs[event.KindSNAT]
 				checkTuple(t, "snat orig", e.Orig, client, hostPort(sAddr6, 8080))
 				checkEq(t, "snat to address", e.To.MinAddr.String(), rAddrS6)
-				if e.Reply.Valid() {
-					checkEq(t, "snat reply dst", e.Reply.Dst.String(), rAddrS6)
-				}
+				checkSNATReply(t, e, rAddrS6)
 				checkNFHook(t, e, "POSTROUTING")
 			},
 		},
@@ -915,10 +913,24 @@ func checkTuple(t *testing.T, what string, tu event.Tuple, src, dst string) {
 // checkReply: only the netfilter tier sees the reply tuple after NAT; the
 // entry hooks (fentry, kprobe) leave it to conntrack and must not report
 // the untranslated one.
+// checkReply: the netfilter hooks and fexit (the fentry tier) read the
+// reply tuple after NAT chose it; a kprobe runs before, and reports none.
 func checkReply(t *testing.T, e event.Event, src, dst string) {
 	t.Helper()
-	if e.Via == event.ViaNetfilter {
+	if e.Via == event.ViaNetfilter || e.Via == event.ViaFentry {
 		checkTuple(t, "reply", e.Reply, src, dst)
+	} else if e.Reply.Valid() {
+		t.Errorf("%s reported a reply tuple before NAT chose it: %+v", e.Via, e.Reply)
+	}
+}
+
+// checkSNATReply: the reply tuple, where the hook reads it after NAT
+// (checkReply), goes back to the address the SNAT chose (its port may be
+// remapped).
+func checkSNATReply(t *testing.T, e event.Event, to string) {
+	t.Helper()
+	if e.Via == event.ViaNetfilter || e.Via == event.ViaFentry {
+		checkEq(t, "snat reply dst", e.Reply.Dst.String(), to)
 	} else if e.Reply.Valid() {
 		t.Errorf("%s reported a reply tuple before NAT chose it: %+v", e.Via, e.Reply)
 	}

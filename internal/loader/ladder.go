@@ -47,6 +47,12 @@ func fentry(p *ebpf.Program, _ string) (link.Link, error) {
 	return link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceFEntry})
 }
 
+// fexit attaches p after its function returns, through fentry's
+// trampoline: the fentry tier, where a program needs what the call did.
+func fexit(p *ebpf.Program, _ string) (link.Link, error) {
+	return link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceFExit})
+}
+
 func kprobe(p *ebpf.Program, fn string) (link.Link, error) {
 	return link.Kprobe(fn, p, nil)
 }
@@ -60,7 +66,9 @@ func rawTracepoint(p *ebpf.Program, name string) (link.Link, error) {
 // conntrack as NAT left it on kernels with neither fentry nor kprobes.
 var ladders = map[event.Hook][]rung{
 	event.HookNFNat: {
-		{via: event.ViaFentry, prog: "tr_nat_fentry", target: "nf_nat_setup_info", attach: fentry},
+		// After the call: the decision's event then carries the reply
+		// tuple NAT made.
+		{via: event.ViaFentry, prog: "tr_nat_fexit", target: "nf_nat_setup_info", attach: fexit},
 		{via: event.ViaKprobe, prog: "tr_nat_kprobe", target: "nf_nat_setup_info", attach: kprobe},
 		{via: event.ViaNetfilter, target: "conntrack after nat hooks", nfRole: nfRoleNAT},
 	},

@@ -115,7 +115,7 @@ const (
 	tracerProgTrIpvslFentry  = "tr_ipvsl_fentry"
 	tracerProgTrIpvslKprobe  = "tr_ipvsl_kprobe"
 	tracerProgTrIpvslKraw    = "tr_ipvsl_kraw"
-	tracerProgTrNatFentry    = "tr_nat_fentry"
+	tracerProgTrNatFexit     = "tr_nat_fexit"
 	tracerProgTrNatKprobe    = "tr_nat_kprobe"
 	tracerProgTrNfDnat       = "tr_nf_dnat"
 	tracerProgTrNfSnat       = "tr_nf_snat"
@@ -196,7 +196,7 @@ type tracerProgramSpecs struct {
 	TrIpvslFentry  *ebpf.ProgramSpec `ebpf:"tr_ipvsl_fentry"`
 	TrIpvslKprobe  *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kprobe"`
 	TrIpvslKraw    *ebpf.ProgramSpec `ebpf:"tr_ipvsl_kraw"`
-	TrNatFentry    *ebpf.ProgramSpec `ebpf:"tr_nat_fentry"`
+	TrNatFexit     *ebpf.ProgramSpec `ebpf:"tr_nat_fexit"`
 	TrNatKprobe    *ebpf.ProgramSpec `ebpf:"tr_nat_kprobe"`
 	TrNfDnat       *ebpf.ProgramSpec `ebpf:"tr_nf_dnat"`
 	TrNfSnat       *ebpf.ProgramSpec `ebpf:"tr_nf_snat"`
@@ -311,7 +311,7 @@ type tracerPrograms struct {
 	TrIpvslFentry  *ebpf.Program `ebpf:"tr_ipvsl_fentry"`
 	TrIpvslKprobe  *ebpf.Program `ebpf:"tr_ipvsl_kprobe"`
 	TrIpvslKraw    *ebpf.Program `ebpf:"tr_ipvsl_kraw"`
-	TrNatFentry    *ebpf.Program `ebpf:"tr_nat_fentry"`
+	TrNatFexit     *ebpf.Program `ebpf:"tr_nat_fexit"`
 	TrNatKprobe    *ebpf.Program `ebpf:"tr_nat_kprobe"`
 	TrNfDnat       *ebpf.Program `ebpf:"tr_nf_dnat"`
 	TrNfSnat       *ebpf.Program `ebpf:"tr_nf_snat"`
@@ -340,7 +340,7 @@ func (p *tracerPrograms) Close() error {
 		p.TrIpvslFentry,
 		p.TrIpvslKprobe,
 		p.TrIpvslKraw,
-		p.TrNatFentry,
+		p.TrNatFexit,
 		p.TrNatKprobe,
 		p.TrNfDnat,
 		p.TrNfSnat,

@@ -27,7 +27,7 @@ func guestOf(t *testing.T) guestResult {
 	r.machine = machine{Kernel: "6.12.117+deb12-amd64", Cores: 2}
 	r.started, r.ended = time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 20, 1, 30, 0, time.UTC)
 	r.plan = loader.Plan{
-		{Hook: event.HookNFNat, Via: event.ViaFentry, Target: "nf_nat_setup_info", Program: "tr_nat_fentry"},
+		{Hook: event.HookNFNat, Via: event.ViaFentry, Target: "nf_nat_setup_info", Program: "tr_nat_fexit"},
 		{Hook: event.HookIPVSConnNew, Via: event.ViaNone},
 		{Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Target: "skb/kfree_skb", Program: "tr_drop_tp3"},
 	}
@@ -81,7 +81,7 @@ func TestVMMarkdownFromFigures(t *testing.T) {
 		"## 7. The kprobe and fentry tiers under emulation (QEMU TCG)",
 		"**Every figure in this section is measured under emulation (QEMU TCG, no KVM): ratios only.**",
 		"### Kernel 6.12 (6.12.117+deb12-amd64): fentry + tracepoint",
-		"| nf_nat_setup_info | fentry | nf_nat_setup_info | tr_nat_fentry |",
+		"| nf_nat_setup_info | fentry | nf_nat_setup_info | tr_nat_fexit |",
 		"| ip_vs_conn_new | none | - | - |",
 		// kernel side: 70300 connections to none's 80300 over the same time
 		"| tracer (kernel side + drain) | 0.875 | 0.875 | -12.5% | 70300 | 0 | 0 | +20 |",
