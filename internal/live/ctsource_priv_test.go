@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -30,12 +29,7 @@ func TestHeaderSaysHowConntrackIsRead(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, err := Start(ctx, Config{Loader: loader.Config{Netns: []uint32{ino}, NetnsPaths: []string{b.r.Path()}},
-		NetnsPath: b.r.Path(), NodeName: "node-1", Linger: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	defer p.Close()
+	p := b.start(ctx, t, 200*time.Millisecond)
 	h := p.Header()
 	if len(h.Conntrack) != 1 {
 		t.Fatalf("header conntrack %+v: want the observed namespace's", h.Conntrack)

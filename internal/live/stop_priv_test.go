@@ -106,6 +106,23 @@ func (b *stopLab) send(t *testing.T, n int) uint64 {
 	}
 }
 
+// start attaches the live pipeline to R (linger 0: the default); the
+// test's cleanup closes it.
+func (b *stopLab) start(ctx context.Context, t *testing.T, linger time.Duration) *Pipeline {
+	t.Helper()
+	ino, err := b.r.Inode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(ctx, Config{Loader: loader.Config{Netns: []uint32{ino}, NetnsPaths: []string{b.r.Path()}},
+		NetnsPath: b.r.Path(), NodeName: "node-1", Linger: linger})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
 func (b *stopLab) dnatCount(t *testing.T) uint64 {
 	t.Helper()
 	n, err := b.r.RulePackets("nat", "-p udp")
@@ -120,17 +137,9 @@ func (b *stopLab) dnatCount(t *testing.T) uint64 {
 // NAT decisions the rule counted, those the pipeline read, and its summary.
 func stopBehind(t *testing.T, n int, perEvent time.Duration) (made, read uint64, sum trace.Summary) {
 	b := newStopLab(t)
-	ino, err := b.r.Inode()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, err := Start(ctx, Config{Loader: loader.Config{Netns: []uint32{ino}, NetnsPaths: []string{b.r.Path()}}, NetnsPath: b.r.Path(), NodeName: "node-1"})
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	defer p.Close()
+	p := b.start(ctx, t, 0)
 	var seen atomic.Uint64
 	done := make(chan error, 1)
 	go func() {
