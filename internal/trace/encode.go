@@ -2,6 +2,7 @@ package trace
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -343,12 +344,32 @@ func appendStrings(b []byte, ss []string) []byte {
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0 // s[start:i] is yet to be copied
+	data := unsafe.Pointer(unsafe.StringData(s))
 	for i := 0; i < len(s); {
-		// Eight bytes at a time while none needs a look (most of a
-		// rule's text, and an explanation between its arrows).
-		if i+8 <= len(s) && plainWord(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))) {
+		// Eight bytes at a time; a word with a byte that needs a look
+		// says which is the first, so an explanation's arrows cost one
+		// look each rather than a byte at a time around them. m has the
+		// high bit of each byte that needs one: at or above 0x80, below
+		// 0x20 (w-0x20 borrows), or one of the five that JSON or HTML
+		// escape, each found as a zero byte of x, y or z (which
+		// borrows). '"' (0x22) and '&' (0x26) differ only in bit 2, '<'
+		// (0x3c) and '>' (0x3e) only in bit 1, so setting that bit makes
+		// each pair one byte, which no other byte becomes. A borrow can
+		// mark a byte above the first that needs a look, never one below
+		// it: the lowest mark is exact. Written out here: as a function
+		// it is too dear for the compiler to inline.
+		for i+8 <= len(s) {
+			w := binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(data, i)), 8))
+			x, y, z := w^loBits*'\\', (w|loBits*0x04)^loBits*'&', (w|loBits*0x02)^loBits*'>'
+			m := (w | (w-loBits*0x20)&^w | (x-loBits)&^x | (y-loBits)&^y | (z-loBits)&^z) & hiBits
+			if m != 0 {
+				i += bits.TrailingZeros64(m) / 8
+				break
+			}
 			i += 8
-			continue
+		}
+		if i == len(s) {
+			break
 		}
 		c := s[i]
 		if c < utf8.RuneSelf {
@@ -407,24 +428,6 @@ const (
 	loBits = 0x0101010101010101
 	hiBits = 0x8080808080808080
 )
-
-// plainWord reports whether no byte of w needs a look: none below 0x20,
-// at or above 0x80, or one of the five that JSON or HTML escape. The
-// five take three tests: '"' (0x22) and '&' (0x26) differ only in bit 2,
-// '<' (0x3c) and '>' (0x3e) only in bit 1, so setting that bit makes
-// each pair one byte, which no other byte becomes.
-func plainWord(w uint64) bool {
-	return w&hiBits == 0 && hasLess(w, 0x20)|hasByte(w|loBits*0x04, '&')|hasByte(w|loBits*0x02, '>')|hasByte(w, '\\') == 0
-}
-
-// hasLess is non-zero when a byte of w, all below 0x80, is below n.
-func hasLess(w uint64, n byte) uint64 { return (w - loBits*uint64(n)) & ^w & hiBits }
-
-// hasByte is non-zero when a byte of w, all below 0x80, is c.
-func hasByte(w uint64, c byte) uint64 {
-	x := w ^ loBits*uint64(c)
-	return (x - loBits) & ^x & hiBits
-}
 
 // appendTime writes t as time.Time's MarshalJSON does (RFC 3339 with
 // nanoseconds, quoted); MarshalJSON itself writes the times it refuses
