@@ -22,7 +22,9 @@ func fakeAgent(t *testing.T, node string) (*agent.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &agent.Server{Hub: agent.NewHub(), Header: trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: node, Kernel: "6.1"},
+	srv := &agent.Server{Hub: agent.NewHub(), Header: trace.Header{Type: trace.TypeHeader, Schema: trace.Schema, Node: node, Kernel: "6.1",
+		Conntrack: []trace.ConntrackSource{{Netns: node + "-ns", Inode: 4026531840, Lookups: trace.LookupsNetlink,
+			LookupsWhy: "the kernel has no bpf_xdp_ct_lookup", Ends: trace.EndsKernel}}},
 		Heartbeat: 50 * time.Millisecond}
 	srv.Start()
 	go srv.Serve(l)
@@ -87,6 +89,13 @@ func TestConnectMergesTwoAgents(t *testing.T) {
 	if len(nodes) != 2 || nodes[0].Node != "node-a" || nodes[0].Flows != 3 || nodes[0].Error != "" ||
 		nodes[1].Node != "node-b" || nodes[1].Flows != 2 || nodes[1].Error == "" || nodes[1].Kernel != "6.1" {
 		t.Errorf("summary nodes %+v", nodes)
+	}
+	// Each node's own conntrack lines, as its agent's header said them.
+	for i, n := range nodes {
+		if len(n.Conntrack) != 1 || n.Conntrack[0].Netns != n.Node+"-ns" || n.Conntrack[0].Lookups != trace.LookupsNetlink ||
+			n.Conntrack[0].Ends != trace.EndsKernel || n.Conntrack[0].LookupsWhy == "" {
+			t.Errorf("summary node %d: conntrack %+v, want its agent's header's", i, n.Conntrack)
+		}
 	}
 }
 

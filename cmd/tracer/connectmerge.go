@@ -185,7 +185,7 @@ func (m *merge) take(fm feedMsg) bool {
 		if fm.header.Node != "" {
 			st.Node = fm.header.Node
 		}
-		st.Kernel, st.Warnings = fm.header.Kernel, fm.header.Warnings
+		st.Kernel, st.Warnings, st.Conntrack = fm.header.Kernel, fm.header.Warnings, fm.header.Conntrack
 		for _, w := range st.Warnings {
 			if m.store == nil {
 				fmt.Fprintf(m.stderr, "tracer: node %s: warning: %s\n", m.name(f), w)

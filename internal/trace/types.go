@@ -450,10 +450,11 @@ type Summary struct {
 type NodeStatus struct {
 	Node  string `json:"node,omitempty"` // from the agent's header; "" if none came
 	Agent string `json:"agent"`          // the address connected to
-	// Kernel and Warnings are the agent's header's.
-	Kernel   string   `json:"kernel,omitempty"`
-	Warnings []string `json:"warnings,omitempty"`
-	Flows    int      `json:"flows"`
+	// Kernel, Warnings and Conntrack are the agent's header's.
+	Kernel    string            `json:"kernel,omitempty"`
+	Warnings  []string          `json:"warnings,omitempty"`
+	Conntrack []ConntrackSource `json:"conntrack,omitempty"`
+	Flows     int               `json:"flows"`
 	// Dropped counts the flows the agent's buffer for this client had no
 	// room for; LostEvents the kernel events the agent lost.
 	Dropped    uint64 `json:"dropped"`
