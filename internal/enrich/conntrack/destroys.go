@@ -31,19 +31,18 @@ const destroySlot = 4096
 // take in every DESTROY the kernel queued before it answered "no such
 // entry".
 //
-// The socket is outside Go's netpoller (outsideNetpoller) and polled only
-// while wait runs, so the DESTROYs that arrive during the wait loop's
-// batch wake nobody.
+// The socket is outside Go's netpoller (outsideNetpoller) and nothing
+// polls it: the tracker's wait loop reads it on a timer, so a DESTROY
+// wakes nobody.
 type destroyReader struct {
-	// mu keeps fd open while a wait or a drain uses it; Close takes it
-	// for writing after waking the wait.
+	// mu keeps fd open while a drain uses it; Close takes it for
+	// writing.
 	mu      sync.RWMutex
 	fd      int
-	wake    int // an eventfd that Close writes to end a wait
 	closing atomic.Bool
 	dgrams  *datagrams
-	// overrun keeps an ENOBUFS that wait took from the socket for the
-	// next drain to report.
+	// overrun keeps an ENOBUFS the drain read, to report once it has
+	// read what the socket still holds.
 	overrun      atomic.Bool
 	decodeErrors atomic.Uint64
 }
@@ -61,12 +60,7 @@ func newDestroyReader(cfg *netlink.Config, readBuffer int) (*destroyReader, erro
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack destroy event socket: %w", err)
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("open conntrack destroy reader's eventfd: %w", err)
-	}
-	return &destroyReader{fd: fd, wake: wake, dgrams: newDatagrams(destroysRead, destroySlot)}, nil
+	return &destroyReader{fd: fd, dgrams: newDatagrams(destroysRead, destroySlot)}, nil
 }
 
 func joinDestroys(c *netlink.Conn, readBuffer int) error {
@@ -81,45 +75,13 @@ func joinDestroys(c *netlink.Conn, readBuffer int) error {
 	return nil
 }
 
-// Close ends a wait in progress and closes the socket.
+// Close closes the socket once no drain uses it.
 func (d *destroyReader) Close() error {
 	d.closing.Store(true)
-	one := [8]byte{1}
-	_, werr := unix.Write(d.wake, one[:])
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	err := errors.Join(werr, unix.Close(d.fd), unix.Close(d.wake))
-	if err != nil {
+	if err := unix.Close(d.fd); err != nil {
 		return fmt.Errorf("close conntrack destroy event socket: %w", err)
-	}
-	return nil
-}
-
-// wait blocks until an event (or an overrun) is queued, or Close is
-// called.
-func (d *destroyReader) wait() error {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	for !d.closing.Load() {
-		fds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.wake), Events: unix.POLLIN}}
-		_, err := unix.Poll(fds, -1)
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case err != nil:
-			return fmt.Errorf("wait for conntrack events: %w", err)
-		case fds[1].Revents != 0:
-			return nil
-		case fds[0].Revents&unix.POLLERR != 0:
-			// The socket's error is ENOBUFS, an overrun: reading takes it.
-			var one [1]byte
-			if _, _, rerr := unix.Recvfrom(d.fd, one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT); errors.Is(rerr, unix.ENOBUFS) {
-				d.overrun.Store(true)
-			}
-			return nil
-		case fds[0].Revents != 0:
-			return nil
-		}
 	}
 	return nil
 }

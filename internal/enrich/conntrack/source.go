@@ -213,17 +213,6 @@ func (s *netlinkSource) closeSockets() error {
 	return errors.Join(errs...)
 }
 
-// Wait blocks until DESTROY events are queued (targeted sources).
-func (s *netlinkSource) Wait() error {
-	err := s.destroys.wait()
-	select {
-	case <-s.closed:
-		return errClosed
-	default:
-	}
-	return err
-}
-
 // Drain hands over the DESTROY events queued now (targeted sources).
 func (s *netlinkSource) Drain(fn func(change)) error {
 	err := s.destroys.drain(fn)

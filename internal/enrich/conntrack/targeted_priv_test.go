@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	ct "github.com/ti-mo/conntrack"
+	"golang.org/x/sys/unix"
 
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -236,4 +239,55 @@ func TestPrivTargetedExpired(t *testing.T) {
 	if missed > 0 {
 		t.Fatalf("%d of %d expired entries not answered as destroyed (stats %+v)", missed, len(tuples), tr.Stats())
 	}
+}
+
+// TestPrivTargetedWaitsInNoSystemCall: while a targeted tracker waits for
+// DESTROYs, no thread of the process is blocked in poll(2) or ppoll(2),
+// as the kernel's /proc/self/task/*/syscall tells; the DESTROYs of a
+// `conntrack -F` are still applied without anyone asking.
+func TestPrivTargetedWaitsInNoSystemCall(t *testing.T) {
+	requirePriv(t)
+	ns := nodeNamespace(t, "trcc-t5")
+	tr, err := OpenWith(context.Background(), ns.Path(), Options{Targeted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	createFlows(t, ns, 0, 50)
+	mustRun(t, ns, "conntrack", "-F")
+	for deadline := time.Now().Add(5 * time.Second); tr.Stats().Destroyed < 50; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the tracker applied %d of 50 DESTROYs within 5s; stats %+v", tr.Stats().Destroyed, tr.Stats())
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the wait loop is between drains
+	for _, tid := range blockedIn(t, unix.SYS_POLL, unix.SYS_PPOLL) {
+		t.Errorf("thread %s is blocked in poll: a wait in a system call hands the thread's processor away and back", tid)
+	}
+}
+
+// blockedIn lists the threads of this process blocked in one of the
+// system calls: /proc/self/task/TID/syscall starts with the number of the
+// call a blocked thread is in.
+func blockedIn(t *testing.T, calls ...int) []string {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/syscall")
+		if err != nil {
+			continue // the thread ended
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		if n, err := strconv.Atoi(f[0]); err == nil && slices.Contains(calls, n) {
+			out = append(out, task.Name())
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -334,5 +335,23 @@ func TestNoUpdatesReusesItsBatches(t *testing.T) {
 	tr.Close()
 	if _, open := <-tr.Updates(); open {
 		t.Fatal("updates still open after Close")
+	}
+}
+
+// TestWaitLoopBacksOff: the wait loop reads every destroyBatch while
+// DESTROYs come, and doubles its wait while none do, up to destroyIdle.
+func TestWaitLoopBacksOff(t *testing.T) {
+	w := destroyBatch
+	var waits []time.Duration
+	for range 5 {
+		w = nextWait(w, 0)
+		waits = append(waits, w)
+	}
+	want := []time.Duration{10 * time.Millisecond, destroyIdle, destroyIdle, destroyIdle, destroyIdle}
+	if !slices.Equal(waits, want) {
+		t.Errorf("quiet waits %v, want %v", waits, want)
+	}
+	if got := nextWait(destroyIdle, 1); got != destroyBatch {
+		t.Errorf("after a drain that read one: %v, want %v", got, destroyBatch)
 	}
 }

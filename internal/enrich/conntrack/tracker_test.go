@@ -29,8 +29,8 @@ type fakeSource struct {
 	// dumpFails fails that many Dumps from now, as a table that keeps
 	// changing under them does.
 	dumpFails int
-	// pending is what a targeted tracker's Wait took from events, and
-	// what a test queues as the kernel does while it answers a Get.
+	// pending is what a test queues as the kernel does while it answers
+	// a Get: a targeted tracker's Drain takes it before events.
 	pending []fakeRecv
 	// onMiss runs (with mu held) when Get finds nothing.
 	onMiss func(tu event.Tuple)
@@ -128,21 +128,8 @@ func (f *fakeSource) DumpSource(proto uint8, src netip.AddrPort) ([]Entry, error
 	return out, nil
 }
 
-// Wait and Drain read the same event stream as Receive, for targeted
-// trackers: Wait moves the next item to pending, Drain hands over pending
-// and whatever else is queued.
-func (f *fakeSource) Wait() error {
-	select {
-	case r := <-f.events:
-		f.mu.Lock()
-		f.pending = append(f.pending, r)
-		f.mu.Unlock()
-		return nil
-	case <-f.closed:
-		return errClosed
-	}
-}
-
+// Drain reads the same event stream as Receive, for targeted trackers:
+// it hands over whatever is queued.
 func (f *fakeSource) Drain(fn func(change)) error {
 	f.mu.Lock()
 	items := f.pending
