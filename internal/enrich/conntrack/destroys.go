@@ -37,13 +37,10 @@ const destroySlot = 4096
 type destroyReader struct {
 	// mu keeps fd open while a drain uses it; Close takes it for
 	// writing.
-	mu      sync.RWMutex
-	fd      int
-	closing atomic.Bool
-	dgrams  *datagrams
-	// overrun keeps an ENOBUFS the drain read, to report once it has
-	// read what the socket still holds.
-	overrun      atomic.Bool
+	mu           sync.RWMutex
+	fd           int
+	closing      atomic.Bool
+	dgrams       *datagrams
 	decodeErrors atomic.Uint64
 }
 
@@ -86,23 +83,26 @@ func (d *destroyReader) Close() error {
 	return nil
 }
 
-// drain hands every DESTROY queued now to fn without blocking.
+// drain hands every DESTROY queued now to fn without blocking. An
+// ENOBUFS (an overrun) is reported once what the socket still holds has
+// been read.
 func (d *destroyReader) drain(fn func(change)) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closing.Load() {
 		return nil
 	}
+	overrun := false
 	for {
 		n, err := d.dgrams.receive(d.fd)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
-			if d.overrun.Swap(false) {
+			if overrun {
 				return errOverrun
 			}
 			return nil
 		case errors.Is(err, unix.ENOBUFS):
-			d.overrun.Store(true)
+			overrun = true
 			continue
 		case errors.Is(err, unix.EINTR):
 			continue
