@@ -75,7 +75,7 @@ func TestPrivReusedSourcePorts(t *testing.T) {
 	if st.Lost != 0 {
 		t.Fatalf("the tracer lost %d events: the flows cannot be counted against the connections", st.Lost)
 	}
-	t.Logf("conntrack tracker: %d overruns, %d redumps", st.ConntrackOverruns, st.ConntrackRedumps)
+	t.Logf("conntrack tracker: %d overruns", st.ConntrackOverruns)
 
 	total, answeredBy := 0, map[string]int{}
 	for _, seq := range made {

@@ -66,11 +66,10 @@ type Stats struct {
 	Flows        uint64
 	DecodeErrors uint64
 	Lost         uint64
-	// ConntrackOverruns counts the conntrack events the kernel dropped
-	// because the tracker read too slowly (ENOBUFS), and ConntrackRedumps
-	// the table rebuilds that recovered: entries made and destroyed
-	// meanwhile are missing from the joins.
-	ConntrackOverruns, ConntrackRedumps uint64
+	// ConntrackOverruns counts the times the kernel dropped DESTROY
+	// events because a tracker read too slowly (ENOBUFS): the ends of the
+	// connections they were for are missing from the joins.
+	ConntrackOverruns uint64
 	// ConntrackSourceDumpsSkipped counts stray replies whose client
 	// connection was not looked for: the kernel dumps it takes had used
 	// their share of the time.
@@ -235,12 +234,10 @@ func conntrackNetns(inodes []uint32) []uint32 {
 }
 
 // ConntrackOptions are the options of the pipeline's conntrack trackers:
-// targeted, so the join asks for the few entries its flows need rather
-// than have the kernel send, and the tracker decode, every state change
-// of every connection of the namespace; asked for by BPF where the kernel
+// the live entries the join asks for are asked by BPF where the kernel
 // can (5.18 and later), by netlink GETs elsewhere.
 func ConntrackOptions() conntrack.Options {
-	return conntrack.Options{Targeted: true, NoUpdates: true, Kernel: openKernelConntrack}
+	return conntrack.Options{Kernel: openKernelConntrack}
 }
 
 func (p *Pipeline) warn(format string, a ...any) {
@@ -312,7 +309,7 @@ func (p *Pipeline) Stats() Stats {
 		}
 	}
 	cs := p.conntrackStats()
-	s.ConntrackOverruns, s.ConntrackRedumps, s.ConntrackSourceDumpsSkipped = cs.Overruns, cs.Redumps, cs.SourceDumpsSkipped
+	s.ConntrackOverruns, s.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
 	s.ConntrackKernelLookups, s.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
@@ -320,7 +317,7 @@ func (p *Pipeline) Stats() Stats {
 	return s
 }
 
-// conntrackStats sums the trackers' overruns, redumps, the lookups of
+// conntrackStats sums the trackers' overruns, the lookups of
 // stray replies' owners they left out and the entries they asked by BPF;
 // KernelLookupsOff is the first tracker's reason to ask by netlink alone.
 func (p *Pipeline) conntrackStats() conntrack.Stats {
@@ -328,7 +325,6 @@ func (p *Pipeline) conntrackStats() conntrack.Stats {
 	for _, ct := range p.ct {
 		cs := ct.Stats()
 		sum.Overruns += cs.Overruns
-		sum.Redumps += cs.Redumps
 		sum.SourceDumpsSkipped += cs.SourceDumpsSkipped
 		sum.KernelLookups += cs.KernelLookups
 		if sum.KernelLookupsOff == "" {
@@ -530,7 +526,7 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	}
 	sum.DecodeErrors = int(p.decodeErrors.Load())
 	cs := p.conntrackStats()
-	sum.ConntrackOverruns, sum.ConntrackRedumps, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.Redumps, cs.SourceDumpsSkipped
+	sum.ConntrackOverruns, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
 	sum.ConntrackBPFLookups, sum.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}

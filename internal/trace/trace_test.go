@@ -66,7 +66,7 @@ func TestWriterRoundTrip(t *testing.T) {
 	if len(cut.Flows) != len(in.Flows) || cut.Summary != nil || len(cut.Warnings) != 1 || !strings.Contains(cut.Warnings[0], "no summary line") {
 		t.Fatalf("unclosed trace: %d of %d flows, summary %v, warnings %q", len(cut.Flows), len(in.Flows), cut.Summary, cut.Warnings)
 	}
-	w.SetLoss(Summary{LostEvents: 3, LostByHook: map[string]uint64{"kfree_skb": 3}, ConntrackOverruns: 2, ConntrackRedumps: 1,
+	w.SetLoss(Summary{LostEvents: 3, LostByHook: map[string]uint64{"kfree_skb": 3}, ConntrackOverruns: 2,
 		ConntrackBPFLookups: 40, ConntrackLookupsOff: "conntrack lookup by BPF failed"})
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestWriterRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(out.Flows, in.Flows) {
 		t.Error("flows differ after a write and read")
 	}
-	if out.Summary.LostEvents != 3 || out.Summary.ConntrackOverruns != 2 || out.Summary.ConntrackRedumps != 1 ||
+	if out.Summary.LostEvents != 3 || out.Summary.ConntrackOverruns != 2 ||
 		out.Summary.Flows != len(in.Flows) || out.Summary.Verdicts[VerdictHostportHijack] != 2 ||
 		out.Summary.ConntrackBPFLookups != 40 || out.Summary.ConntrackLookupsOff != "conntrack lookup by BPF failed" {
 		t.Errorf("summary %+v", out.Summary)

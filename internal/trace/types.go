@@ -414,10 +414,9 @@ type Summary struct {
 	DecodeErrors int               `json:"decode_errors,omitempty"`
 	Verdicts     map[string]int    `json:"verdicts,omitempty"`
 	LostByHook   map[string]uint64 `json:"lost_by_hook,omitempty"`
-	// ConntrackOverruns and ConntrackRedumps: conntrack events the kernel
-	// dropped before the tracker read them, and the table rebuilds after.
+	// ConntrackOverruns: the times the kernel dropped conntrack DESTROY
+	// events before a tracker read them.
 	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
-	ConntrackRedumps  uint64 `json:"conntrack_redumps,omitempty"`
 	// ConntrackSourceDumpsSkipped counts flows that may be stray replies
 	// (a reset or a drop without a conntrack entry) whose client
 	// connection was not looked for: that lookup is a dump of the whole

@@ -124,7 +124,7 @@ func (w *Writer) WriteState(c *StateChange) error {
 
 // SetLoss records, for the summary, what the capture stage could not
 // deliver or saw go wrong under it: s's lost events in total, by hook and
-// left unread at the stop, its conntrack overruns and redumps, conntrack's
+// left unread at the stop, its conntrack overruns, conntrack's
 // own drops, the hooks lost or attached while tracing, and how many
 // conntrack entries BPF answered (or why none). The capture stage calls
 // it before Close.
@@ -134,7 +134,6 @@ func (w *Writer) SetLoss(s Summary) {
 	w.summary.LostEvents = s.LostEvents
 	w.summary.LostByHook = s.LostByHook
 	w.summary.ConntrackOverruns = s.ConntrackOverruns
-	w.summary.ConntrackRedumps = s.ConntrackRedumps
 	w.summary.UnreadAtStop = s.UnreadAtStop
 	w.summary.ConntrackSourceDumpsSkipped = s.ConntrackSourceDumpsSkipped
 	w.summary.ConntrackDrops = s.ConntrackDrops

@@ -47,7 +47,7 @@ func timoEntry(t testing.TB, m netlink.Message) Entry {
 	return fromFlow(ev.Flow)
 }
 
-// TestParseEntryMatchesTiMo: the targeted tracker's decoder reads a
+// TestParseEntryMatchesTiMo: the tracker's decoder reads a
 // DESTROY as ti-mo/conntrack does.
 func TestParseEntryMatchesTiMo(t *testing.T) {
 	m := destroyMessage(t)
@@ -63,9 +63,8 @@ func TestParseEntryMatchesTiMo(t *testing.T) {
 	}
 }
 
-// BenchmarkDecodeDestroy is one DESTROY event decoded by the targeted
-// tracker's decoder and by ti-mo/conntrack (what the full tracker runs for
-// every event).
+// BenchmarkDecodeDestroy is one DESTROY event decoded by the tracker's
+// decoder and, for comparison, by ti-mo/conntrack.
 func BenchmarkDecodeDestroy(b *testing.B) {
 	m := destroyMessage(b)
 	b.Run("parseEntry", func(b *testing.B) {

@@ -26,7 +26,7 @@ const destroysRead = 32
 // One that does not fit is counted as not decoded.
 const destroySlot = 4096
 
-// destroyReader is a targeted tracker's event socket: DESTROY events only,
+// destroyReader is a tracker's event socket: DESTROY events only,
 // read without blocking whenever the tracker asks, so that a lookup can
 // take in every DESTROY the kernel queued before it answered "no such
 // entry".
@@ -86,7 +86,7 @@ func (d *destroyReader) Close() error {
 // drain hands every DESTROY queued now to fn without blocking. An
 // ENOBUFS (an overrun) is reported once what the socket still holds has
 // been read.
-func (d *destroyReader) drain(fn func(change)) error {
+func (d *destroyReader) drain(fn func(Entry)) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closing.Load() {
@@ -121,7 +121,7 @@ func (d *destroyReader) drain(fn func(change)) error {
 }
 
 // parse hands the DESTROY events of one datagram to fn.
-func (d *destroyReader) parse(b []byte, fn func(change)) {
+func (d *destroyReader) parse(b []byte, fn func(Entry)) {
 	for len(b) >= nlmsgHdrLen {
 		l := int(binary.NativeEndian.Uint32(b[0:4]))
 		if l < nlmsgHdrLen+nfgenHdrLen || l > len(b) {
@@ -138,6 +138,6 @@ func (d *destroyReader) parse(b []byte, fn func(change)) {
 			d.decodeErrors.Add(1)
 			continue
 		}
-		fn(change{entry: e, destroy: true})
+		fn(e)
 	}
 }

@@ -68,11 +68,11 @@ func TestPrivSocketsOutsideNetpoller(t *testing.T) {
 	}
 	mustRun(t, ns, "conntrack", "-D", "-p", "tcp", "-s", "10.1.0.1")
 	// The kernel queues the DESTROY before the delete returns.
-	var got []change
-	if err := d.drain(func(c change) { got = append(got, c) }); err != nil {
+	var got []Entry
+	if err := d.drain(func(e Entry) { got = append(got, e) }); err != nil {
 		t.Fatalf("drain: %v", err)
 	}
-	if len(got) != 1 || !got[0].destroy || got[0].entry.Orig.Src.String() != "10.1.0.1" {
+	if len(got) != 1 || got[0].Orig.Src.String() != "10.1.0.1" {
 		t.Fatalf("drained %+v, want the one DESTROY of 10.1.0.1's entry", got)
 	}
 
@@ -80,7 +80,7 @@ func TestPrivSocketsOutsideNetpoller(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = nil
-	if err := d.drain(func(c change) { got = append(got, c) }); err != nil || len(got) != 0 {
+	if err := d.drain(func(e Entry) { got = append(got, e) }); err != nil || len(got) != 0 {
 		t.Fatalf("drain after Close: %+v, %v; want nothing", got, err)
 	}
 }

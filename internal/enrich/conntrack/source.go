@@ -4,41 +4,26 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync/atomic"
 
 	ct "github.com/ti-mo/conntrack"
 	"github.com/ti-mo/netfilter"
-	"golang.org/x/sys/unix"
 
 	"github.com/mdlayher/netlink"
 
 	"github.com/tracer-dev/tracer/internal/event"
 )
 
-// errOverrun is what a source's Receive returns when the kernel dropped
-// events because the socket's receive buffer was full (ENOBUFS): the table
-// is then stale in an unknown way and must be re-dumped.
+// errOverrun is what a drain returns when the kernel dropped DESTROY
+// events because the socket's receive buffer was full (ENOBUFS).
 var errOverrun = errors.New("conntrack event socket overrun (ENOBUFS): events were lost")
 
-// errClosed ends the reader when the source was closed.
+// errClosed is what a drain returns once the source was closed.
 var errClosed = errors.New("conntrack source closed")
 
-// change is one conntrack event, already converted.
-type change struct {
-	entry   Entry
-	destroy bool
-}
-
-// source is where a Tracker gets its table and its changes from: netlink in
-// production, a fake in the unit tests (overruns cannot be provoked on
-// demand without root).
+// source is where a Tracker asks for live entries: netlink in production,
+// a fake in the unit tests (overruns cannot be provoked on demand without
+// root). The netlink source is also a drainer of DESTROYs.
 type source interface {
-	// Dump returns every entry of the namespace's table now.
-	Dump() ([]Entry, error)
-	// Receive blocks for the next changes. errOverrun says events were
-	// lost since the last call (the source stays usable); errClosed that
-	// Close was called.
-	Receive() ([]change, error)
 	// Get asks for the live entry holding tu as either of its tuples; ok
 	// is false when the table has none.
 	Get(tu event.Tuple) (e Entry, ok bool, err error)
@@ -51,30 +36,24 @@ type source interface {
 	Close() error
 }
 
-// netlinkSource has an event socket (every event, or with a targeted
-// tracker a destroyReader) that only ever receives multicast events, and
-// dumps, queries and gets go over their own sockets so that their replies
-// never interleave with events or each other. query carries the requests
-// ti-mo/conntrack cannot make (a dump filtered by source); getter the
-// single-entry GETs.
+// netlinkSource has a DESTROY event socket (destroys, none when the ends
+// are fed) that only ever receives multicast events; queries and gets go
+// over their own sockets so that their replies never interleave with
+// events or each other. query carries the dumps filtered by source (which
+// ti-mo/conntrack cannot ask for); getter the GETs.
 type netlinkSource struct {
-	events   *netfilter.Conn
 	destroys *destroyReader
-	dumper   *ct.Conn
 	query    *netfilter.Conn
 	getter   *getter
 	// kernel answers the GETs it takes (Options.Kernel); kernelErr is
 	// why there is none.
 	kernel    *kernelLookups
 	kernelErr error
-	// decodeErrors counts event messages ti-mo/conntrack could not parse.
-	decodeErrors atomic.Uint64
-	closed       chan struct{}
+	closed    chan struct{}
 }
 
 // dialNetlink opens the sockets in the namespace whose fd is nsFD (0: the
-// caller's): an event socket in every conntrack group, or (targeted) a
-// destroyReader. mdlayher/socket creates the socket on a locked thread
+// caller's). mdlayher/socket creates the socket on a locked thread
 // switched into that namespace and switches back, so no goroutine is left
 // in it.
 func dialNetlink(nsFD int, readBuffer int, opts Options) (*netlinkSource, error) {
@@ -88,20 +67,11 @@ func dialNetlink(nsFD int, readBuffer int, opts Options) (*netlinkSource, error)
 
 func (s *netlinkSource) dial(cfg *netlink.Config, readBuffer int, opts Options) error {
 	var err error
-	switch {
-	case opts.FedDestroys:
-		// The kernel side reports the ends; no event socket at all.
-	case opts.Targeted:
+	// Where the kernel side reports the ends, no event socket at all.
+	if !opts.FedDestroys {
 		if s.destroys, err = newDestroyReader(cfg, readBuffer); err != nil {
 			return err
 		}
-	default:
-		if s.events, err = dialEvents(cfg, readBuffer); err != nil {
-			return err
-		}
-	}
-	if s.dumper, err = ct.Dial(cfg); err != nil {
-		return fmt.Errorf("open conntrack dump socket: %w", err)
 	}
 	if s.query, err = netfilter.Dial(cfg); err != nil {
 		return fmt.Errorf("open conntrack query socket: %w", err)
@@ -110,75 +80,11 @@ func (s *netlinkSource) dial(cfg *netlink.Config, readBuffer int, opts Options) 
 	return err
 }
 
-// dialEvents opens the socket of every conntrack event. It joins the groups
-// before the first dump, so that no change between the dump and the
-// subscription can be missed.
-func dialEvents(cfg *netlink.Config, readBuffer int) (*netfilter.Conn, error) {
-	evc, err := netfilter.Dial(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open conntrack event socket: %w", err)
-	}
-	if readBuffer > 0 {
-		if err := evc.SetReadBuffer(readBuffer); err != nil {
-			evc.Close()
-			return nil, fmt.Errorf("set conntrack event socket buffer: %w", err)
-		}
-	}
-	if err := evc.JoinGroups(netfilter.GroupsCT); err != nil {
-		evc.Close()
-		return nil, fmt.Errorf("join conntrack event groups: %w", err)
-	}
-	return evc, nil
-}
-
-func (s *netlinkSource) Dump() ([]Entry, error) {
-	flows, err := s.dumper.Dump(nil)
-	if err != nil {
-		return nil, fmt.Errorf("dump conntrack table: %w", err)
-	}
-	out := make([]Entry, 0, len(flows))
-	for i := range flows {
-		out = append(out, fromFlow(&flows[i]))
-	}
-	return out, nil
-}
-
-func (s *netlinkSource) Receive() ([]change, error) {
-	msgs, err := s.events.Receive()
-	if err != nil {
-		select {
-		case <-s.closed:
-			return nil, errClosed
-		default:
-		}
-		if errors.Is(err, unix.ENOBUFS) {
-			return nil, errOverrun
-		}
-		return nil, fmt.Errorf("receive conntrack events: %w", err)
-	}
-	out := make([]change, 0, len(msgs))
-	for _, m := range msgs {
-		var ev ct.Event
-		if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
-			s.decodeErrors.Add(1)
-			continue
-		}
-		switch ev.Type {
-		case ct.EventNew, ct.EventUpdate:
-			out = append(out, change{entry: fromFlow(ev.Flow)})
-		case ct.EventDestroy:
-			out = append(out, change{entry: fromFlow(ev.Flow), destroy: true})
-		}
-	}
-	return out, nil
-}
-
 func (s *netlinkSource) decodeErrorCount() uint64 {
-	n := s.decodeErrors.Load()
-	if s.destroys != nil {
-		n += s.destroys.decodeErrors.Load()
+	if s.destroys == nil {
+		return 0
 	}
-	return n
+	return s.destroys.decodeErrors.Load()
 }
 
 func (s *netlinkSource) Close() error {
@@ -192,14 +98,8 @@ func (s *netlinkSource) Close() error {
 // closeSockets closes the sockets that were opened.
 func (s *netlinkSource) closeSockets() error {
 	var errs []error
-	if s.events != nil {
-		errs = append(errs, s.events.Close())
-	}
 	if s.destroys != nil {
 		errs = append(errs, s.destroys.Close())
-	}
-	if s.dumper != nil {
-		errs = append(errs, s.dumper.Close())
 	}
 	if s.query != nil {
 		errs = append(errs, s.query.Close())
@@ -213,8 +113,8 @@ func (s *netlinkSource) closeSockets() error {
 	return errors.Join(errs...)
 }
 
-// Drain hands over the DESTROY events queued now (targeted sources).
-func (s *netlinkSource) Drain(fn func(change)) error {
+// Drain hands over the DESTROY events queued now.
+func (s *netlinkSource) Drain(fn func(Entry)) error {
 	err := s.destroys.drain(fn)
 	select {
 	case <-s.closed:

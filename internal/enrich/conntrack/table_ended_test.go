@@ -11,33 +11,86 @@ import (
 	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
-// TestTableEndedIsUpsertThenDestroy: ended leaves the table as upsert then
-// destroy did, for random ends of a few tuples reused by new connections
-// (reply tuples that differ, as a DNAT to another backend makes them),
-// under a small cap on destroyed entries: the entries returned, every
-// tuple's lookup and history, and the destroyed list's order.
-func TestTableEndedIsUpsertThenDestroy(t *testing.T) {
+// TestTableMatchesAModel: the table answers as a list of every end
+// would, kept to its newest maxEntries and to the retention: a tuple's
+// lookup is the newest end with it as either tuple, its history every end
+// with it as original tuple, newest first. Random ends of a few tuples
+// reused by new connections (reply tuples that differ, as a DNAT to
+// another backend makes them; no original tuple is ever a reply tuple),
+// under a small cap and a large one, with pruning now and then, asked at
+// the time of the last end and later.
+func TestTableMatchesAModel(t *testing.T) {
 	guest.SkipKernelIndependent(t)
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		got, want := newTable(1_000_000, 16, time.Minute), newTable(1_000_000, 16, time.Minute)
+		maxEntries := []int{16, 1_000_000}[seed%2]
+		retention := 500 * time.Millisecond
+		tab := newTable(maxEntries, retention)
 		now := time.Unix(1000, 0)
+		var ends []Entry
 		var tuples []event.Tuple
+		seen := map[event.Tuple]bool{}
 		for i := range 3000 {
 			now = now.Add(time.Millisecond)
 			e := randomEnd(rng, now)
-			tuples = append(tuples, e.Orig, e.Reply)
-			g := got.ended(e)
-			want.upsert(e, true)
-			w := want.destroy(e)
-			if g != w {
-				t.Fatalf("seed %d, end %d: ended returned %+v, upsert+destroy %+v", seed, i, g, w)
+			for _, tu := range []event.Tuple{e.Orig, e.Reply} {
+				if !seen[tu] {
+					seen[tu] = true
+					tuples = append(tuples, tu)
+				}
+			}
+			got := tab.ended(e)
+			e.Destroyed, e.Replied = true, e.Status&StatusSeenReply != 0
+			if got != e {
+				t.Fatalf("seed %d, end %d: ended returned %+v, want %+v", seed, i, got, e)
+			}
+			ends = append(ends, e)
+			if rng.IntN(50) == 0 {
+				tab.prune(now)
 			}
 			if i%100 == 99 {
-				compareTables(t, got, want, tuples, now)
+				// Also as the table would answer later, with the older
+				// ends past the retention and not pruned yet.
+				for _, later := range []time.Duration{0, 300 * time.Millisecond, retention} {
+					compareWithModel(t, tab, ends[max(0, len(ends)-maxEntries):], retention, tuples, now.Add(later))
+				}
 			}
 		}
-		compareTables(t, got, want, tuples, now)
+		if want := max(0, len(ends)-maxEntries); tab.evicted != uint64(want) {
+			t.Errorf("seed %d: evicted %d, want %d", seed, tab.evicted, want)
+		}
+	}
+}
+
+// compareWithModel checks every tuple's lookup and history against held,
+// the ends the table may hold, oldest first.
+func compareWithModel(t *testing.T, tab *table, held []Entry, retention time.Duration, tuples []event.Tuple, now time.Time) {
+	t.Helper()
+	for _, tu := range tuples {
+		var want Entry
+		var found bool
+		var history []Entry
+		for i := len(held) - 1; i >= 0; i-- {
+			e := held[i]
+			if now.Sub(e.Seen) > retention {
+				break
+			}
+			if !found && (e.Orig == tu || e.Reply == tu) {
+				want, found = e, true
+			}
+			if e.Orig == tu {
+				history = append(history, e)
+			}
+		}
+		if got, ok := tab.lookup(tu, now); got != want || ok != found {
+			t.Fatalf("lookup %v: %+v %v, want %+v %v", tu, got, ok, want, found)
+		}
+		if got := tab.appendDestroyed(nil, tu, now); !reflect.DeepEqual(got, history) {
+			t.Fatalf("history %v: %+v, want %+v", tu, got, history)
+		}
+	}
+	if tab.len() > len(held) {
+		t.Fatalf("%d entries held, at most %d", tab.len(), len(held))
 	}
 }
 
@@ -57,34 +110,8 @@ func randomEnd(rng *rand.Rand, now time.Time) Entry {
 	return e
 }
 
-func compareTables(t *testing.T, got, want *table, tuples []event.Tuple, now time.Time) {
-	t.Helper()
-	for _, tu := range tuples {
-		g, gok := got.lookup(tu, now)
-		w, wok := want.lookup(tu, now)
-		if g != w || gok != wok {
-			t.Fatalf("lookup %v: %+v %v, upsert+destroy %+v %v", tu, g, gok, w, wok)
-		}
-		if gh, wh := got.appendDestroyed(nil, tu, now), want.appendDestroyed(nil, tu, now); !reflect.DeepEqual(gh, wh) {
-			t.Fatalf("history %v: %+v, upsert+destroy %+v", tu, gh, wh)
-		}
-	}
-	g, w := got.dead.head, want.dead.head
-	for g != nil && w != nil {
-		if g.e != w.e {
-			t.Fatalf("destroyed list: %+v, upsert+destroy %+v", g.e, w.e)
-		}
-		g, w = g.next, w.next
-	}
-	if g != nil || w != nil || got.live.n != want.live.n || got.evicted != want.evicted {
-		t.Fatalf("lists differ: live %d/%d, destroyed %d/%d, evicted %d/%d",
-			got.live.n, want.live.n, got.dead.n, want.dead.n, got.evicted, want.evicted)
-	}
-}
-
-// BenchmarkTableEnded is a targeted tracker's DESTROYs of distinct
-// connections into a full table of destroyed entries (65,536, the
-// default cap): ended, and the upsert then destroy it replaces.
+// BenchmarkTableEnded is a tracker's DESTROYs of distinct connections
+// into a full table (65,536 entries, the default cap).
 func BenchmarkTableEnded(b *testing.B) {
 	ends := make([]Entry, 1<<18)
 	for i := range ends {
@@ -96,20 +123,10 @@ func BenchmarkTableEnded(b *testing.B) {
 			State: "TIME_WAIT", Seen: time.Unix(1000, 0),
 		}
 	}
-	for _, bc := range []struct {
-		name string
-		end  func(t *table, e Entry)
-	}{
-		{"ended", func(t *table, e Entry) { t.ended(e) }},
-		{"upsert+destroy", func(t *table, e Entry) { t.upsert(e, true); t.destroy(e) }},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			t := newTable(1_000_000, 65536, time.Hour)
-			i := 0
-			for b.Loop() {
-				bc.end(t, ends[i&(len(ends)-1)])
-				i++
-			}
-		})
+	t := newTable(65536, time.Hour)
+	i := 0
+	for b.Loop() {
+		t.ended(ends[i&(len(ends)-1)])
+		i++
 	}
 }

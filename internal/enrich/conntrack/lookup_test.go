@@ -1,7 +1,6 @@
 package conntrack
 
 import (
-	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -11,16 +10,13 @@ import (
 	"github.com/tracer-dev/tracer/internal/event"
 )
 
-// TestTargetedLookupAsksTheKernel: a targeted tracker dumps nothing, answers
-// a live entry as the kernel has it now (changed behind its back, without
-// any event), and a destroyed one from the DESTROY it was told of.
-func TestTargetedLookupAsksTheKernel(t *testing.T) {
+// TestLookupAsksTheKernel: a tracker answers a live entry as the kernel
+// has it now (changed behind its back, without any event), and an ended
+// one from the DESTROY it was told of.
+func TestLookupAsksTheKernel(t *testing.T) {
 	a := dnatEntry(40100, 0)
 	src := newFake(a)
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
-	if src.dumps != 0 {
-		t.Fatalf("targeted tracker dumped the table %d times", src.dumps)
-	}
+	tr := startFake(t, src, Options{}, time.Now)
 	for _, tu := range []event.Tuple{a.Orig, a.Reply} {
 		if e, ok := tr.Lookup(tu); !ok || e.Orig != a.Orig || e.Replied || e.Seen.IsZero() {
 			t.Fatalf("lookup %v: %+v %v", tu, e, ok)
@@ -35,8 +31,8 @@ func TestTargetedLookupAsksTheKernel(t *testing.T) {
 	}
 
 	src.del(a.Orig)
-	src.events <- fakeRecv{ch: []change{{entry: up, destroy: true}}}
-	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	src.events <- fakeRecv{ch: []Entry{up}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Entries == 1 })
 	if e, ok := tr.Lookup(a.Reply); !ok || !e.Destroyed || !e.Replied || e.State != "ESTABLISHED" {
 		t.Fatalf("destroyed entry: %+v %v", e, ok)
 	}
@@ -45,14 +41,14 @@ func TestTargetedLookupAsksTheKernel(t *testing.T) {
 	}
 }
 
-// TestTargetedBySource lists the kernel's live entries from the source,
+// TestBySourceAsksTheKernel lists the kernel's live entries from the source,
 // then the destroyed ones, and none from another source.
-func TestTargetedBySource(t *testing.T) {
+func TestBySourceAsksTheKernel(t *testing.T) {
 	a, b, other := dnatEntry(40110, 0), dnatEntry(40111, 0), dnatEntry(40112, 0)
 	src := newFake(a, other)
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
-	src.events <- fakeRecv{ch: []change{{entry: b, destroy: true}}}
-	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	tr := startFake(t, src, Options{}, time.Now)
+	src.events <- fakeRecv{ch: []Entry{b}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Entries == 1 })
 
 	got := tr.BySource(6, a.Orig.SrcAddrPort())
 	if len(got) != 1 || got[0].Orig != a.Orig || got[0].Destroyed {
@@ -67,18 +63,18 @@ func TestTargetedBySource(t *testing.T) {
 	}
 }
 
-// TestTargetedBySourceDumpsBounded: dumps by source that take 100 ms each
+// TestBySourceDumpsBounded: dumps by source that take 100 ms each
 // (a big table) stop after the 250 ms of credit are spent, are counted as
 // skipped meanwhile (the answer is the destroyed entries alone), and start
 // again once time has brought the credit back at 5%.
-func TestTargetedBySourceDumpsBounded(t *testing.T) {
+func TestBySourceDumpsBounded(t *testing.T) {
 	a, b := dnatEntry(40130, 0), dnatEntry(40131, 0)
 	src := newFake(a)
 	c := &clock{t: time.Unix(1700000000, 0)}
 	src.onSourceDump = func() { c.add(100 * time.Millisecond) }
-	tr := startFake(t, src, Options{Targeted: true}, c.now)
-	src.events <- fakeRecv{ch: []change{{entry: b, destroy: true}}}
-	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	tr := startFake(t, src, Options{}, c.now)
+	src.events <- fakeRecv{ch: []Entry{b}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Entries == 1 })
 
 	for i := range 3 {
 		if got := tr.BySource(6, a.Orig.SrcAddrPort()); len(got) != 1 || got[0].Orig != a.Orig {
@@ -104,28 +100,28 @@ func TestTargetedBySourceDumpsBounded(t *testing.T) {
 	}
 }
 
-// TestTargetedOverrunCounted: an overrun is counted and repaired by
+// TestOverrunCounted: an overrun is counted and repaired by
 // nothing (there is no live copy to re-dump); DESTROYs after it apply.
-func TestTargetedOverrunCounted(t *testing.T) {
+func TestOverrunCounted(t *testing.T) {
 	a := dnatEntry(40120, 0)
 	src := newFake()
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	tr := startFake(t, src, Options{}, time.Now)
 	src.events <- fakeRecv{err: errOverrun}
-	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
-	waitFor(t, "destroy after the overrun", func() bool { return tr.Stats().Destroyed == 1 })
-	if s := tr.Stats(); s.Overruns != 1 || s.Redumps != 0 || src.dumps != 0 {
-		t.Errorf("stats %+v, %d dumps", s, src.dumps)
+	src.events <- fakeRecv{ch: []Entry{a}}
+	waitFor(t, "destroy after the overrun", func() bool { return tr.Stats().Entries == 1 })
+	if s := tr.Stats(); s.Overruns != 1 || s.Err != "" {
+		t.Errorf("stats %+v", s)
 	}
 }
 
-// TestTargetedQueryErrorCounted: a failed kernel query is counted, and the
+// TestQueryErrorCounted: a failed kernel query is counted, and the
 // lookup still answers from the destroyed entries.
-func TestTargetedQueryErrorCounted(t *testing.T) {
+func TestQueryErrorCounted(t *testing.T) {
 	a := dnatEntry(40130, 0)
 	src := newFake()
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
-	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
-	waitFor(t, "destroy applied", func() bool { return tr.Stats().Destroyed == 1 })
+	tr := startFake(t, src, Options{}, time.Now)
+	src.events <- fakeRecv{ch: []Entry{a}}
+	waitFor(t, "destroy applied", func() bool { return tr.Stats().Entries == 1 })
 	src.mu.Lock()
 	src.queryErr = errors.New("get conntrack entry: socket gone")
 	src.mu.Unlock()
@@ -140,19 +136,19 @@ func TestTargetedQueryErrorCounted(t *testing.T) {
 	}
 }
 
-// TestTargetedLookupTakesInQueuedDestroy: the kernel, asked for an entry
+// TestLookupTakesInQueuedDestroy: the kernel, asked for an entry
 // that has just expired, destroys it, queues its DESTROY and answers "no
 // such entry". The lookup must answer with the destroyed entry, not a
 // miss, although the tracker's own reader has not seen the event yet.
-func TestTargetedLookupTakesInQueuedDestroy(t *testing.T) {
+func TestLookupTakesInQueuedDestroy(t *testing.T) {
 	a := dnatEntry(40140, StatusSeenReply)
 	a.State = "TIME_WAIT"
 	src := newFake()
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	tr := startFake(t, src, Options{}, time.Now)
 	src.mu.Lock()
 	src.onMiss = func(tu event.Tuple) {
 		if tu == a.Orig {
-			src.pending = append(src.pending, fakeRecv{ch: []change{{entry: a, destroy: true}}})
+			src.pending = append(src.pending, fakeRecv{ch: []Entry{a}})
 		}
 	}
 	src.mu.Unlock()
@@ -162,21 +158,21 @@ func TestTargetedLookupTakesInQueuedDestroy(t *testing.T) {
 	}
 }
 
-// TestTargetedReusedTupleDestroyedTwice: two connections of one tuple,
+// TestReusedTupleDestroyedTwice: two connections of one tuple,
 // destroyed one after the other, are two entries: a lookup finds the
 // newer one, with its own state, not the first one refreshed.
-func TestTargetedReusedTupleDestroyedTwice(t *testing.T) {
+func TestReusedTupleDestroyedTwice(t *testing.T) {
 	first := dnatEntry(40150, StatusSeenReply)
 	first.State = "CLOSE"
 	second := dnatEntry(40150, 0)
 	second.Reply.Src = netip.MustParseAddr("10.244.2.6") // another backend
 	second.State = "SYN_SENT"
 	src := newFake()
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
-	src.events <- fakeRecv{ch: []change{{entry: first, destroy: true}}}
-	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
-	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
-	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
+	tr := startFake(t, src, Options{}, time.Now)
+	src.events <- fakeRecv{ch: []Entry{first}}
+	waitFor(t, "first destroy", func() bool { return tr.Stats().Entries == 1 })
+	src.events <- fakeRecv{ch: []Entry{second}}
+	waitFor(t, "second destroy", func() bool { return tr.Stats().Entries == 2 })
 	e, ok := tr.Lookup(second.Orig)
 	if !ok || !e.Destroyed || e.State != "SYN_SENT" || e.Reply != second.Reply || e.Replied {
 		t.Fatalf("lookup after two connections of one tuple: %+v %v, want the second", e, ok)
@@ -186,19 +182,19 @@ func TestTargetedReusedTupleDestroyedTwice(t *testing.T) {
 	}
 }
 
-// TestTargetedDestroyed: a reused tuple's destroyed connections, newest
+// TestDestroyed: a reused tuple's destroyed connections, newest
 // first, without the kernel's live entry.
-func TestTargetedDestroyed(t *testing.T) {
+func TestDestroyed(t *testing.T) {
 	first, second, live := dnatEntry(40160, StatusSeenReply), dnatEntry(40160, 0), dnatEntry(40160, 0)
 	first.State, second.State, live.State = "CLOSE", "TIME_WAIT", "SYN_SENT"
 	second.Reply.Src = netip.MustParseAddr("10.244.2.6")
 	live.Reply.Src = netip.MustParseAddr("10.244.2.8")
 	src := newFake(live)
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
-	src.events <- fakeRecv{ch: []change{{entry: first, destroy: true}}}
-	waitFor(t, "first destroy", func() bool { return tr.Stats().Destroyed == 1 })
-	src.events <- fakeRecv{ch: []change{{entry: second, destroy: true}}}
-	waitFor(t, "second destroy", func() bool { return tr.Stats().Destroyed == 2 })
+	tr := startFake(t, src, Options{}, time.Now)
+	src.events <- fakeRecv{ch: []Entry{first}}
+	waitFor(t, "first destroy", func() bool { return tr.Stats().Entries == 1 })
+	src.events <- fakeRecv{ch: []Entry{second}}
+	waitFor(t, "second destroy", func() bool { return tr.Stats().Entries == 2 })
 	h := tr.Destroyed(live.Orig)
 	if len(h) != 2 || h[0].State != "TIME_WAIT" || !h[0].Destroyed || h[1].State != "CLOSE" || !h[1].Destroyed {
 		t.Fatalf("destroyed %+v", h)
@@ -208,22 +204,22 @@ func TestTargetedDestroyed(t *testing.T) {
 	}
 }
 
-// TestTargetedLookupAllReadsDestroys: LookupAll reads the DESTROYs the
+// TestLookupAllReadsDestroys: LookupAll reads the DESTROYs the
 // kernel queued before it returned, a batch of no tuples too, so
 // AppendDestroyedRead answers of them without a read of its own: the replaced
 // connection's DESTROY queued while the batch was asked for, and one
 // queued before an empty batch.
-func TestTargetedLookupAllReadsDestroys(t *testing.T) {
+func TestLookupAllReadsDestroys(t *testing.T) {
 	replaced, newer := dnatEntry(40170, StatusSeenReply), dnatEntry(40170, 0)
 	replaced.State, newer.State = "TIME_WAIT", "SYN_SENT"
 	newer.Reply.Src = netip.MustParseAddr("10.244.2.6")
 	gone := dnatEntry(40171, 0)
 	gone.State = "CLOSE"
 	src := newFake(newer)
-	tr := startFake(t, src, Options{Targeted: true}, time.Now)
+	tr := startFake(t, src, Options{}, time.Now)
 	src.mu.Lock()
 	src.onMiss = func(event.Tuple) {
-		src.pending = append(src.pending, fakeRecv{ch: []change{{entry: replaced, destroy: true}}})
+		src.pending = append(src.pending, fakeRecv{ch: []Entry{replaced}})
 	}
 	src.mu.Unlock()
 	missing := dnatEntry(40172, 0).Orig
@@ -238,7 +234,7 @@ func TestTargetedLookupAllReadsDestroys(t *testing.T) {
 	}
 
 	src.mu.Lock()
-	src.pending = append(src.pending, fakeRecv{ch: []change{{entry: gone, destroy: true}}})
+	src.pending = append(src.pending, fakeRecv{ch: []Entry{gone}})
 	src.mu.Unlock()
 	tr.LookupAll(nil, nil, nil)
 	if h := tr.AppendDestroyedRead(nil, gone.Orig); len(h) != 1 || h[0].State != "CLOSE" {
@@ -248,15 +244,14 @@ func TestTargetedLookupAllReadsDestroys(t *testing.T) {
 
 // TestFedTrackerTakesEndsFromTheCaller: a tracker fed its ends reads no
 // event socket (a DESTROY queued on its source stays unread), asks the
-// kernel for live entries as any targeted tracker, and answers a
-// connection the caller reported ended from that end, in Lookup,
-// Destroyed and BySource, with what the kernel side's event said. Closed,
-// it closes Updates and takes no more ends.
+// kernel for live entries as any tracker, and answers a connection the
+// caller reported ended from that end, in Lookup, Destroyed and BySource,
+// with what the kernel side's event said. Closed, it takes no more ends.
 func TestFedTrackerTakesEndsFromTheCaller(t *testing.T) {
 	a, b := dnatEntry(40140, 0), dnatEntry(40141, 0)
 	src := newFake(a)
-	tr := startFake(t, src, Options{Targeted: true, FedDestroys: true}, time.Now)
-	src.events <- fakeRecv{ch: []change{{entry: a, destroy: true}}}
+	tr := startFake(t, src, Options{FedDestroys: true}, time.Now)
+	src.events <- fakeRecv{ch: []Entry{a}}
 
 	tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: b.Orig, Reply: b.Reply,
 		CTStatus: b.Status | StatusSeenReply, CTMark: 7, CTZone: 3, Reason: 7, HasReason: true}))
@@ -274,7 +269,7 @@ func TestFedTrackerTakesEndsFromTheCaller(t *testing.T) {
 	if got := tr.BySource(6, b.Orig.SrcAddrPort()); len(got) != 1 || !got[0].Destroyed {
 		t.Fatalf("by source %v: %+v", b.Orig.SrcAddrPort(), got)
 	}
-	if s := tr.Stats(); s.Destroyed != 1 {
+	if s := tr.Stats(); s.Entries != 1 {
 		t.Fatalf("stats %+v: want the one end handed over", s)
 	}
 	if len(src.events) != 1 {
@@ -282,59 +277,37 @@ func TestFedTrackerTakesEndsFromTheCaller(t *testing.T) {
 	}
 
 	tr.Close()
-	for range tr.Updates() {
-	}
 	tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: a.Orig, Reply: a.Reply, CTStatus: a.Status}))
-}
-
-// TestFedNeedsTargeted: ends are fed to a targeted tracker only; an
-// untargeted one keeps its table from every event.
-func TestFedNeedsTargeted(t *testing.T) {
-	if _, err := start(context.Background(), newFake(), Options{FedDestroys: true}, time.Now); err == nil {
-		t.Fatal("an untargeted tracker took FedDestroys")
+	if got := tr.AppendDestroyedRead(nil, a.Orig); len(got) != 0 {
+		t.Fatalf("an end handed over after Close was applied: %+v", got)
 	}
 }
 
-// TestNoUpdatesReusesItsBatches: a tracker whose caller never reads
-// Updates copies nothing to it and counts no dropped update, and the
-// drains that reuse one batch after another keep every DESTROY as it
-// came: each batch's entries, not the next batch's written over them.
-func TestNoUpdatesReusesItsBatches(t *testing.T) {
+// TestDrainsReuseTheirBatch: the drains that reuse one batch after
+// another keep every DESTROY as it came: each batch's entries, not the
+// next batch's written over them.
+func TestDrainsReuseTheirBatch(t *testing.T) {
 	src := newFake()
-	tr := startFake(t, src, Options{Targeted: true, NoUpdates: true, UpdateBuffer: 2}, time.Now)
+	tr := startFake(t, src, Options{}, time.Now)
 	var want []Entry
 	for round := range 3 {
-		var ch []change
+		var ch []Entry
 		for i := range 5 {
 			e := dnatEntry(uint16(40200+round*10+i), StatusSeenReply)
 			e.Mark = uint32(round*10 + i)
 			e.State = []string{"TIME_WAIT", "CLOSE", "LAST_ACK"}[round]
-			ch = append(ch, change{entry: e, destroy: true})
+			ch = append(ch, e)
 			want = append(want, e)
 		}
 		src.events <- fakeRecv{ch: ch}
 		n := len(want)
-		waitFor(t, "the round's DESTROYs", func() bool { return tr.Stats().Destroyed == n })
+		waitFor(t, "the round's DESTROYs", func() bool { return tr.Stats().Entries == n })
 	}
 	for _, w := range want {
 		h := tr.AppendDestroyedRead(nil, w.Orig)
 		if len(h) != 1 || h[0].Mark != w.Mark || h[0].State != w.State || h[0].Reply != w.Reply || !h[0].Replied {
 			t.Fatalf("destroyed %v: %+v, want mark %d state %s", w.Orig, h, w.Mark, w.State)
 		}
-	}
-	if s := tr.Stats(); s.DroppedUpdates != 0 {
-		t.Errorf("dropped updates %d, want none counted for a tracker without updates", s.DroppedUpdates)
-	}
-	select {
-	case e, open := <-tr.Updates():
-		if open {
-			t.Fatalf("update %+v delivered with NoUpdates", e)
-		}
-	default:
-	}
-	tr.Close()
-	if _, open := <-tr.Updates(); open {
-		t.Fatal("updates still open after Close")
 	}
 }
 
