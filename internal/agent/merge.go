@@ -171,9 +171,6 @@ func (m *Merger) Drain(out []*trace.Flow) []*trace.Flow {
 	return out
 }
 
-// Queued is how many flows wait, joined ones counted once.
-func (m *Merger) Queued() int { return len(m.queue) }
-
 func (m *Merger) pop(out []*trace.Flow) []*trace.Flow {
 	g := heap.Pop(&m.queue).(*group)
 	for _, p := range g.parts {

@@ -37,8 +37,6 @@ func parseFeed(s string) (feedSpec, error) {
 	return feedSpec{rate, minutes}, nil
 }
 
-func (f feedSpec) String() string { return fmt.Sprintf("%d:%d", f.rate, f.minutes) }
-
 // feedEvery is how often, on the feed's clock, the store is sampled.
 const feedEvery = 5
 

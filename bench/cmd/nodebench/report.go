@@ -319,13 +319,6 @@ func extraCPU(v, base variantSummary) string {
 	return fmt.Sprintf("%+.0f", d)
 }
 
-func orZero(v *variantSummary) *variantSummary {
-	if v == nil {
-		return &variantSummary{Name: "?"}
-	}
-	return v
-}
-
 // flowsTarget holds the full live pipeline's flows against the connections
 // made, in every round: each connection must be its own flow.
 func (r *report) flowsTarget() target {

@@ -474,9 +474,6 @@ func (kp *KubeProxy) start(bin, cfgPath, shim string) error {
 // Started is when the kube-proxy process was started.
 func (kp *KubeProxy) Started() time.Time { return kp.started }
 
-// Mode is the proxy mode kube-proxy runs in.
-func (kp *KubeProxy) Mode() Mode { return kp.opts.Mode }
-
 // Exec runs a command inside the namespace and returns its standard output.
 // The command starts in the namespace from a thread switched into it
 // (netlab's RunCmd), which under the tests/vm guests' TCG costs a third of
@@ -669,9 +666,6 @@ func (kp *KubeProxy) LogTail() string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
-// LogPath is kube-proxy's log file (removed with the test's temp dir).
-func (kp *KubeProxy) LogPath() string { return kp.log }
 
 func (kp *KubeProxy) cleanup() {
 	if kp.cmd != nil {
