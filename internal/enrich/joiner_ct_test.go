@@ -59,29 +59,63 @@ func joinWithCT(t *testing.T, ct Conntrack, evs ...event.Event) []*trace.Flow {
 	return out
 }
 
-// TestJoinNATDecisionLooksUpOnlyAtFinish: a DNAT event carries both tuples,
-// so the join asks conntrack nothing when it arrives; the flow's entry is
+// TestJoinNATDecisionLooksUpOnlyAtFinish: a DNAT event that carries both
+// tuples (the netfilter and fentry tiers read them after NAT set the
+// reply) asks conntrack nothing when it arrives; the flow's entry is
 // asked for once, when the flow is finished, and is the flow's reply and
-// conntrack state.
+// conntrack state. A kprobe-tier DNAT, read before NAT set the reply
+// tuple, asks for it when it arrives too: a later answer in the reply
+// direction must find its own connection's flow by it
+// (TestPrivReusedSourcePorts on 5.10 fails without).
 func TestJoinNATDecisionLooksUpOnlyAtFinish(t *testing.T) {
 	orig := tuple(6, "10.244.1.7:40000", "10.96.0.20:3306")
 	// The event's reply is the one at the decision; conntrack's, later,
 	// has the SNAT too.
 	evReply := tuple(6, "10.244.1.5:3306", "10.244.1.7:40000")
 	ctReply := tuple(6, "10.244.1.5:3306", "172.18.0.2:61000")
-	ct := &fakeCT{entries: []conntrack.Entry{{Orig: orig, Reply: ctReply, State: "ESTABLISHED", Replied: true,
+	for _, c := range []struct {
+		dnat    event.Event
+		lookups int
+	}{
+		{event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: orig, Reply: evReply}, 1},
+		{event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaKprobe, Orig: orig}, 2},
+	} {
+		ct := &fakeCT{entries: []conntrack.Entry{{Orig: orig, Reply: ctReply, State: "ESTABLISHED", Replied: true,
+			Status: conntrack.StatusSeenReply | conntrack.StatusConfirmed | conntrack.StatusDstNAT}}}
+		flows := joinWithCT(t, ct, c.dnat)
+		if len(flows) != 1 {
+			t.Fatalf("%s: %d flows", c.dnat.Via, len(flows))
+		}
+		f := flows[0]
+		if len(ct.lookups) != c.lookups || slices.ContainsFunc(ct.lookups, func(tu event.Tuple) bool { return tu != orig }) {
+			t.Errorf("%s: conntrack lookups %v, want %d of %v", c.dnat.Via, ct.lookups, c.lookups, orig)
+		}
+		if f.Reply == nil || *f.Reply != *trace.TupleOf(ctReply) || f.Conntrack == nil || f.Conntrack.State != "ESTABLISHED" || !f.Conntrack.Replied {
+			t.Errorf("%s: flow reply %+v conntrack %+v", c.dnat.Via, f.Reply, f.Conntrack)
+		}
+	}
+}
+
+// TestJoinKprobeDecisionThenReplyEvent: after a kprobe-tier DNAT, which
+// has no reply tuple, a drop of the backend's answer (a reply-direction
+// packet) joins the same flow by the reply tuple conntrack gave when the
+// decision arrived, asking nothing more.
+func TestJoinKprobeDecisionThenReplyEvent(t *testing.T) {
+	orig := tuple(6, "10.244.1.7:40000", "10.96.0.20:3306")
+	reply := tuple(6, "10.244.1.5:3306", "10.244.1.7:40000")
+	ct := &fakeCT{entries: []conntrack.Entry{{Orig: orig, Reply: reply, State: "SYN_RECV",
 		Status: conntrack.StatusSeenReply | conntrack.StatusConfirmed | conntrack.StatusDstNAT}}}
-	dnat := event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: orig, Reply: evReply}
-	flows := joinWithCT(t, ct, dnat)
-	if len(flows) != 1 {
-		t.Fatalf("%d flows", len(flows))
+	flows := joinWithCT(t, ct,
+		event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaKprobe, Orig: orig},
+		event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: reply})
+	if len(flows) != 1 || len(flows[0].Events) != 2 {
+		t.Fatalf("%d flows (%+v), want one with the dnat and the drop", len(flows), flows)
 	}
-	f := flows[0]
-	if len(ct.lookups) != 1 || ct.lookups[0] != orig {
-		t.Errorf("conntrack lookups %v, want one of %v at finish", ct.lookups, orig)
+	if f := flows[0]; f.Reply == nil || *f.Reply != *trace.TupleOf(reply) {
+		t.Errorf("flow reply %+v, want conntrack's %v", f.Reply, reply)
 	}
-	if f.Reply == nil || *f.Reply != *trace.TupleOf(ctReply) || f.Conntrack == nil || f.Conntrack.State != "ESTABLISHED" || !f.Conntrack.Replied {
-		t.Errorf("flow reply %+v conntrack %+v", f.Reply, f.Conntrack)
+	if len(ct.lookups) != 2 || ct.lookups[0] != orig || ct.lookups[1] != orig {
+		t.Errorf("conntrack lookups %v, want the decision's and the finish's, of %v", ct.lookups, orig)
 	}
 }
 

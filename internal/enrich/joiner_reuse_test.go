@@ -51,17 +51,13 @@ func reusedPortNAT(netns uint32, backend string) []event.Event {
 	}
 }
 
-// beforeTranslation is evs as the kprobe and fentry tiers report them:
-// read on entry to nf_nat_setup_info, each reply tuple is the one before
-// that translation.
-func beforeTranslation(evs []event.Event) []event.Event {
+// asKprobeTier is evs as the kprobe tier reports them: read on entry to
+// nf_nat_setup_info, before NAT sets the reply tuple, which the program
+// leaves out (bpf/tracer.c, on_nat).
+func asKprobeTier(evs []event.Event) []event.Event {
 	out := slices.Clone(evs)
 	for i := range out {
-		if out[i].Kind == event.KindDNAT {
-			out[i].Reply = out[i].Orig.Reverse()
-		} else {
-			out[i].Reply = out[i-1].Reply
-		}
+		out[i].Reply = event.Tuple{}
 		out[i].Via = event.ViaKprobe
 	}
 	return out
@@ -90,7 +86,7 @@ func TestJoinReusedSourcePort(t *testing.T) {
 	var netfilterTier, kprobeTier []event.Event
 	for _, be := range backends {
 		netfilterTier = append(netfilterTier, reusedPortNAT(7, be)...)
-		kprobeTier = append(kprobeTier, beforeTranslation(reusedPortNAT(7, be))...)
+		kprobeTier = append(kprobeTier, asKprobeTier(reusedPortNAT(7, be))...)
 	}
 	orig := netfilterTier[0].Orig
 	states := []string{"CLOSE", "TIME_WAIT", "ESTABLISHED"} // oldest first
@@ -114,6 +110,9 @@ func TestJoinReusedSourcePort(t *testing.T) {
 			}
 			if f.Conntrack == nil || f.Conntrack.State != states[i] {
 				t.Errorf("%s flow %d: conntrack %+v, want its own entry (%s)", tier, i, f.Conntrack, states[i])
+			}
+			if want := tuple(6, backends[i], "10.0.2.1:40000"); f.Reply == nil || *f.Reply != *trace.TupleOf(want) {
+				t.Errorf("%s flow %d: reply %+v, want its own entry's %v", tier, i, f.Reply, want)
 			}
 		}
 	}
