@@ -416,16 +416,30 @@ const drainLimit = 2 * time.Second
 
 // drainThenClose stops the programs and lets the read loop take in what
 // they queued: it ends by itself once the ring buffer is empty. A
-// pipeline too far behind to get there in drainLimit is closed, and the
-// events it left are counted (loader's Unread) into the summary's lost
-// ones. ran is closed when Run has returned.
+// pipeline too far behind to get there in drainLimit of the stop is
+// closed, and the events it left are counted (loader's Unread) into the
+// summary's lost ones. The limit counts the detach too: closing fentry
+// links waits for RCU grace periods (0.7 to 1 s in a 6.1 guest under
+// emulation), and the read loop goes on meanwhile. ran is closed when
+// Run has returned.
 func (p *Pipeline) drainThenClose(ran <-chan struct{}) {
-	if err := p.tracer.Detach(); err != nil {
-		p.tracer.Close()
-		return
-	}
 	t := time.NewTimer(drainLimit)
 	defer t.Stop()
+	detached := make(chan error, 1)
+	go func() { detached <- p.tracer.Detach() }()
+	select {
+	case err := <-detached:
+		if err != nil {
+			p.tracer.Close()
+			return
+		}
+	case <-t.C:
+		// Close waits for the detach, and stops the read loop at once.
+		p.tracer.Close()
+		return
+	case <-ran:
+		return
+	}
 	select {
 	case <-t.C:
 		p.tracer.Close()
