@@ -125,8 +125,11 @@ func TestCTLookupAgreesWithConntrackTool(t *testing.T) {
 	for _, e := range table {
 		tus = append(tus, e.Orig, e.Reply)
 	}
-	absent := table[0].Orig
-	absent.Src = netip.MustParseAddr("10.67.0.1")
+	// The first inserted entry's tuple from another source: built, not
+	// taken from the table, whose order is the kernel's hash order and
+	// whose first entry may be the IPv6 one.
+	absent := event.Tuple{Src: netip.MustParseAddr("10.67.0.1"), Dst: netip.MustParseAddr("10.96.0.10"),
+		SrcPort: 40000, DstPort: 80, Proto: unix.IPPROTO_TCP}
 	tus = append(tus, absent)
 	entries, found := ctLookupIn(t, ns, tus)
 	for i, e := range table {
