@@ -7,7 +7,7 @@ PKGS      := ./...
 # and the live tracer) runs there only what the host cannot: ipvs mode (one
 # test on 5.10, one on 6.1) and nftables mode on 6.12; under TCG its control
 # planes cost one to four minutes each.
-PRIV_PKGS ?= ./internal/loader/... ./internal/enrich/... ./internal/live ./internal/netns ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
+PRIV_PKGS ?= ./internal/loader/... ./internal/conntrack ./internal/enrich/... ./internal/live ./internal/netns ./internal/netlab ./internal/lab ./cmd/tracer ./tests/controlplane/kubeproxy
 
 .PHONY: all build deps generate test test-unit test-priv test-vm test-cp cp-bin demo bench soak clean check-generated image
 

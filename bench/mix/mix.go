@@ -16,6 +16,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -274,16 +275,30 @@ func Records(flows int, gap time.Duration) [][]byte {
 	return out
 }
 
+// Events are Records decoded, as the pipeline reads them.
+func Events(flows int, gap time.Duration) ([]event.Event, error) {
+	var out []event.Event
+	for _, r := range Records(flows, gap) {
+		e, err := event.Decode(r, Clock)
+		if err != nil {
+			return nil, fmt.Errorf("decode a generated record: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
 // ExpireEvery is how often, in the events' own clock, Pipeline expires the
 // joiner's quiet flows, as internal/live does on its ticker.
 const ExpireEvery = 100 * time.Millisecond
 
 // Pipeline is what live.Pipeline.Run does per event, without the kernel:
-// decode, trace form, join, and (when a flow finishes) enrich + diagnose
-// and encode to the trace writer. Time is the events' own clock, so a run
+// decode, join, and (when a flow finishes) enrich + diagnose and encode to
+// the trace writer. Time is the events' own clock, so a run
 // is reproducible; the joiner's flows expire every ExpireEvery of it.
 type Pipeline struct {
-	J        *enrich.Joiner
+	J        *join.Joiner
+	E        *enrich.Enricher
 	W        *trace.Writer
 	Events   int
 	Flows    int
@@ -298,12 +313,13 @@ func NewPipeline(w io.Writer, env enrich.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("trace writer: %w", err)
 	}
 	p := &Pipeline{W: tw}
-	p.J = &enrich.Joiner{Linger: enrich.DefaultLinger, Names: Names{}, ReuseFlows: true, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
+	p.E = &enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
 		p.Flows++
 		if err := tw.WriteFlow(f); err != nil {
 			p.Errors++
 		}
 	}}
+	p.J = &join.Joiner{Linger: join.DefaultLinger, Names: Names{}, ReuseFlows: true, Emit: p.E.Take}
 	return p, nil
 }
 
@@ -317,6 +333,7 @@ func (p *Pipeline) Feed(raw []byte) {
 	p.Events++
 	now := ev.Time
 	if now.After(p.nextTick) {
+		p.E.Release(now)
 		p.J.Expire(now)
 		p.nextTick = now.Add(ExpireEvery)
 	}
@@ -324,4 +341,7 @@ func (p *Pipeline) Feed(raw []byte) {
 }
 
 // Finish flushes the open flows.
-func (p *Pipeline) Finish() { p.J.Flush() }
+func (p *Pipeline) Finish() {
+	p.J.Flush()
+	p.E.Flush()
+}

@@ -90,8 +90,8 @@ func pipelineFlows(t *testing.T, cycles int) []*trace.Flow {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emit := p.J.Emit
-	p.J.Emit = func(f *trace.Flow) { flows = append(flows, f); emit(f) }
+	emit := p.E.Emit
+	p.E.Emit = func(f *trace.Flow) { flows = append(flows, f); emit(f) }
 	p.J.ReuseFlows = false // the flows are kept
 	for _, r := range Records(Shapes*cycles, time.Millisecond) {
 		p.Feed(r)

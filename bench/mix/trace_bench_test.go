@@ -14,6 +14,7 @@ import (
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -25,7 +26,8 @@ func diagnosedFlows(b *testing.B, n int) []*trace.Flow {
 		b.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := &enrich.Joiner{Names: mix.Names{}, Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	en := &enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &join.Joiner{Names: mix.Names{}, Emit: en.Take}
 	for _, r := range mix.Records(n, time.Microsecond) {
 		e, err := event.Decode(r, mix.Clock)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
@@ -69,7 +70,7 @@ func runLab(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.output, "o", "ui", "output: ui (watch the lab in the terminal UI) or json (NDJSON: each scenario's trace and a lab record of what was checked)")
 	fs.BoolVar(&o.list, "list", false, "list the scenarios")
 	fs.StringVar(&o.record, "record", "", "also write the flows of every scenario as one trace to `FILE`")
-	fs.DurationVar(&o.linger, "linger", enrich.DefaultLinger, "how long a flow waits for more of its events")
+	fs.DurationVar(&o.linger, "linger", join.DefaultLinger, "how long a flow waits for more of its events")
 	var sc storeCaps
 	sc.register(fs)
 	names, err := parseLabArgs(fs, args)

@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/filter"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -56,7 +56,7 @@ func (o *traceOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "pod and Service metadata from the cluster of this kubeconfig (in a pod: the in-cluster config)")
 	fs.StringVar(&o.metadata, "metadata", "", "pod and Service metadata from `FILE`: kubectl get pods,services,endpointslices -A -o json")
 	fs.StringVar(&o.node, "node", "", "this node's name (default: the hostname)")
-	fs.DurationVar(&o.linger, "linger", enrich.DefaultLinger, "how long a flow waits for more of its events before it is diagnosed")
+	fs.DurationVar(&o.linger, "linger", join.DefaultLinger, "how long a flow waits for more of its events before it is diagnosed")
 }
 
 func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -5,13 +5,14 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/diagnose"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
 // flowAddrs is what enrichment reads of a flow's addresses, as netip
-// values. The joiner makes it from the typed events and tuples it joined
-// (joinedAddrs), so a live flow's text is never parsed back; a recorded
+// values. The enricher makes it from the typed events and tuples the join
+// hands over (joinedAddrs), so a live flow's text is never parsed back; a recorded
 // flow's is read once from its text (recordedAddrs). Both read the events
 // in time order.
 type flowAddrs struct {
@@ -49,14 +50,14 @@ func recordedAddrs(f *trace.Flow) flowAddrs {
 	return a
 }
 
-// joinedAddrs is recordedAddrs of the flow f the joiner made of evs, in
-// time order (f.Events are their trace form), from orig and, when it has
-// one, reply: the values themselves instead of their text.
-func joinedAddrs(f *trace.Flow, evs []event.Event, orig, reply event.Tuple, hasReply bool) flowAddrs {
-	src, dst := endpoints(orig)
+// joinedAddrs is recordedAddrs of a joined flow, read from the typed
+// values it was made of instead of its record's text.
+func joinedAddrs(jf *join.Flow) flowAddrs {
+	f, evs := jf.Record, jf.Events
+	src, dst := endpoints(jf.Orig)
 	a := flowAddrs{Addrs: diagnose.Addrs{Dst: dst, Went: dst}, src: src}
-	if hasReply {
-		a.Went, _ = endpoints(reply)
+	if jf.HasReply {
+		a.Went, _ = endpoints(jf.Reply)
 	}
 	a.decide(f, func(i int) (src, dst netip.AddrPort, ok bool) {
 		if !evs[i].Packet.Valid() {

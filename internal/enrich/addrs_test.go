@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -54,7 +55,7 @@ func TestJoinedAddrsAreRecorded(t *testing.T) {
 
 	flows := []struct {
 		name string
-		ct   Conntrack
+		ct   join.Conntrack
 		evs  []event.Event
 	}{
 		{"IPv4 DNAT", nil, []event.Event{nat(event.KindDNAT, tuple(6, "10.244.1.7:1234", "10.96.0.20:80"),
@@ -74,7 +75,7 @@ func TestJoinedAddrsAreRecorded(t *testing.T) {
 			Packet: tuple(6, "10.244.1.7:1236", "172.18.0.2:9000")}}},
 		{"IPVS", nil, []event.Event{{Kind: event.KindIPVS, Hook: event.HookIPVSConnNew, Via: event.ViaKprobe, NFHook: event.NFHookNone,
 			Orig: tuple(6, "10.244.1.7:1237", "10.96.0.30:443"), To: event.Range{MinAddr: v4("10.244.2.8"), MinPort: 8443}}}},
-		{"stray reply", &fakeCT{entries: []conntrack.Entry{clientEntry}}, []event.Event{{Kind: event.KindReset, Hook: event.HookTCPSendReset,
+		{"stray reply", sourceCT{clientEntry}, []event.Event{{Kind: event.KindReset, Hook: event.HookTCPSendReset,
 			Via: event.ViaTracepoint, NFHook: event.NFHookNone, Packet: stray}}},
 	}
 	snap := node2(t)
@@ -86,7 +87,7 @@ func TestJoinedAddrsAreRecorded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := joinedAddrsChecked.Load()
 			var out []*trace.Flow
-			j := &Joiner{CT: tc.ct, Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+			j := newPipeline(join.Joiner{CT: tc.ct}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 			now := time.Unix(1700000000, 0)
 			for _, e := range tc.evs {
 				if e.Time.IsZero() {
@@ -106,4 +107,21 @@ func TestJoinedAddrsAreRecorded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sourceCT is a conntrack table of live entries found only by their
+// source (join.SourceIndex): the client connections a stray reply may
+// answer.
+type sourceCT []conntrack.Entry
+
+func (c sourceCT) Lookup(event.Tuple) (conntrack.Entry, bool) { return conntrack.Entry{}, false }
+
+func (c sourceCT) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
+	var out []conntrack.Entry
+	for _, e := range c {
+		if e.Orig.Proto == proto && e.Orig.SrcAddrPort() == src {
+			out = append(out, e)
+		}
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package enrich
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"math/bits"
 	"net/netip"
 	"sync"
 
@@ -188,4 +189,11 @@ func (c *attributionCache) stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses
+}
+
+// mix folds two words into one by their 128-bit product, as the join's
+// tuple index does.
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b^0x94d049bb133111eb)
+	return hi ^ lo
 }

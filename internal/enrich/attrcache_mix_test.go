@@ -9,6 +9,7 @@ import (
 
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
@@ -55,8 +56,12 @@ func TestAttributionCacheMatchesWalk(t *testing.T) {
 func mixFlows(t testing.TB, n int) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := &enrich.Joiner{Names: mix.Names{}, Emit: func(f *trace.Flow) { out = append(out, f) }}
-	for _, d := range mixEvents(t, n, time.Microsecond) {
+	j := &join.Joiner{Names: mix.Names{}, Emit: func(f *join.Flow) { out = append(out, f.Record) }}
+	evs, err := mix.Events(n, time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range evs {
 		j.Add(d, d.Time)
 	}
 	j.Flush()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
@@ -378,7 +379,7 @@ func fromSource(d event.Event, sources []netip.Addr, rng *rand.Rand, sport uint1
 func joinWith(t *testing.T, env Env, evs []event.Event) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := &Joiner{Names: netfilterDrop{}, Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := newPipeline(join.Joiner{Names: netfilterDrop{}}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		now = now.Add(time.Millisecond)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -137,7 +138,7 @@ func TestAttributionCacheRuleUnchanged(t *testing.T) {
 func enrichOne(t *testing.T, env *NodeEnv, src, dst, to string) *trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := &Joiner{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := newPipeline(join.Joiner{}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	j.Add(dnatTo(src, dst, to), time.Unix(1700000000, 0))
 	j.Flush()
 	if len(out) != 1 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -31,10 +32,10 @@ func joinBetween(t *testing.T, inForce, next string) *trace.Flow {
 	t.Helper()
 	env := vipEnv(t, inForce)
 	var out []*trace.Flow
-	j := &Joiner{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := newPipeline(join.Joiner{}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	if next != "" {
 		nextEnv := vipEnv(t, next)
-		j.EnvAfter = func(time.Time) Env { return nextEnv }
+		j.e.EnvAfter = func(time.Time) Env { return nextEnv }
 	}
 	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), time.Unix(1700000000, 0))
 	j.Flush()
@@ -73,13 +74,13 @@ func TestEnrichBetweenReadings(t *testing.T) {
 // settles yet is held for one (HoldFor): the reading that comes settles
 // it; without one, it leaves with the rule in force, uncertain, once its
 // wait is over.
-func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
+func TestEnricherHoldsUncertainFlowForNextReading(t *testing.T) {
 	inForce, nextEnv := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
 	var next Env
 	var out []*trace.Flow
-	j := &Joiner{Linger: time.Second, HoldFor: 3 * time.Second,
+	j := newPipeline(join.Joiner{Linger: time.Second}, Enricher{HoldFor: 3 * time.Second,
 		Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
-		Emit: func(f *trace.Flow) { out = append(out, f) }}
+		Emit: func(f *trace.Flow) { out = append(out, f) }})
 	t0 := time.Unix(1700000000, 0)
 	holdFirst(t, j, t0, func() int { return len(out) })
 	next = nextEnv
@@ -104,9 +105,9 @@ func TestJoinerHoldsUncertainFlowForNextReading(t *testing.T) {
 	}
 }
 
-// holdFirst adds a flow at t0 whose rule the joiner's readings leave
+// holdFirst adds a flow at t0 whose rule the enricher's readings leave
 // uncertain, and checks that the end of its linger holds it.
-func holdFirst(t *testing.T, j *Joiner, t0 time.Time, emitted func() int) {
+func holdFirst(t *testing.T, j *pipeline, t0 time.Time, emitted func() int) {
 	t.Helper()
 	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
 	j.Expire(t0.Add(1100 * time.Millisecond))
@@ -115,16 +116,17 @@ func holdFirst(t *testing.T, j *Joiner, t0 time.Time, emitted func() int) {
 	}
 }
 
-// A held flow keeps its memory while it waits (ReuseFlows): flows that
+// A held flow keeps its memory while it waits (the enricher keeps it from
+// the joiner's ReuseFlows): flows that
 // finish and leave meanwhile reuse theirs, not its, and it leaves as it
 // was held.
-func TestJoinerReusesOnlyEmittedFlows(t *testing.T) {
+func TestEnricherHoldsItsFlowsMemory(t *testing.T) {
 	inForce, certain := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
 	env := inForce
 	var next Env
 	var out []string
 	seen := map[*trace.Flow]int{}
-	j := &Joiner{Linger: time.Second, HoldFor: 3 * time.Second, ReuseFlows: true,
+	j := newPipeline(join.Joiner{Linger: time.Second, ReuseFlows: true}, Enricher{HoldFor: 3 * time.Second,
 		Env: func(time.Time) Env { return env }, EnvAfter: func(time.Time) Env { return next },
 		Emit: func(f *trace.Flow) {
 			b, err := json.Marshal(f)
@@ -133,7 +135,7 @@ func TestJoinerReusesOnlyEmittedFlows(t *testing.T) {
 			}
 			out = append(out, string(b))
 			seen[f]++
-		}}
+		}})
 	t0 := time.Unix(1700000000, 0)
 	holdFirst(t, j, t0, func() int { return len(out) })
 	// Flows of the same shape that the rule in force decides for certain

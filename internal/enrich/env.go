@@ -1,8 +1,7 @@
-// Package enrich joins the kernel's decisions into flows: it groups events
-// by connection, adds the conntrack entry, finds the rule that made each
-// decision, names the pods and the Service, and asks internal/diagnose for
-// the verdict. The same Enrich step re-diagnoses a recorded flow against a
-// trace's snapshot.
+// Package enrich is the stage after the join (internal/join): it finds
+// the rule that made each flow's decision, names the pods and the
+// Service, and asks internal/diagnose for the verdict. The same Enrich
+// step re-diagnoses a recorded flow against a trace's snapshot.
 package enrich
 
 import (

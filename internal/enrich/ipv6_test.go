@@ -71,7 +71,7 @@ func TestIP6TablesRuleFamily(t *testing.T) {
 		t.Errorf("explanation lacks %q: %s", want, f.Explanation)
 	}
 
-	flows = join(t, event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
+	flows = joinEnriched(t, event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
 		Packet: tuple(1, "10.244.1.7:7", "10.96.0.10:2048"), ICMPType: 3, ICMPCode: 3})
 	if r := flows[0].Rule; r == nil || r.Family != "" {
 		t.Fatalf("IPv4 rule %+v", r)

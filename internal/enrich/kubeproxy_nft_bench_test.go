@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -40,12 +41,12 @@ func BenchmarkKubeProxyNFTFlows(b *testing.B) {
 		b.Fatal(err)
 	}
 	verdicts := map[string]int{}
-	j := &Joiner{Names: netfilterDrop{}, ReuseFlows: true, Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) {
+	j := newPipeline(join.Joiner{Names: netfilterDrop{}, ReuseFlows: true}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) {
 		verdicts[f.Verdict]++
 		if err := w.WriteFlow(f); err != nil {
 			b.Fatal(err)
 		}
-	}}
+	}})
 	const n = 400_000
 	evs := make([]event.Event, 0, n)
 	for i := range n {

@@ -1,13 +1,11 @@
 package enrich
 
 import (
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -35,13 +33,6 @@ func portmapNode(t *testing.T, version string) *trace.Snapshot {
 		Services: []trace.Service{{Namespace: "db", Name: "orders", Type: "ClusterIP", ClusterIPs: []string{"172.30.0.44"},
 			Ports: []trace.ServicePort{{Name: "http", Proto: "TCP", Port: 8080}}}},
 	}
-}
-
-func dnatTo(src, dst, to string) event.Event {
-	t := netip.MustParseAddrPort(to)
-	return event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, NFHook: 0,
-		Orig: tuple(6, src, dst), Reply: tuple(6, to, src),
-		To: event.Range{MinAddr: t.Addr(), MaxAddr: t.Addr(), MinPort: t.Port(), MaxPort: t.Port()}}
 }
 
 // TestJoinPortmapNFT attributes DNATs to the rules portmap's nftables

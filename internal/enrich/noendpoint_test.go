@@ -49,16 +49,6 @@ func joinOn(t *testing.T, snap *trace.Snapshot, evs ...event.Event) *trace.Flow 
 	return out[0]
 }
 
-func rejectEvent(via event.Via, nfHook uint8, src, dst string) event.Event {
-	return event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: via, NFHook: nfHook,
-		Packet: tuple(6, src, dst), ICMPType: 3, ICMPCode: 3}
-}
-
-func dropEvent(src, dst string) event.Event {
-	return event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
-		Packet: tuple(6, src, dst), HasReason: true}
-}
-
 // TestJoinServiceNoEndpoint joins the kernel's events for connections to
 // kube-proxy's no-endpoint Services and checks the flow names the rule
 // kube-proxy wrote for them (the fixture's line), the chain path from the

@@ -54,8 +54,8 @@ func writeMix(t *testing.T, reuse bool) ([]byte, emitted) {
 	p.J.ReuseFlows = reuse
 	var n emitted
 	seen := map[*trace.Flow]bool{}
-	emit := p.J.Emit
-	p.J.Emit = func(f *trace.Flow) {
+	emit := p.E.Emit
+	p.E.Emit = func(f *trace.Flow) {
 		n.flows++
 		if !seen[f] {
 			seen[f] = true

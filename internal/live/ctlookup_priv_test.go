@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"

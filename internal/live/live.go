@@ -16,10 +16,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/enrich"
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
 	"github.com/tracer-dev/tracer/internal/enrich/node"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -56,7 +57,7 @@ type Config struct {
 	Filter  string
 	// FlowsNotKept promises that Run's emit keeps neither a flow nor a
 	// pointer into it once it returns (it writes or copies the flow), so
-	// the join may reuse the flow's memory (enrich.Joiner.ReuseFlows).
+	// the join may reuse the flow's memory (join.Joiner.ReuseFlows).
 	FlowsNotKept bool
 }
 
@@ -353,12 +354,13 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	j := &enrich.Joiner{Linger: p.cfg.Linger, Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept, Emit: func(f *trace.Flow) {
+	en := &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Emit: func(f *trace.Flow) {
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++
 		emit(f)
 	}}
+	j := &join.Joiner{Linger: p.cfg.Linger, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept, Emit: en.Take}
 	if len(p.ct) > 0 {
 		j.CT = p.ct
 	}
@@ -375,6 +377,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		case d, ok := <-evc:
 			if !ok {
 				j.Flush()
+				en.Flush()
 				return p.finish(sum), gone
 			}
 			if !d.idle.IsZero() {
@@ -393,6 +396,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 			}
 			j.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
+			en.Release(clock.now)
 			j.Expire(clock.now)
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now

@@ -176,7 +176,7 @@ func tcpStateName(state, proto uint8) string {
 }
 
 // BenchmarkPrivCTLookup: ns/lookup is per entry, 256 entries a call
-// (BenchmarkPrivGetAll in internal/enrich/conntrack is the same by
+// (BenchmarkPrivGetAll in internal/conntrack is the same by
 // netlink GETs).
 func BenchmarkPrivCTLookup(b *testing.B) {
 	if os.Geteuid() != 0 {

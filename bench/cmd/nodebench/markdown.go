@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/bench/mix"
-	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/loader"
 )
 
@@ -392,14 +392,14 @@ func (r *report) throughputMarkdown(p printer) {
 	p("## 4. Userspace throughput\n\n")
 	p("A generated mix (`bench/mix`): synthetic events made up by `mix.Generate` in a fixed rotation, not recorded from a node. ")
 	p("Per %d flows, %d events: %s. ", mix.Shapes, mix.EventsPerCycle, mixShapes())
-	p("Raw ring buffer records laid out as bpf/tracer.h writes them go through `event.Decode` and `enrich.Joiner` ")
+	p("Raw ring buffer records laid out as bpf/tracer.h writes them go through `event.Decode` and `join.Joiner` ")
 	p("(%s linger, expiry every %s, events %s apart in their own clock) with an `enrich.NodeEnv` of a kube-proxy (IPVS mode) + ",
-		enrich.DefaultLinger, mix.ExpireEvery, throughputGap)
+		join.DefaultLinger, mix.ExpireEvery, throughputGap)
 	p("portmap node (rules and ipsets from internal/rules/testdata), %d pods and %d Services, and `trace.Writer` to io.Discard, on one core (GOMAXPROCS=1).\n\n",
 		len(snap.Pods), len(snap.Services))
 	p("Whole pipeline: **%.0f events/s** (%d events, %d flows in %.1f s). ", r.throughput.Rate, r.throughput.Events, r.throughput.Flows, r.throughput.Seconds)
 	p("Its events span %.1f s of their own clock, and a flow is emitted once it has been quiet for the %s linger: %.2f flows per event, where the mix has %.2f (%d per %d).\n\n",
-		(time.Duration(r.throughput.Events) * throughputGap).Seconds(), enrich.DefaultLinger, r.flowsPerEvent(),
+		(time.Duration(r.throughput.Events) * throughputGap).Seconds(), join.DefaultLinger, r.flowsPerEvent(),
 		float64(mix.Shapes)/float64(mix.EventsPerCycle), mix.Shapes, mix.EventsPerCycle)
 	if len(r.stages) == 0 {
 		return
@@ -420,7 +420,7 @@ func (r *report) throughputMarkdown(p printer) {
 
 func (r *report) memoryMarkdown(p printer) {
 	p("## 5. Memory\n\n")
-	p("A fresh process per row holds N flows of the generated mix: open in an `enrich.Joiner` (no expiry), or finished in a `trace.Store`, each joined and diagnosed as the live pipeline makes it (its own tuples, events, pods and explanation; its rule shared, as the pipeline shares it). ")
+	p("A fresh process per row holds N flows of the generated mix: open in an `join.Joiner` (no expiry), or finished in a `trace.Store`, each joined and diagnosed as the live pipeline makes it (its own tuples, events, pods and explanation; its rule shared, as the pipeline shares it). ")
 	p("Figures after a forced GC and `debug.FreeOSMemory`; base is the same process before the flows (environment built).\n\n")
 	p("| flows | held in | VmRSS | HeapInuse | base VmRSS | base HeapInuse | heap per flow | build time |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range r.memory {

@@ -18,6 +18,7 @@ import (
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -141,10 +142,10 @@ func memory(kind string, n int) (childResult, error) {
 	baseRSS, baseHeap := measure()
 	start := time.Now()
 	t0 := mix.Clock.BootWall
-	var j *enrich.Joiner
+	var j *join.Joiner
 	var store *trace.Store
 	if kind == "joiner" || kind == "both" {
-		j = &enrich.Joiner{Linger: time.Hour, Names: mix.Names{}}
+		j = &join.Joiner{Linger: time.Hour, Names: mix.Names{}}
 		for i := range n {
 			at := t0.Add(time.Duration(i) * time.Microsecond)
 			for _, e := range mix.Generate(i) {
@@ -188,7 +189,7 @@ func memory(kind string, n int) (childResult, error) {
 // has its own tuples, events, pods and explanation (about 460 bytes), and
 // shares what the pipeline shares (its rule, its names).
 type mixSource struct {
-	j   *enrich.Joiner
+	j   *join.Joiner
 	out []*trace.Flow
 }
 
@@ -198,8 +199,9 @@ func newMixSource() (*mixSource, error) {
 		return nil, err
 	}
 	s := &mixSource{}
-	s.j = &enrich.Joiner{Names: mix.Names{}, Env: func(time.Time) enrich.Env { return env },
+	en := &enrich.Enricher{Env: func(time.Time) enrich.Env { return env },
 		Emit: func(f *trace.Flow) { s.out = append(s.out, f) }}
+	s.j = &join.Joiner{Names: mix.Names{}, Emit: en.Take}
 	return s, nil
 }
 
@@ -271,7 +273,7 @@ type goBench struct {
 // goBenchmarks runs the per-stage Go benchmarks on one core.
 func goBenchmarks(benchtime string) ([]goBench, string, error) {
 	args := []string{"test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "-count", "1",
-		"./internal/event", "./internal/enrich", "./internal/trace", "./bench/mix"}
+		"./internal/event", "./internal/join", "./internal/enrich", "./internal/trace", "./bench/mix"}
 	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
 	res, err := runGoBench(args)
 	return res, cmdline, err

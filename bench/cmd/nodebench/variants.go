@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"

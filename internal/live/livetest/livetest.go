@@ -15,6 +15,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/loader"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -51,7 +52,7 @@ func (tr Tier) SkipWithoutLinks(t testing.TB) {
 
 // Linger is the live default: a dropped SYN's retransmission a second
 // later still joins its flow.
-const Linger = enrich.DefaultLinger
+const Linger = join.DefaultLinger
 
 // Config is what the pipeline is started with besides the namespace.
 type Config struct {

@@ -1,11 +1,15 @@
-package enrich
+// Package join groups the kernel's decoded events into flows, one per
+// connection, and adds each flow's conntrack entry: the stage between the
+// loader's events (internal/event) and the rules (internal/enrich), which
+// it knows nothing of.
+package join
 
 import (
 	"net/netip"
 	"slices"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -51,32 +55,21 @@ type ReadDestroyed interface {
 // REJECT) and for a reply to show in conntrack, short enough to read live.
 const DefaultLinger = 1500 * time.Millisecond
 
-// Joiner groups events into flows by connection and hands each flow,
-// enriched and diagnosed, to Emit once it has been quiet for Linger.
+// Joiner groups events into flows by connection and hands each flow to
+// Emit once it has been quiet for Linger, with its conntrack entry: the
+// join stage, which knows nothing of rules (internal/enrich is the next).
 // It is not safe for concurrent use: one goroutine feeds it.
 type Joiner struct {
 	Linger time.Duration
 	CT     Conntrack // nil: no conntrack (flows carry what events say)
-	// Env is the node and cluster state in force at a flow's decision
-	// (its first event), which the rules may have changed since.
-	Env func(at time.Time) Env
-	// EnvAfter, when set, is the first node state read after at, nil when
-	// none is yet: it settles a flow whose rules changed between two
-	// readings (EnrichBetween).
-	EnvAfter func(at time.Time) Env
-	// HoldFor, with EnvAfter, is how long a flow whose rule is uncertain
-	// and that no reading after its decision can settle yet waits for one
-	// (about a poll interval): the rules are polled, so a rewrite just
-	// before the decision shows only in the next reading.
-	HoldFor time.Duration
-	Emit    func(*trace.Flow)
-	// ReuseFlows lets the joiner write a later flow into a flow's memory
-	// once Emit has returned: set it only when Emit keeps neither the flow
-	// nor a pointer into it (its events, their tuples, its reply or its
-	// conntrack entry). Its strings and its rule, pods and Service are
-	// never reused. A flow is otherwise an allocation of about 1 KiB a
-	// connection, most of what a busy node makes its garbage collector
-	// sweep.
+	Emit   func(*Flow)
+	// ReuseFlows lets the joiner write a later flow into a flow's record
+	// once Emit has returned, unless Emit called Keep: set it only when
+	// Emit otherwise keeps neither the record nor a pointer into it (its
+	// events, their tuples, its reply or its conntrack entry). Its strings
+	// and its rule, pods and Service are never reused. A flow is otherwise
+	// an allocation of about 1 KiB a connection, most of what a busy node
+	// makes its garbage collector sweep.
 	ReuseFlows bool
 	// Names names drop and reset reasons when a finished flow's events
 	// are written in the trace format; nil leaves them numbers' names out.
@@ -115,9 +108,8 @@ type Joiner struct {
 	lookupOK   []bool
 	// destroyed is entryOf's scratch: a replaced flow's destroyed entries.
 	destroyed []conntrack.Entry
-	// held are finished flows waiting for the next reading (HoldFor), in
-	// the order they finished, which is their deadlines' order.
-	held []heldFlow
+	// out is the flow being emitted: Emit's argument.
+	out Flow
 	// free are finished flows' states, which nothing refers to any more,
 	// for new flows: a flow's state is otherwise an allocation a flow.
 	free []*pending
@@ -155,11 +147,26 @@ func (j *Joiner) recycle(p *pending) {
 	}
 }
 
-type heldFlow struct {
-	f     *trace.Flow
-	block blockRef
-	until time.Time
+// Flow is a finished connection as the join made it: its record in the
+// trace format, with the typed values it was made of, which the next
+// stage reads instead of the record's text.
+type Flow struct {
+	Record *trace.Flow
+	// Events are Record's events, typed, in the same order. They are the
+	// joiner's scratch: valid until Emit returns, even when kept.
+	Events []event.Event
+	// Orig is Record.Orig; Reply is Record.Reply when HasReply.
+	Orig, Reply event.Tuple
+	HasReply    bool
+	// At is the pipeline's clock when the join finished the flow; zero at
+	// Flush, when nothing waits for later.
+	At   time.Time
+	kept bool
 }
+
+// Keep tells the joiner that the consumer holds f's record after Emit
+// returns, so it is not reused (ReuseFlows).
+func (f *Flow) Keep() { f.kept = true }
 
 // natDecision is a decision the kernel makes once per connection and
 // namespace: conntrack sets up each NAT manipulation of an entry once, and
@@ -412,7 +419,7 @@ type blockRef struct {
 
 // maxEmitted bounds each list of emitted blocks. A flow's block goes back
 // as soon as Emit returns and the next flow takes it, so a list holds one
-// block at most, but for the held flows a reading releases together.
+// block at most.
 const maxEmitted = 64
 
 // takeBlock is an emitted block, cleared, or a new one.
@@ -428,11 +435,11 @@ func takeBlock[E, T any](emitted *[]*flowBlock[E, T]) *flowBlock[E, T] {
 	return b
 }
 
-// emit hands f to Emit, then keeps its block for a later flow when Emit
-// lets it (ReuseFlows).
-func (j *Joiner) emit(f *trace.Flow, block blockRef) {
-	j.Emit(f)
-	if !j.ReuseFlows {
+// emit hands the flow in j.out to Emit, then keeps its block for a later
+// flow when Emit lets it (ReuseFlows).
+func (j *Joiner) emit(block blockRef) {
+	j.Emit(&j.out)
+	if !j.ReuseFlows || j.out.kept {
 		return
 	}
 	switch {
@@ -453,7 +460,6 @@ type flowSlots struct {
 // first. A flow whose deadline moved on since it was queued is queued
 // again at its new one.
 func (j *Joiner) Expire(now time.Time) {
-	j.release(now)
 	at := now.Sub(j.epoch)
 	for {
 		due, fromFIFO, ok := j.due.peek()
@@ -486,7 +492,6 @@ func (j *Joiner) Flush() {
 		}
 	}
 	j.finishAll(time.Time{})
-	j.release(time.Time{})
 }
 
 // finishChunk is how many flows finishAll finishes at a time: enough to
@@ -541,65 +546,23 @@ func (j *Joiner) finishAll(now time.Time) {
 	j.finishing = j.finishing[:0]
 }
 
-// release emits the held flows a reading now settles, and those whose
-// wait is over (all of them when now is zero, at Flush) with the rule
-// they have.
-func (j *Joiner) release(now time.Time) {
-	kept := j.held[:0]
-	for _, h := range j.held {
-		next := j.EnvAfter(h.f.Time)
-		switch {
-		case next != nil:
-			EnrichBetween(h.f, j.Env(h.f.Time), next)
-		case !now.IsZero() && now.Before(h.until):
-			kept = append(kept, h)
-			continue
-		}
-		j.emit(h.f, h.block)
-	}
-	clear(j.held[len(kept):])
-	j.held = kept
-}
-
 // Open is the number of flows still collecting events or waiting out
 // their linger.
-func (j *Joiner) Open() int { return j.due.len() + len(j.held) }
+func (j *Joiner) Open() int { return j.due.len() }
 
-// finish emits p, which has left due, at now (zero at Flush: nothing
-// waits for a later reading then); live is its conntrack entry when
-// finishAll asked for it.
+// finish emits p, which has left due, at now (zero at Flush); live is its
+// conntrack entry when finishAll asked for it.
 func (j *Joiner) finish(p *pending, live ctAnswer, now time.Time) {
 	f, in, block := j.flowOf(p)
 	orig, reply, hasReply := j.addConntrack(f, in, p, live)
 	j.recycle(p) // the flow no longer needs it
 	j.addCounters(f)
-	if j.Env != nil {
-		var next Env
-		if j.EnvAfter != nil {
-			next = j.EnvAfter(f.Time)
-		}
-		a := joinedAddrs(f, j.joined, orig, reply, hasReply)
-		if testHookJoinedAddrs != nil {
-			testHookJoinedAddrs(f, a)
-		}
-		enrichBetween(f, &a, j.Env(f.Time), next)
-		if j.hold(f, block, next, now) {
-			return
-		}
+	if j.Emit == nil {
+		return
 	}
-	if j.Emit != nil {
-		j.emit(f, block)
-	}
-}
-
-// hold keeps f for the next reading when its rule is uncertain and none
-// after its decision exists yet.
-func (j *Joiner) hold(f *trace.Flow, block blockRef, next Env, now time.Time) bool {
-	if next != nil || j.HoldFor <= 0 || j.EnvAfter == nil || j.Emit == nil || now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
-		return false
-	}
-	j.held = append(j.held, heldFlow{f: f, block: block, until: now.Add(j.HoldFor)})
-	return true
+	j.out = Flow{Record: f, Events: j.joined, Orig: orig, Reply: reply, HasReply: hasReply, At: now}
+	j.emit(block)
+	j.out = Flow{}
 }
 
 // ConntrackCounters tells what conntrack's counters did around a time.
@@ -722,10 +685,6 @@ func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAn
 	}
 	return orig, reply, f.Reply != nil
 }
-
-// testHookJoinedAddrs, set by tests, sees every flow the joiner enriches
-// with the addresses it made of its typed events.
-var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
 
 // mayBeStrayReply says whether a flow without a conntrack entry may be a
 // stray reply, which strayReplyOwner looks for with a dump of the kernel's

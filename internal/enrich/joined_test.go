@@ -3,12 +3,13 @@ package enrich
 import (
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/event/eventtest"
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -47,12 +48,7 @@ func node2(t *testing.T) *trace.Snapshot {
 	}
 }
 
-func tuple(proto uint8, src, dst string) event.Tuple {
-	s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
-	return event.Tuple{Src: s.Addr(), Dst: d.Addr(), SrcPort: s.Port(), DstPort: d.Port(), Proto: proto}
-}
-
-func join(t *testing.T, evs ...event.Event) []*trace.Flow {
+func joinEnriched(t *testing.T, evs ...event.Event) []*trace.Flow {
 	t.Helper()
 	return joinOnNode(t, "node-2", node2(t), nil, evs...)
 }
@@ -66,7 +62,7 @@ func joinOnNode(t *testing.T, node string, snap *trace.Snapshot, names event.Rea
 		t.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := &Joiner{Names: names, Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := newPipeline(join.Joiner{Names: names}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now
@@ -88,7 +84,7 @@ func TestJoinHostportHijack(t *testing.T) {
 		Orig:  tuple(6, "10.244.1.7:40000", "10.96.0.20:3306"),
 		Reply: tuple(6, "10.244.1.5:3306", "10.244.1.7:40000"),
 		To:    event.Range{MinAddr: netip.MustParseAddr("10.244.1.5"), MaxAddr: netip.MustParseAddr("10.244.1.5"), MinPort: 3306, MaxPort: 3306}}
-	flows := join(t, dnat)
+	flows := joinEnriched(t, dnat)
 	if len(flows) != 1 {
 		t.Fatalf("%d flows", len(flows))
 	}
@@ -122,7 +118,7 @@ func TestJoinPingRejectedByIPVSFilter(t *testing.T) {
 			Packet: tuple(1, "10.244.1.7:7", "10.96.0.10:2048"), ICMPType: 3, ICMPCode: 3,
 			HasReason: kind == event.KindDrop, Reason: 12}
 	}
-	flows := join(t, icmp(event.KindReject, event.HookICMPSend), icmp(event.KindDrop, event.HookKfreeSkb))
+	flows := joinEnriched(t, icmp(event.KindReject, event.HookICMPSend), icmp(event.KindDrop, event.HookKfreeSkb))
 	if len(flows) != 1 {
 		t.Fatalf("%d flows", len(flows))
 	}
@@ -146,7 +142,7 @@ func TestJoinPingRejectedByIPVSFilter(t *testing.T) {
 func TestJoinServicePortIsNotFilter(t *testing.T) {
 	rst := event.Event{Kind: event.KindReset, Hook: event.HookTCPSendReset, Via: event.ViaTracepoint, NFHook: event.NFHookNone,
 		Packet: tuple(6, "10.244.1.7:40000", "10.96.0.10:80")}
-	flows := join(t, rst)
+	flows := joinEnriched(t, rst)
 	if f := flows[0]; f.Verdict != trace.VerdictReset {
 		t.Fatalf("verdict %s: %s", f.Verdict, f.Explanation)
 	}
@@ -169,60 +165,9 @@ func TestParseRange(t *testing.T) {
 	}
 }
 
-// TestExpireByDeadline: a flow finishes once it has been quiet for the
-// linger, counted from its last event, not its first; flows finish in the
-// order of their deadlines.
-func TestExpireByDeadline(t *testing.T) {
-	var out []string
-	j := &Joiner{Emit: func(f *trace.Flow) { out = append(out, f.Orig.Src) }}
-	t0 := time.Unix(1700000000, 0)
-	a := dnatTo("10.1.0.1:1000", "10.96.0.1:80", "10.0.0.1:80")
-	b := dnatTo("10.1.0.2:1000", "10.96.0.1:80", "10.0.0.1:80")
-	c := dnatTo("10.1.0.3:1000", "10.96.0.1:80", "10.0.0.1:80")
-	j.Add(a, t0)
-	j.Add(b, t0.Add(time.Second))
-	j.Add(c, t0.Add(1100*time.Millisecond))
-	// a's later event: a reject of the same connection's packet.
-	j.Add(rejectEvent(event.ViaTracepoint, event.NFHookNone, "10.1.0.1:1000", "10.0.0.1:80"), t0.Add(1200*time.Millisecond))
-	for _, step := range []struct {
-		at   time.Duration
-		want []string
-	}{
-		{1600 * time.Millisecond, nil},
-		{2500 * time.Millisecond, []string{"10.1.0.2:1000"}},
-		{2650 * time.Millisecond, []string{"10.1.0.2:1000", "10.1.0.3:1000"}},
-		{2700 * time.Millisecond, []string{"10.1.0.2:1000", "10.1.0.3:1000", "10.1.0.1:1000"}},
-	} {
-		j.Expire(t0.Add(step.at))
-		if !slices.Equal(out, step.want) {
-			t.Fatalf("at +%s: finished %v, want %v", step.at, out, step.want)
-		}
-	}
-	if j.Open() != 0 || j.due.len() != 0 {
-		t.Errorf("%d open, %d queued", j.Open(), j.due.len())
-	}
-}
-
-// TestTupleKeyDistinct: the joiner's map key tells every tuple apart,
-// an IPv4 address from its IPv4-mapped IPv6 form included.
-func TestTupleKeyDistinct(t *testing.T) {
-	tuples := []event.Tuple{
-		tuple(6, "10.0.0.1:1000", "10.96.0.1:80"),
-		tuple(6, "10.96.0.1:80", "10.0.0.1:1000"),
-		tuple(17, "10.0.0.1:1000", "10.96.0.1:80"),
-		tuple(6, "10.0.0.1:1001", "10.96.0.1:80"),
-		tuple(17, "[fd00::1]:53000", "[fd00:10:96::a]:53"),
-		tuple(6, "[::ffff:10.0.0.1]:1000", "[::ffff:10.96.0.1]:80"),
-		tuple(1, "10.0.0.1:0", "10.96.0.1:0"),
-	}
-	seen := map[ptuple]event.Tuple{}
-	for _, tu := range tuples {
-		if other, dup := seen[packTuple(tu)]; dup {
-			t.Errorf("%+v and %+v share a key", tu, other)
-		}
-		seen[packTuple(tu)] = tu
-		if back := packTuple(tu).tuple(); back != tu {
-			t.Errorf("%+v packs and reads back as %+v", tu, back)
-		}
-	}
-}
+var (
+	tuple       = eventtest.Tuple
+	dnatTo      = eventtest.DNAT
+	rejectEvent = eventtest.Reject
+	dropEvent   = eventtest.Drop
+)

@@ -1,4 +1,4 @@
-package enrich
+package join
 
 import (
 	"net/netip"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -65,7 +65,7 @@ func asKprobeTier(evs []event.Event) []event.Event {
 
 func joinAll(j *Joiner, evs []event.Event) []*trace.Flow {
 	var out []*trace.Flow
-	j.Emit = func(f *trace.Flow) { out = append(out, f) }
+	j.Emit = func(f *Flow) { out = append(out, f.Record) }
 	now := time.Unix(1700000000, 0)
 	for i, e := range evs {
 		at := now.Add(time.Duration(i) * time.Millisecond)
@@ -271,7 +271,7 @@ func TestJoinRecycledState(t *testing.T) {
 		Packet: first.Reply}
 
 	var out []*trace.Flow
-	j := &Joiner{Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &Joiner{Emit: func(f *Flow) { out = append(out, f.Record) }}
 	now := time.Unix(1700000000, 0)
 	add := func(ev event.Event, at time.Time) { ev.Time = at; j.Add(ev, at) }
 	add(first, now)

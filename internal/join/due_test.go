@@ -1,4 +1,4 @@
-package enrich
+package join
 
 import (
 	"math/rand/v2"

@@ -1,4 +1,4 @@
-package enrich
+package join
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tracer-dev/tracer/internal/enrich/conntrack"
+	"github.com/tracer-dev/tracer/internal/conntrack"
 	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -49,7 +49,7 @@ func (c *fakeCT) BySource(proto uint8, src netip.AddrPort) []conntrack.Entry {
 func joinWithCT(t *testing.T, ct Conntrack, evs ...event.Event) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := &Joiner{CT: ct, Emit: func(f *trace.Flow) { out = append(out, f) }}
+	j := &Joiner{CT: ct, Emit: func(f *Flow) { out = append(out, f.Record) }}
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now

@@ -1,0 +1,107 @@
+package enrich
+
+import (
+	"time"
+
+	"github.com/tracer-dev/tracer/internal/join"
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// Enricher is the stage after the join: it attributes each joined flow's
+// decision to a rule, names its pods and Service, diagnoses it and hands
+// it to Emit. Its Take is the joiner's Emit. It is not safe for
+// concurrent use: the joiner's goroutine runs it.
+type Enricher struct {
+	// Env is the node and cluster state in force at a flow's decision
+	// (its first event), which the rules may have changed since.
+	Env func(at time.Time) Env
+	// EnvAfter, when set, is the first node state read after at, nil when
+	// none is yet: it settles a flow whose rules changed between two
+	// readings (EnrichBetween).
+	EnvAfter func(at time.Time) Env
+	// HoldFor, with EnvAfter, is how long a flow whose rule is uncertain
+	// and that no reading after its decision can settle yet waits for one
+	// (about a poll interval): the rules are polled, so a rewrite just
+	// before the decision shows only in the next reading.
+	HoldFor time.Duration
+	Emit    func(*trace.Flow)
+
+	// held are finished flows waiting for the next reading (HoldFor), in
+	// the order they finished, which is their deadlines' order.
+	held []heldFlow
+}
+
+type heldFlow struct {
+	f     *trace.Flow
+	until time.Time
+}
+
+// Take enriches f and emits it, or holds it when its rule is uncertain
+// and no reading after its decision exists yet.
+func (e *Enricher) Take(f *join.Flow) {
+	var next Env
+	if e.EnvAfter != nil {
+		next = e.EnvAfter(f.Record.Time)
+	}
+	a := joinedAddrs(f)
+	if testHookJoinedAddrs != nil {
+		testHookJoinedAddrs(f.Record, a)
+	}
+	enrichBetween(f.Record, &a, e.Env(f.Record.Time), next)
+	if e.hold(f.Record, next, f.At) {
+		f.Keep()
+		return
+	}
+	e.Emit(f.Record)
+}
+
+// hold keeps f for the next reading when its rule is uncertain and none
+// after its decision exists yet; finished at now, zero at the join's
+// Flush, when nothing waits.
+func (e *Enricher) hold(f *trace.Flow, next Env, now time.Time) bool {
+	if next != nil || e.HoldFor <= 0 || e.EnvAfter == nil || now.IsZero() || f.Rule == nil || f.Rule.Uncertain == "" {
+		return false
+	}
+	e.held = append(e.held, heldFlow{f: f, until: now.Add(e.HoldFor)})
+	return true
+}
+
+// Release emits the held flows a reading now settles, and those whose
+// wait is over, with the rule they have. The pipeline calls it before
+// each of the joiner's Expires.
+func (e *Enricher) Release(now time.Time) {
+	kept := e.held[:0]
+	for _, h := range e.held {
+		next := e.EnvAfter(h.f.Time)
+		switch {
+		case next != nil:
+			EnrichBetween(h.f, e.Env(h.f.Time), next)
+		case now.Before(h.until):
+			kept = append(kept, h)
+			continue
+		}
+		e.Emit(h.f)
+	}
+	clear(e.held[len(kept):])
+	e.held = kept
+}
+
+// Flush emits every held flow, settled by a reading when one exists
+// (at exit, after the joiner's Flush).
+func (e *Enricher) Flush() {
+	for _, h := range e.held {
+		if next := e.EnvAfter(h.f.Time); next != nil {
+			EnrichBetween(h.f, e.Env(h.f.Time), next)
+		}
+		e.Emit(h.f)
+	}
+	clear(e.held)
+	e.held = e.held[:0]
+}
+
+// Held is the number of flows waiting for a reading.
+func (e *Enricher) Held() int { return len(e.held) }
+
+// testHookJoinedAddrs, set by tests, sees every flow the enricher takes
+// with the addresses it made of its typed events.
+var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
