@@ -167,3 +167,49 @@ func TestEnricherHoldsItsFlowsMemory(t *testing.T) {
 		t.Errorf("the held flow left as %s", held)
 	}
 }
+
+// At exit a held flow leaves with the rest: settled when a reading after
+// its decision has come by then, else with the rule in force, uncertain.
+// A flow the join finishes at its own Flush is not held: nothing waits
+// for a later reading at exit.
+func TestEnricherFlushReleasesHeldFlows(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		next      string // "" : no reading after the decision
+		wantTo    string
+		uncertain bool
+	}{
+		{"settled at exit", "10.0.0.2:80", "10.0.0.2:80", false},
+		{"unsettled at exit", "", "10.0.0.1:80", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inForce := vipEnv(t, "10.0.0.1:80")
+			var next Env
+			var out []*trace.Flow
+			j := newPipeline(join.Joiner{Linger: time.Second}, Enricher{HoldFor: time.Hour,
+				Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
+				Emit: func(f *trace.Flow) { out = append(out, f) }})
+			t0 := time.Unix(1700000000, 0)
+			holdFirst(t, j, t0, func() int { return len(out) })
+			// The second flow is still open at the Flush, which finishes it
+			// unheld although its rule is just as uncertain.
+			j.Add(dnatTo("10.1.0.9:40001", "10.96.0.1:80", "10.0.0.2:80"), t0.Add(2*time.Second))
+			if tc.next != "" {
+				next = vipEnv(t, tc.next)
+			}
+			j.j.Flush()
+			if held := j.e.Held(); held != 1 {
+				t.Fatalf("%d flows held after the join's Flush; want the first only", held)
+			}
+			j.e.Flush()
+			if len(out) != 2 || j.Open() != 0 {
+				t.Fatalf("%d flows out, %d open after the Flush; want both out", len(out), j.Open())
+			}
+			for _, f := range out {
+				if f.Rule == nil || !strings.Contains(f.Rule.Text, tc.wantTo) || (f.Rule.Uncertain != "") != tc.uncertain {
+					t.Errorf("flow from %s: rule %+v; want the rule to %s, uncertain %v", f.Orig.Src, f.Rule, tc.wantTo, tc.uncertain)
+				}
+			}
+		})
+	}
+}
