@@ -44,9 +44,32 @@ var reuseBackends = []string{"192.168.0.1:8080", "192.168.0.3:8080"}
 // server writes the address it was reached at), which the server counted
 // too, and the packet counters of the router's DNAT and MASQUERADE rules,
 // which iptables counts once per new conntrack entry.
+//
+// Now and then (seen once on 5.10 in a guest slowed by other work) the
+// router's conntrack itself takes a new SYN into the entry of the port's
+// previous connection, with its NAT: the rules count one connection fewer
+// than were made, and there is nothing separate to trace. The scenario
+// then runs once more in a fresh lab; it must hold there.
 func TestPrivReusedSourcePorts(t *testing.T) {
 	requirePrivileged(t, "iptables", "iptables-save")
-	lab, nss := newLab(t, fmt.Sprintf("trreuse%d", os.Getpid()%10000), "c", "n", "u")
+	for attempt := 1; ; attempt++ {
+		merged := reusedSourcePorts(t, attempt)
+		if merged == "" {
+			return
+		}
+		if attempt == 2 {
+			t.Fatalf("the node does not show separate connections twice: %s", merged)
+		}
+		t.Logf("the node does not show separate connections (%s): once more, in a fresh lab", merged)
+	}
+}
+
+// reusedSourcePorts runs TestPrivReusedSourcePorts's scenario. It says
+// how the node's own counts differ when they do not show every connection
+// made as a connection of its own, before anything of the tracer is
+// checked, and "" when they do.
+func reusedSourcePorts(t *testing.T, attempt int) (merged string) {
+	lab, nss := newLab(t, fmt.Sprintf("trreuse%d-%d", os.Getpid()%10000, attempt), "c", "n", "u")
 	c, n, u := nss["c"], nss["n"], nss["u"]
 	must(t, lab.Link(c, "eth0", clientAddr+"/24", n, "cni0", "10.0.0.1/24"))
 	must(t, lab.Link(n, "eth0", nodeAddr+"/24", u, "eth0", "192.168.0.1/24"))
@@ -86,13 +109,15 @@ func TestPrivReusedSourcePorts(t *testing.T) {
 	}
 	masqs := natRuleCount(t, n, "MASQUERADE", "")
 	t.Logf("%d connections made (server accepted %d), answered by %v; MASQUERADE counted %d", total, accepted(), answeredBy, masqs)
-	if total != reusePorts*reusePerPort || accepted() != total || masqs != total {
-		t.Fatalf("the node does not show %d separate connections: made %d, accepted %d, MASQUERADE %d",
-			reusePorts*reusePerPort, total, accepted(), masqs)
+	if total != reusePorts*reusePerPort || accepted() != total {
+		t.Fatalf("the client made %d connections, the server accepted %d, want %d", total, accepted(), reusePorts*reusePerPort)
+	}
+	if masqs != total {
+		return fmt.Sprintf("%d connections made, MASQUERADE counted %d", total, masqs)
 	}
 	for _, be := range reuseBackends {
 		if k := natRuleCount(t, n, "DNAT", be); k != answeredBy[be] {
-			t.Fatalf("the DNAT rule to %s counted %d connections, its backend answered %d", be, k, answeredBy[be])
+			return fmt.Sprintf("the DNAT rule to %s counted %d connections, its backend answered %d", be, k, answeredBy[be])
 		}
 	}
 	late, noEntry := checkOneFlowEach(t, tr.All(), made)
@@ -106,6 +131,7 @@ func TestPrivReusedSourcePorts(t *testing.T) {
 	if sent := after["Tcp:OutRsts"] - before["Tcp:OutRsts"]; int64(late) != sent {
 		t.Errorf("the tracer shows the router's stack resetting %d late answers, the router's Tcp OutRsts counted %d resets", late, sent)
 	}
+	return ""
 }
 
 // serveAddress answers every connection to each of addrs in ns with the
