@@ -3,10 +3,10 @@ package enrich
 import (
 	"encoding/binary"
 	"hash/maphash"
-	"math/bits"
 	"net/netip"
 	"sync"
 
+	"github.com/tracer-dev/tracer/internal/hashmix"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -89,14 +89,14 @@ func (c *attributionCache) hash(k *attrKey) uint64 {
 	h = mixAddrPort(h^(uint64(a.ICMPType)|uint64(a.ICMPCode)<<8), a.To)
 	h = mixAddrPort(h, netip.AddrPortFrom(p.OrigDst, 0))
 	for _, s := range [...]string{p.InIface, p.OutIface, string(a.Kind), a.Hook} {
-		h = mix(h, maphash.String(c.seed, s))
+		h = hashmix.Mix(h, maphash.String(c.seed, s))
 	}
 	return h
 }
 
 func mixAddrPort(h uint64, ap netip.AddrPort) uint64 {
 	b := ap.Addr().As16()
-	return mix(h^binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])^uint64(ap.Port())<<1^uint64(ap.Addr().BitLen()))
+	return hashmix.Mix(h^binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])^uint64(ap.Port())<<1^uint64(ap.Addr().BitLen()))
 }
 
 func boolBit(b bool) uint8 {
@@ -189,11 +189,4 @@ func (c *attributionCache) stats() (hits, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses
-}
-
-// mix folds two words into one by their 128-bit product, as the join's
-// tuple index does.
-func mix(a, b uint64) uint64 {
-	hi, lo := bits.Mul64(a, b^0x94d049bb133111eb)
-	return hi ^ lo
 }

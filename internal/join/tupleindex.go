@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"math/rand/v2"
+
+	"github.com/tracer-dev/tracer/internal/hashmix"
 )
 
 // tupleIndex leads each tuple an open flow holds (its key, its reply and
@@ -223,14 +225,9 @@ func (x *tupleIndex) remove(i int) {
 func (x *tupleIndex) hash(t ptuple) uint64 {
 	le := binary.LittleEndian
 	ports := uint64(t.sport)<<24 | uint64(t.dport)<<8 | uint64(t.proto) | uint64(t.fams)<<40
-	h := mix(le.Uint64(t.src[:8])^x.seed, le.Uint64(t.src[8:])^0x9e3779b97f4a7c15)
-	h = mix(h^le.Uint64(t.dst[:8]), le.Uint64(t.dst[8:])^0xbf58476d1ce4e5b9)
-	return mix(h, ports^x.seed)
-}
-
-func mix(a, b uint64) uint64 {
-	hi, lo := bits.Mul64(a, b^0x94d049bb133111eb)
-	return hi ^ lo
+	h := hashmix.Mix(le.Uint64(t.src[:8])^x.seed, le.Uint64(t.src[8:])^0x9e3779b97f4a7c15)
+	h = hashmix.Mix(h^le.Uint64(t.dst[:8]), le.Uint64(t.dst[8:])^0xbf58476d1ce4e5b9)
+	return hashmix.Mix(h, ports^x.seed)
 }
 
 // holds reports whether t is one of the tuples the joiner may index p
