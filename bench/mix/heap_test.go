@@ -46,7 +46,7 @@ func TestStreamHeapFlat(t *testing.T) {
 			ts += uint64(gap)
 		}
 		heap := heapInuse()
-		t.Logf("after %d flows: HeapInuse %.1f MiB, %d flows open in the joiner", (w+1)*perWindow, float64(heap)/(1<<20), p.J.Open())
+		t.Logf("after %d flows: HeapInuse %.1f MiB, %d flows open in the joiner", (w+1)*perWindow, float64(heap)/(1<<20), p.Stages.Join.Open())
 		if w == 0 {
 			first = heap
 			continue

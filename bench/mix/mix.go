@@ -297,8 +297,7 @@ const ExpireEvery = 100 * time.Millisecond
 // the trace writer. Time is the events' own clock, so a run
 // is reproducible; the joiner's flows expire every ExpireEvery of it.
 type Pipeline struct {
-	J        *join.Joiner
-	E        *enrich.Enricher
+	Stages   *enrich.Stages
 	W        *trace.Writer
 	Events   int
 	Flows    int
@@ -313,13 +312,13 @@ func NewPipeline(w io.Writer, env enrich.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("trace writer: %w", err)
 	}
 	p := &Pipeline{W: tw}
-	p.E = &enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
-		p.Flows++
-		if err := tw.WriteFlow(f); err != nil {
-			p.Errors++
-		}
-	}}
-	p.J = &join.Joiner{Linger: join.DefaultLinger, Names: Names{}, ReuseFlows: true, Emit: p.E.Take}
+	p.Stages = enrich.NewStages(&join.Joiner{Linger: join.DefaultLinger, Names: Names{}, ReuseFlows: true},
+		&enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) {
+			p.Flows++
+			if err := tw.WriteFlow(f); err != nil {
+				p.Errors++
+			}
+		}})
 	return p, nil
 }
 
@@ -333,15 +332,11 @@ func (p *Pipeline) Feed(raw []byte) {
 	p.Events++
 	now := ev.Time
 	if now.After(p.nextTick) {
-		p.E.Release(now)
-		p.J.Expire(now)
+		p.Stages.Expire(now)
 		p.nextTick = now.Add(ExpireEvery)
 	}
-	p.J.Add(ev, now)
+	p.Stages.Add(ev, now)
 }
 
 // Finish flushes the open flows.
-func (p *Pipeline) Finish() {
-	p.J.Flush()
-	p.E.Flush()
-}
+func (p *Pipeline) Finish() { p.Stages.Flush() }

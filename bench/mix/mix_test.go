@@ -90,9 +90,9 @@ func pipelineFlows(t *testing.T, cycles int) []*trace.Flow {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emit := p.E.Emit
-	p.E.Emit = func(f *trace.Flow) { flows = append(flows, f); emit(f) }
-	p.J.ReuseFlows = false // the flows are kept
+	emit := p.Stages.Enrich.Emit
+	p.Stages.Enrich.Emit = func(f *trace.Flow) { flows = append(flows, f); emit(f) }
+	p.Stages.Join.ReuseFlows = false // the flows are kept
 	for _, r := range Records(Shapes*cycles, time.Millisecond) {
 		p.Feed(r)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
-	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -26,13 +25,13 @@ func diagnosedFlows(b *testing.B, n int) []*trace.Flow {
 		b.Fatal(err)
 	}
 	var out []*trace.Flow
-	en := &enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }}
-	j := &join.Joiner{Names: mix.Names{}, Emit: en.Take}
-	for _, r := range mix.Records(n, time.Microsecond) {
-		e, err := event.Decode(r, mix.Clock)
-		if err != nil {
-			b.Fatal(err)
-		}
+	j := enrich.NewStages(&join.Joiner{Names: mix.Names{}},
+		&enrich.Enricher{Env: func(time.Time) enrich.Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	evs, err := mix.Events(n, time.Microsecond)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range evs {
 		j.Add(e, e.Time)
 	}
 	j.Flush()
@@ -108,13 +107,9 @@ func clientAddr(i int) string {
 // `tracer trace --events` does for every event (the joiner writes a
 // flow's events with its own Encoder when the flow finishes).
 func BenchmarkRecord(b *testing.B) {
-	var evs []event.Event
-	for _, r := range mix.Records(1000, time.Microsecond) {
-		e, err := event.Decode(r, mix.Clock)
-		if err != nil {
-			b.Fatal(err)
-		}
-		evs = append(evs, e)
+	evs, err := mix.Events(1000, time.Microsecond)
+	if err != nil {
+		b.Fatal(err)
 	}
 	i := 0
 	b.ReportAllocs()

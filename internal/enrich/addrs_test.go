@@ -87,7 +87,7 @@ func TestJoinedAddrsAreRecorded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := joinedAddrsChecked.Load()
 			var out []*trace.Flow
-			j := newPipeline(join.Joiner{CT: tc.ct}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+			j := NewStages(&join.Joiner{CT: tc.ct}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 			now := time.Unix(1700000000, 0)
 			for _, e := range tc.evs {
 				if e.Time.IsZero() {

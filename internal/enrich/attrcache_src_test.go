@@ -379,7 +379,7 @@ func fromSource(d event.Event, sources []netip.Addr, rng *rand.Rand, sport uint1
 func joinWith(t *testing.T, env Env, evs []event.Event) []*trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{Names: netfilterDrop{}}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	j := NewStages(&join.Joiner{Names: netfilterDrop{}}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		now = now.Add(time.Millisecond)

@@ -138,7 +138,7 @@ func TestAttributionCacheRuleUnchanged(t *testing.T) {
 func enrichOne(t *testing.T, env *NodeEnv, src, dst, to string) *trace.Flow {
 	t.Helper()
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	j := NewStages(&join.Joiner{}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	j.Add(dnatTo(src, dst, to), time.Unix(1700000000, 0))
 	j.Flush()
 	if len(out) != 1 {

@@ -32,10 +32,10 @@ func joinBetween(t *testing.T, inForce, next string) *trace.Flow {
 	t.Helper()
 	env := vipEnv(t, inForce)
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	j := NewStages(&join.Joiner{}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	if next != "" {
 		nextEnv := vipEnv(t, next)
-		j.e.EnvAfter = func(time.Time) Env { return nextEnv }
+		j.Enrich.EnvAfter = func(time.Time) Env { return nextEnv }
 	}
 	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), time.Unix(1700000000, 0))
 	j.Flush()
@@ -78,7 +78,7 @@ func TestEnricherHoldsUncertainFlowForNextReading(t *testing.T) {
 	inForce, nextEnv := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
 	var next Env
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{Linger: time.Second}, Enricher{HoldFor: 3 * time.Second,
+	j := NewStages(&join.Joiner{Linger: time.Second}, &Enricher{HoldFor: 3 * time.Second,
 		Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
 		Emit: func(f *trace.Flow) { out = append(out, f) }})
 	t0 := time.Unix(1700000000, 0)
@@ -107,7 +107,7 @@ func TestEnricherHoldsUncertainFlowForNextReading(t *testing.T) {
 
 // holdFirst adds a flow at t0 whose rule the enricher's readings leave
 // uncertain, and checks that the end of its linger holds it.
-func holdFirst(t *testing.T, j *pipeline, t0 time.Time, emitted func() int) {
+func holdFirst(t *testing.T, j *Stages, t0 time.Time, emitted func() int) {
 	t.Helper()
 	j.Add(dnatTo("10.1.0.9:40000", "10.96.0.1:80", "10.0.0.2:80"), t0)
 	j.Expire(t0.Add(1100 * time.Millisecond))
@@ -126,7 +126,7 @@ func TestEnricherHoldsItsFlowsMemory(t *testing.T) {
 	var next Env
 	var out []string
 	seen := map[*trace.Flow]int{}
-	j := newPipeline(join.Joiner{Linger: time.Second, ReuseFlows: true}, Enricher{HoldFor: 3 * time.Second,
+	j := NewStages(&join.Joiner{Linger: time.Second, ReuseFlows: true}, &Enricher{HoldFor: 3 * time.Second,
 		Env: func(time.Time) Env { return env }, EnvAfter: func(time.Time) Env { return next },
 		Emit: func(f *trace.Flow) {
 			b, err := json.Marshal(f)
@@ -186,7 +186,7 @@ func TestEnricherFlushReleasesHeldFlows(t *testing.T) {
 			inForce := vipEnv(t, "10.0.0.1:80")
 			var next Env
 			var out []*trace.Flow
-			j := newPipeline(join.Joiner{Linger: time.Second}, Enricher{HoldFor: time.Hour,
+			j := NewStages(&join.Joiner{Linger: time.Second}, &Enricher{HoldFor: time.Hour,
 				Env: func(time.Time) Env { return inForce }, EnvAfter: func(time.Time) Env { return next },
 				Emit: func(f *trace.Flow) { out = append(out, f) }})
 			t0 := time.Unix(1700000000, 0)
@@ -197,11 +197,11 @@ func TestEnricherFlushReleasesHeldFlows(t *testing.T) {
 			if tc.next != "" {
 				next = vipEnv(t, tc.next)
 			}
-			j.j.Flush()
-			if held := j.e.Held(); held != 1 {
+			j.Join.Flush()
+			if held := j.Enrich.Held(); held != 1 {
 				t.Fatalf("%d flows held after the join's Flush; want the first only", held)
 			}
-			j.e.Flush()
+			j.Enrich.Flush()
 			if len(out) != 2 || j.Open() != 0 {
 				t.Fatalf("%d flows out, %d open after the Flush; want both out", len(out), j.Open())
 			}

@@ -54,8 +54,8 @@ func joinCTDropIn(t *testing.T, ct *fixedCounters, noCT bool, dst string, netns 
 		t.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{Names: netfilterDrop{}, Counters: ct, CountersNetns: 7},
-		Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	j := NewStages(&join.Joiner{Names: netfilterDrop{}, Counters: ct, CountersNetns: 7},
+		&Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	now := time.Unix(1700000000, 0)
 	ev := dropEvent("10.0.0.1:40000", dst)
 	ev.Time, ev.NoCT, ev.Netns = now, noCT, netns

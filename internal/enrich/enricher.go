@@ -3,6 +3,7 @@ package enrich
 import (
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -67,8 +68,8 @@ func (e *Enricher) hold(f *trace.Flow, next Env, now time.Time) bool {
 }
 
 // Release emits the held flows a reading now settles, and those whose
-// wait is over, with the rule they have. The pipeline calls it before
-// each of the joiner's Expires.
+// wait is over (all of them when now is zero, at Flush), with the rule
+// they have. The pipeline calls it before each of the joiner's Expires.
 func (e *Enricher) Release(now time.Time) {
 	kept := e.held[:0]
 	for _, h := range e.held {
@@ -76,7 +77,7 @@ func (e *Enricher) Release(now time.Time) {
 		switch {
 		case next != nil:
 			EnrichBetween(h.f, e.Env(h.f.Time), next)
-		case now.Before(h.until):
+		case !now.IsZero() && now.Before(h.until):
 			kept = append(kept, h)
 			continue
 		}
@@ -88,16 +89,7 @@ func (e *Enricher) Release(now time.Time) {
 
 // Flush emits every held flow, settled by a reading when one exists
 // (at exit, after the joiner's Flush).
-func (e *Enricher) Flush() {
-	for _, h := range e.held {
-		if next := e.EnvAfter(h.f.Time); next != nil {
-			EnrichBetween(h.f, e.Env(h.f.Time), next)
-		}
-		e.Emit(h.f)
-	}
-	clear(e.held)
-	e.held = e.held[:0]
-}
+func (e *Enricher) Flush() { e.Release(time.Time{}) }
 
 // Held is the number of flows waiting for a reading.
 func (e *Enricher) Held() int { return len(e.held) }
@@ -105,3 +97,36 @@ func (e *Enricher) Held() int { return len(e.held) }
 // testHookJoinedAddrs, set by tests, sees every flow the enricher takes
 // with the addresses it made of its typed events.
 var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
+
+// Stages are the join and the enricher wired as a pipeline runs them: the
+// enricher takes what the joiner emits, and releases the flows it held
+// before each of the joiner's Expires and after its Flush.
+type Stages struct {
+	Join   *join.Joiner
+	Enrich *Enricher
+}
+
+// NewStages sets j's Emit to e's Take.
+func NewStages(j *join.Joiner, e *Enricher) *Stages {
+	j.Emit = e.Take
+	return &Stages{Join: j, Enrich: e}
+}
+
+// Add joins one decoded event at now, the pipeline's clock.
+func (s *Stages) Add(ev event.Event, now time.Time) { s.Join.Add(ev, now) }
+
+// Expire releases the held flows whose reading or wait has come, then
+// finishes the flows quiet since their deadline.
+func (s *Stages) Expire(now time.Time) {
+	s.Enrich.Release(now)
+	s.Join.Expire(now)
+}
+
+// Flush finishes every open flow and then every held one (at exit).
+func (s *Stages) Flush() {
+	s.Join.Flush()
+	s.Enrich.Flush()
+}
+
+// Open is the number of flows not emitted yet: open in the join or held.
+func (s *Stages) Open() int { return s.Join.Open() + s.Enrich.Held() }

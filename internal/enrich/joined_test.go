@@ -62,7 +62,7 @@ func joinOnNode(t *testing.T, node string, snap *trace.Snapshot, names event.Rea
 		t.Fatal(err)
 	}
 	var out []*trace.Flow
-	j := newPipeline(join.Joiner{Names: names}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
+	j := NewStages(&join.Joiner{Names: names}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) { out = append(out, f) }})
 	now := time.Unix(1700000000, 0)
 	for _, e := range evs {
 		e.Time = now

@@ -41,7 +41,7 @@ func BenchmarkKubeProxyNFTFlows(b *testing.B) {
 		b.Fatal(err)
 	}
 	verdicts := map[string]int{}
-	j := newPipeline(join.Joiner{Names: netfilterDrop{}, ReuseFlows: true}, Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) {
+	j := NewStages(&join.Joiner{Names: netfilterDrop{}, ReuseFlows: true}, &Enricher{Env: func(time.Time) Env { return env }, Emit: func(f *trace.Flow) {
 		verdicts[f.Verdict]++
 		if err := w.WriteFlow(f); err != nil {
 			b.Fatal(err)

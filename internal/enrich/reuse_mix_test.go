@@ -51,11 +51,11 @@ func writeMix(t *testing.T, reuse bool) ([]byte, emitted) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.J.ReuseFlows = reuse
+	p.Stages.Join.ReuseFlows = reuse
 	var n emitted
 	seen := map[*trace.Flow]bool{}
-	emit := p.E.Emit
-	p.E.Emit = func(f *trace.Flow) {
+	emit := p.Stages.Enrich.Emit
+	p.Stages.Enrich.Emit = func(f *trace.Flow) {
 		n.flows++
 		if !seen[f] {
 			seen[f] = true

@@ -354,19 +354,19 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 	defer stop()
 
 	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
-	en := &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Emit: func(f *trace.Flow) {
-		p.flows.Add(1)
-		sum.Flows++
-		sum.Verdicts[f.Verdict]++
-		emit(f)
-	}}
-	j := &join.Joiner{Linger: p.cfg.Linger, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept, Emit: en.Take}
+	j := &join.Joiner{Linger: p.cfg.Linger, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept}
 	if len(p.ct) > 0 {
 		j.CT = p.ct
 	}
 	if p.counters != nil {
 		j.Counters, j.CountersNetns = p.counters, p.countersNetns
 	}
+	stages := enrich.NewStages(j, &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Emit: func(f *trace.Flow) {
+		p.flows.Add(1)
+		sum.Flows++
+		sum.Verdicts[f.Verdict]++
+		emit(f)
+	}})
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var clock eventClock
@@ -376,8 +376,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		select {
 		case d, ok := <-evc:
 			if !ok {
-				j.Flush()
-				en.Flush()
+				stages.Flush()
 				return p.finish(sum), gone
 			}
 			if !d.idle.IsZero() {
@@ -394,10 +393,9 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 			if onEvent != nil {
 				onEvent(d.ev)
 			}
-			j.Add(d.ev, clock.event(d.ev.Time))
+			stages.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
-			en.Release(clock.now)
-			j.Expire(clock.now)
+			stages.Expire(clock.now)
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()

@@ -189,7 +189,7 @@ func memory(kind string, n int) (childResult, error) {
 // has its own tuples, events, pods and explanation (about 460 bytes), and
 // shares what the pipeline shares (its rule, its names).
 type mixSource struct {
-	j   *join.Joiner
+	j   *enrich.Stages
 	out []*trace.Flow
 }
 
@@ -199,9 +199,8 @@ func newMixSource() (*mixSource, error) {
 		return nil, err
 	}
 	s := &mixSource{}
-	en := &enrich.Enricher{Env: func(time.Time) enrich.Env { return env },
-		Emit: func(f *trace.Flow) { s.out = append(s.out, f) }}
-	s.j = &join.Joiner{Names: mix.Names{}, Emit: en.Take}
+	s.j = enrich.NewStages(&join.Joiner{Names: mix.Names{}}, &enrich.Enricher{Env: func(time.Time) enrich.Env { return env },
+		Emit: func(f *trace.Flow) { s.out = append(s.out, f) }})
 	return s, nil
 }
 
