@@ -185,13 +185,55 @@ func readRules(ctx context.Context, run Runner, tools toolCheck, nftBackend bool
 		for k, v := range splitSave(string(out), c.prefix) {
 			texts[k] = v
 		}
-		if bytes.Contains(out, []byte("legacy tables present")) {
-			// Both backends hold rules and the kernel runs both; the
-			// user's iptables-save shows only one of them.
-			notes[c.part+"-legacy"] = fmt.Sprintf("%s says iptables-legacy tables are also present: those rules run too but are not shown or attributed (see %s-legacy-save)", c.cmd, strings.TrimSuffix(c.cmd, "-save"))
-		}
 	}
 	return texts, notes, facts
+}
+
+// legacyTables says which families have iptables-legacy tables in a
+// namespace.
+type legacyTables struct{ v4, v6 bool }
+
+func (l legacyTables) any() bool { return l.v4 || l.v6 }
+
+// noteLegacy says, beside iptables-nft's rules, that iptables-legacy
+// tables exist: the kernel runs both, and iptables-save shows only
+// iptables-nft's (it warns of the others on its standard error).
+func noteLegacy(notes map[string]string, l legacyTables) {
+	for _, c := range []struct {
+		has       bool
+		part, cmd string
+	}{{l.v4, "rules-legacy", "iptables"}, {l.v6, "rules6-legacy", "ip6tables"}} {
+		if c.has {
+			notes[c.part] = fmt.Sprintf("iptables-legacy tables are also present (%s-save warns of them): those rules run too but are not shown or attributed (see %s-legacy-save)", c.cmd, c.cmd)
+		}
+	}
+}
+
+// legacyTablesIn says which families have iptables-legacy tables in the
+// namespace at nsPath ("" for the caller's): those x_tables lists a table
+// for, which is what makes iptables-nft warn of them. Reading the lists
+// creates no table.
+func legacyTablesIn(nsPath string) (legacyTables, error) {
+	var l legacyTables
+	err := netns.On(nsPath, func() error {
+		for _, f := range []struct {
+			name string
+			has  *bool
+		}{{"ip_tables_names", &l.v4}, {"ip6_tables_names", &l.v6}} {
+			// thread-self: the namespace this locked thread entered,
+			// not the process's.
+			b, err := os.ReadFile("/proc/thread-self/net/" + f.name)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // no x_tables for this family in the kernel
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", f.name, err)
+			}
+			*f.has = len(bytes.TrimSpace(b)) > 0
+		}
+		return nil
+	})
+	return l, err
 }
 
 // iptablesIsNFT asks iptables-save which backend it is: iptables-nft

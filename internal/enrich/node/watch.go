@@ -40,6 +40,10 @@ type WatchOptions struct {
 
 	// moduleReady replaces the kernel module check (tests).
 	moduleReady func(string) bool
+	// nftGen and legacyTables replace the namespace's nftables
+	// generation and its iptables-legacy check (tests).
+	nftGen       func() (uint32, error)
+	legacyTables func() (legacyTables, error)
 }
 
 // WatchStats count the Watcher's work.
@@ -49,6 +53,12 @@ type WatchStats struct {
 	// Polls counts polling rounds; a round that found nothing changed
 	// publishes nothing.
 	Polls uint64
+	// RuleReads counts the rounds that ran iptables-save and
+	// ip6tables-save. Under iptables-nft a round runs neither while the
+	// nftables generation stands where the last read found it: on a node
+	// with kube-proxy's rules for thousands of Services, each run costs
+	// most of a second of CPU.
+	RuleReads uint64
 	// LinkEvents counts address/route/link notifications received.
 	LinkEvents uint64
 	// SubscribeErrors counts netlink notification errors; the poll
@@ -68,11 +78,16 @@ type Watcher struct {
 	// ready says whether a kernel module may be used without loading it.
 	ready func(string) bool
 	// nftGen reads the namespace's nftables generation; nil with a test's
-	// own Runner, whose rulesets have none. lastGen is the generation the
-	// current ruleset was listed at.
-	nftGen       func() (uint32, error)
-	lastGen      uint32
-	lastGenKnown bool
+	// own Runner, whose rulesets have none. gen is its reading at the
+	// start of the poll round, before anything is listed: iptables-nft's
+	// rules and native tables are both nf_tables rulesets, and both
+	// reads compare with it. rulesRead and nftListed are the readings
+	// the current rules and native tables were read at.
+	nftGen                    func() (uint32, error)
+	gen, rulesRead, nftListed generation
+	// legacyTables says whether the namespace has iptables-legacy
+	// tables, whose rules no nftables generation counts.
+	legacyTables func() (legacyTables, error)
 
 	nsh  netns.NsHandle
 	h    *netlink.Handle
@@ -91,7 +106,7 @@ type Watcher struct {
 	nftBackend, backendKnown bool
 	lastPoll                 atomic.Int64
 
-	builds, polls, linkEvents, subErrs atomic.Uint64
+	builds, polls, ruleReads, linkEvents, subErrs atomic.Uint64
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -129,6 +144,13 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 			}
 			return nftGeneration(fd)
 		}
+		w.legacyTables = func() (legacyTables, error) { return legacyTablesIn(netnsPath) }
+	}
+	if opts.nftGen != nil {
+		w.nftGen = opts.nftGen
+	}
+	if opts.legacyTables != nil {
+		w.legacyTables = opts.legacyTables
 	}
 	if err := w.open(); err != nil {
 		w.closeHandles()
@@ -333,6 +355,7 @@ func linksText(st *State) string {
 func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
 	start := time.Now()
 	defer func() { w.lastPoll.Store(int64(time.Since(start))) }()
+	w.gen = w.readGeneration()
 	changed := false
 	for _, p := range []func(context.Context, *State) bool{w.pollRules, w.pollIPSets, w.pollNFT, w.pollIPVS, w.pollListeners} {
 		if p(ctx, st) {
@@ -363,11 +386,64 @@ func (w *Watcher) setNoteAs(st *State, part, note string, fact bool) bool {
 	return true
 }
 
+// generation is one reading of the nftables generation; ok is false when
+// there is none (nf_tables not loaded, a test's rules, an error).
+type generation struct {
+	n  uint32
+	ok bool
+}
+
+func (w *Watcher) readGeneration() generation {
+	if w.nftGen == nil || !w.ready("nf_tables") {
+		return generation{}
+	}
+	n, err := w.nftGen()
+	return generation{n: n, ok: err == nil}
+}
+
+// readLegacy is which iptables-legacy tables the namespace has, asked
+// only under iptables-nft (iptables-legacy's own save shows them); known
+// is false when it was not asked or could not tell.
+func (w *Watcher) readLegacy() (l legacyTables, known bool) {
+	if !w.nftBackend || w.legacyTables == nil {
+		return l, false
+	}
+	l, err := w.legacyTables()
+	return l, err == nil
+}
+
+// cleanRead says whether a read of the rules left nothing to read again:
+// no command failed and no iptables-legacy tables were there.
+func cleanRead(notes map[string]string, facts map[string]bool) bool {
+	for part := range notes {
+		if !facts[part] {
+			return false
+		}
+	}
+	return true
+}
+
 func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 	if !w.backendKnown {
 		w.nftBackend, w.backendKnown = iptablesIsNFT(ctx, w.run, w.tools)
 	}
+	legacy, legacyKnown := w.readLegacy()
+	// Under iptables-nft the rules are nf_tables rules: any change to
+	// them moves the generation. The rules of iptables-legacy tables do
+	// not, so a namespace that has them is read every round.
+	if w.nftBackend && w.gen.ok && w.rulesRead == w.gen && legacyKnown && !legacy.any() {
+		return false
+	}
 	texts, notes, facts := readRules(ctx, w.run, w.tools, w.nftBackend, w.ready)
+	noteLegacy(notes, legacy)
+	w.ruleReads.Add(1)
+	w.rulesRead = generation{}
+	if w.nftBackend && legacyKnown && cleanRead(notes, facts) {
+		// The generation read before the commands ran: a change that
+		// lands while they run moves it again, and the next round
+		// reads once more.
+		w.rulesRead = w.gen
+	}
 	noteChanged := w.setNoteAs(st, "rules", notes["rules"], facts["rules"])
 	if w.setNoteAs(st, "rules6", notes["rules6"], facts["rules6"]) {
 		noteChanged = true
@@ -442,14 +518,8 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	var tables []NFTable
 	var ruleset *trace.NFTRuleset
 	var err error
-	gen, genKnown := uint32(0), false
-	if w.ready("nf_tables") && w.nftGen != nil {
-		if g, gerr := w.nftGen(); gerr == nil {
-			gen, genKnown = g, true
-			if w.lastGenKnown && g == w.lastGen && st.notes["nft"] == "" {
-				return false // nothing committed since the last listing
-			}
-		}
+	if w.gen.ok && w.nftListed == w.gen && st.notes["nft"] == "" {
+		return false // nothing committed since the last listing
 	}
 	loaded := w.ready("nf_tables")
 	if loaded {
@@ -471,7 +541,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	}
 	// The generation was read before listing: a change that lands during
 	// the listing moves it again, and the next poll lists once more.
-	w.lastGen, w.lastGenKnown = gen, genKnown
+	w.nftListed = w.gen
 	noteChanged := w.setNote(st, "nft", "")
 	var b strings.Builder
 	for _, t := range tables {
@@ -542,7 +612,7 @@ func (w *Watcher) Changed() <-chan struct{} { return w.changed }
 
 // Stats returns the counters.
 func (w *Watcher) Stats() WatchStats {
-	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load(),
+	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), RuleReads: w.ruleReads.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load(),
 		LastPoll: time.Duration(w.lastPoll.Load())}
 }
 

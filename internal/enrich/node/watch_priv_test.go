@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/netlab"
@@ -300,5 +303,99 @@ func TestPrivIPVS(t *testing.T) {
 	v, ok := w.Current().IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80"))
 	if !ok || v.Scheduler != "rr" || len(v.Reals) != 1 || v.Reals[0].Addr != netip.MustParseAddrPort("10.244.1.5:8080") || v.Reals[0].Forward != "masq" {
 		t.Fatalf("ipvs %+v %v; notes %v", v, ok, w.Current().Notes())
+	}
+}
+
+// TestPrivWatcherReadsNFTRulesWhenTheyChange: on iptables-nft, with the
+// kernel's own nftables generation and x_tables' table lists, the
+// Watcher runs iptables-save again only when a rule was committed or
+// iptables-legacy tables exist. The test counts the commands itself; the
+// rules the state holds are compared with what iptables was told.
+func TestPrivWatcherReadsNFTRulesWhenTheyChange(t *testing.T) {
+	requirePriv(t)
+	if out, err := exec.Command("iptables", "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), "nf_tables") {
+		t.Skipf("iptables here is not iptables-nft (%q, %v): no nftables generation counts its rules", out, err)
+	}
+	ns := newNS(t, "ennode4")
+	mustRun(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "3306", "-j", "DNAT", "--to-destination", "10.244.1.5:3306")
+	h, err := netns.GetFromPath(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var mu sync.Mutex
+	saves := 0
+	real := nsRunner(ns.Path())
+	count := func(ctx context.Context, name string, args ...string) ([]byte, error) {
+		if name == "iptables-save" && len(args) == 0 {
+			mu.Lock()
+			saves++
+			mu.Unlock()
+		}
+		return real(ctx, name, args...)
+	}
+	ran := func() int { mu.Lock(); defer mu.Unlock(); return saves }
+	w, err := WatchWith(context.Background(), ns.Path(), WatchOptions{Poll: 50 * time.Millisecond, Runner: count,
+		nftGen:       func() (uint32, error) { return nftGeneration(int(h)) },
+		legacyTables: func() (legacyTables, error) { return legacyTablesIn(ns.Path()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	waitPolls := func(n uint64) {
+		t.Helper()
+		polls := w.Stats().Polls
+		deadline := time.Now().Add(time.Minute)
+		for w.Stats().Polls < polls+n+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d polls in a minute (stats %+v)", n, w.Stats())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	dnatRules := func(s *State) int {
+		c := s.Ruleset(rules.IPv4).Chain("nat", "PREROUTING")
+		if c == nil {
+			return 0
+		}
+		return len(c.Rules)
+	}
+	if n := dnatRules(w.Current()); n != 1 {
+		t.Fatalf("first state: %d PREROUTING rules, iptables was given 1", n)
+	}
+	waitPolls(5)
+	if n := ran(); n != 1 {
+		t.Errorf("iptables-save ran %d times in 6 rounds without a commit; want the first read only", n)
+	}
+
+	mustRun(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "3307", "-j", "DNAT", "--to-destination", "10.244.1.6:3306")
+	waitState(t, w, 3*time.Second, "the second DNAT rule", func(s *State) bool { return dnatRules(s) == 2 })
+	waitPolls(3)
+	if n := ran(); n != 2 {
+		t.Errorf("iptables-save ran %d times; want 2: the first read and one after the commit", n)
+	}
+
+	// iptables-legacy tables: only where the kernel already has
+	// ip_tables, since iptables-legacy would load the module.
+	if !moduleReady("ip_tables") {
+		t.Logf("legacy tables not tried: ip_tables is not loaded and the test does not load it")
+		return
+	}
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Logf("legacy tables not tried: %v", err)
+		return
+	}
+	mustRun(t, ns, "iptables-legacy", "-t", "filter", "-L", "-n") // instantiates the table
+	if out, _ := ns.Run("iptables-save"); !strings.Contains(out, "legacy tables present") {
+		t.Fatalf("iptables-save does not warn of the legacy table:\n%s", out)
+	}
+	// The truth is iptables-save's own warning (on its standard error).
+	waitState(t, w, 3*time.Second, "the legacy tables note", func(s *State) bool {
+		return strings.Contains(strings.Join(s.Notes(), "\n"), "(iptables-save warns of them)")
+	})
+	before := ran()
+	waitPolls(4)
+	if n := ran() - before; n < 3 {
+		t.Errorf("iptables-save ran %d times in 4 rounds with a legacy table present; want every round", n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,13 +139,77 @@ func TestWatcherLoadsNoModules(t *testing.T) {
 	}
 }
 
-func TestLegacyTablesPresentIsANote(t *testing.T) {
+// TestWatcherReadsNFTRulesWhenTheGenerationMoves: under iptables-nft,
+// iptables-save runs again only when the nftables generation moved or
+// the namespace has iptables-legacy tables (whose rules the generation
+// does not count, and of which iptables-nft warns).
+func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
 	f := &fakeRunner{out: map[string]string{
-		"iptables-save":  natSave + "# Warning: iptables-legacy tables present, use iptables-legacy-save to see them\n",
-		"ip6tables-save": "",
+		"iptables-save":           natSave,
+		"ip6tables-save":          "",
+		"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
 	}, calls: map[string]int{}}
-	texts, notes, _ := readRules(context.Background(), f.run, nil, true, func(string) bool { return true })
-	if len(texts) != 2 || !strings.Contains(notes["rules-legacy"], "iptables-legacy-save") {
-		t.Errorf("texts %d notes %v", len(texts), notes)
+	var gen atomic.Uint32
+	var legacy atomic.Bool
+	gen.Store(7)
+	w, err := WatchWith(context.Background(), "", WatchOptions{Poll: 5 * time.Millisecond, Runner: f.run,
+		nftGen:       func() (uint32, error) { return gen.Load(), nil },
+		legacyTables: func() (legacyTables, error) { return legacyTables{v4: legacy.Load(), v6: legacy.Load()}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	waitPolls := func(n uint64) {
+		t.Helper()
+		polls := w.Stats().Polls
+		// The round under way may have read before the test's change.
+		for w.Stats().Polls < polls+n+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitPolls(5)
+	if n := f.count("iptables-save"); n != 1 {
+		t.Errorf("iptables-save ran %d times while the generation stood; want the first read only", n)
+	}
+	if n := w.Stats().RuleReads; n != 1 {
+		t.Errorf("RuleReads %d, want 1", n)
+	}
+
+	// A commit moves the generation: the next round reads the new rule.
+	f.set("iptables-save", strings.Replace(natSave, "COMMIT", "-A OUTPUT -j CNI-HOSTPORT-DNAT\nCOMMIT", 1))
+	gen.Add(1)
+	waitPolls(3)
+	if c := w.Current().Ruleset(rules.IPv4).Chain("nat", "OUTPUT"); c == nil || len(c.Rules) != 1 {
+		t.Fatalf("the rule committed with the new generation is not in the state: %+v", c)
+	}
+	if n := f.count("iptables-save"); n != 2 {
+		t.Errorf("iptables-save ran %d times; want 2 (one per generation)", n)
+	}
+
+	// iptables-legacy tables appear: their rules move no generation, and
+	// they are a note. Every round reads.
+	legacy.Store(true)
+	before := f.count("iptables-save")
+	waitPolls(4)
+	if n := f.count("iptables-save") - before; n < 3 {
+		t.Errorf("iptables-save ran %d times in 4 rounds with legacy tables present; want every round", n)
+	}
+	notes := strings.Join(w.Current().Notes(), "\n")
+	for _, want := range []string{"(iptables-save warns of them)", "(ip6tables-save warns of them)"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the legacy tables are not a note %q: %q", want, notes)
+		}
+	}
+
+	// They go: one read clears the note, then the rounds stop reading.
+	legacy.Store(false)
+	waitPolls(2)
+	if notes := strings.Join(w.Current().Notes(), "\n"); strings.Contains(notes, "iptables-legacy") {
+		t.Errorf("note kept after the legacy tables went: %q", notes)
+	}
+	before = f.count("iptables-save")
+	waitPolls(4)
+	if n := f.count("iptables-save") - before; n != 0 {
+		t.Errorf("iptables-save ran %d times after the legacy tables went and the generation stood", n)
 	}
 }
