@@ -23,6 +23,7 @@
 // pipeline window (FILE, FILE.2, ...) and of each conntrack tracker
 // window (FILE-ct, ...); the observer's goroutines carry the label
 // observer=live or observer=ct (-tagfocus observer=live keeps only them).
+// Beside each goes FILE.allocs, the allocations of its process so far.
 package main
 
 import (

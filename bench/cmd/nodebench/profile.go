@@ -82,6 +82,7 @@ type windowProfile struct {
 	suffix  string
 	windows int
 	f       *os.File
+	path    string
 }
 
 func (w *windowProfile) start() error {
@@ -105,7 +106,7 @@ func (w *windowProfile) start() error {
 		f.Close()
 		return fmt.Errorf("cpu profile: %w", err)
 	}
-	w.f = f
+	w.f, w.path = f, path
 	return nil
 }
 
@@ -118,6 +119,23 @@ func (w *windowProfile) stop() error {
 	w.f = nil
 	if err != nil {
 		return fmt.Errorf("cpu profile: %w", err)
+	}
+	return writeAllocs(w.path + ".allocs")
+}
+
+// writeAllocs writes the process's allocations so far, beside the CPU
+// profile: what the garbage collector's share of it comes from.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("allocation profile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("allocation profile: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("allocation profile: %w", err)
 	}
 	return nil
 }
