@@ -83,6 +83,8 @@ type Stats struct {
 	// tracker asks by netlink alone ("" when none does).
 	ConntrackKernelLookups uint64
 	ConntrackLookupsOff    string
+	// Node is the node watcher's work (zero when nothing is watched).
+	Node node.WatchStats
 }
 
 // Pipeline is the attached, running tracer.
@@ -314,6 +316,9 @@ func (p *Pipeline) Stats() Stats {
 	s.ConntrackKernelLookups, s.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
+	}
+	if p.watcher != nil {
+		s.Node = p.watcher.Stats()
 	}
 	return s
 }

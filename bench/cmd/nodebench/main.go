@@ -60,10 +60,11 @@ type config struct {
 	out       string
 	gotest    bool
 	observers []observer
-	userside  bool        // measure the userspace figures
-	kernel    bool        // measure the kernel side on this host
-	json      string      // the overhead rounds as JSON ("" for none)
-	only      []event.Via // the tiers the tracer may attach by (-only; none: any)
+	userside  bool          // measure the userspace figures
+	kernel    bool          // measure the kernel side on this host
+	json      string        // the overhead rounds as JSON ("" for none)
+	idle      time.Duration // window of the idle cost on 5,000 Services (0 skips it)
+	only      []event.Via   // the tiers the tracer may attach by (-only; none: any)
 	vm        vmConfig
 }
 
@@ -77,6 +78,7 @@ func main() {
 	flag.StringVar(&flood, "flood", "20000,40000,60000,80000", "rates (one-datagram UDP connections a second) of the flood ramp, which then doubles while the tracer loses nothing and the machine keeps up (\"\" to skip)")
 	flag.DurationVar(&cfg.rampStep, "ramp-step", 5*time.Second, "traffic per ramp step")
 	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
+	flag.DurationVar(&cfg.idle, "idle", 20*time.Second, "window of the idle cost on a namespace of 5,000 Services' rules, per kube-proxy mode (0 to skip)")
 	flag.StringVar(&mem, "mem", "100000,1000000", "flow counts of the memory figures")
 	flag.StringVar(&cfg.feed, "feed", "5000:60", "`RATE:MINUTES` of the UI store's synthetic feed, on a fake clock (\"\" to skip)")
 	flag.StringVar(&cfg.benchtime, "benchtime", "1s", "go test -benchtime of the per-stage benchmarks")
@@ -186,6 +188,7 @@ type report struct {
 	commands             []string
 	nft                  nftReport
 	audit                auditReport
+	idle                 []idleResult
 	skippedKernel        string
 
 	attach []attachTime
@@ -246,6 +249,9 @@ func run(ctx context.Context, cfg config) error {
 	if rep.skippedKernel == "" {
 		if err := kernelSide(ctx, rep); err != nil {
 			return err
+		}
+		if cfg.idle > 0 {
+			rep.idle = measureIdle(ctx, cfg.idle, cfg.only)
 		}
 	} else {
 		logf("%s", rep.skippedKernel)

@@ -85,6 +85,7 @@ func (r *report) markdown() string {
 	if r.cfg.userside && r.cfg.gotest {
 		r.auditMarkdown(p)
 	}
+	r.idleMarkdown(p)
 	if len(r.notes) > 0 {
 		p("## Notes\n\n")
 		for _, n := range r.notes {
