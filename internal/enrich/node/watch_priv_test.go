@@ -342,17 +342,6 @@ func TestPrivWatcherReadsNFTRulesWhenTheyChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	waitPolls := func(n uint64) {
-		t.Helper()
-		polls := w.Stats().Polls
-		deadline := time.Now().Add(time.Minute)
-		for w.Stats().Polls < polls+n+1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("fewer than %d polls in a minute (stats %+v)", n, w.Stats())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	dnatRules := func(s *State) int {
 		c := s.Ruleset(rules.IPv4).Chain("nat", "PREROUTING")
 		if c == nil {
@@ -363,14 +352,14 @@ func TestPrivWatcherReadsNFTRulesWhenTheyChange(t *testing.T) {
 	if n := dnatRules(w.Current()); n != 1 {
 		t.Fatalf("first state: %d PREROUTING rules, iptables was given 1", n)
 	}
-	waitPolls(5)
+	waitPolls(t, w, 5)
 	if n := ran(); n != 1 {
 		t.Errorf("iptables-save ran %d times in 6 rounds without a commit; want the first read only", n)
 	}
 
 	mustRun(t, ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "3307", "-j", "DNAT", "--to-destination", "10.244.1.6:3306")
 	waitState(t, w, 3*time.Second, "the second DNAT rule", func(s *State) bool { return dnatRules(s) == 2 })
-	waitPolls(3)
+	waitPolls(t, w, 3)
 	if n := ran(); n != 2 {
 		t.Errorf("iptables-save ran %d times; want 2: the first read and one after the commit", n)
 	}
@@ -394,7 +383,7 @@ func TestPrivWatcherReadsNFTRulesWhenTheyChange(t *testing.T) {
 		return strings.Contains(strings.Join(s.Notes(), "\n"), "(iptables-save warns of them)")
 	})
 	before := ran()
-	waitPolls(4)
+	waitPolls(t, w, 4)
 	if n := ran() - before; n < 3 {
 		t.Errorf("iptables-save ran %d times in 4 rounds with a legacy table present; want every round", n)
 	}

@@ -159,15 +159,7 @@ func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	waitPolls := func(n uint64) {
-		t.Helper()
-		polls := w.Stats().Polls
-		// The round under way may have read before the test's change.
-		for w.Stats().Polls < polls+n+1 {
-			time.Sleep(time.Millisecond)
-		}
-	}
-	waitPolls(5)
+	waitPolls(t, w, 5)
 	if n := f.count("iptables-save"); n != 1 {
 		t.Errorf("iptables-save ran %d times while the generation stood; want the first read only", n)
 	}
@@ -178,7 +170,7 @@ func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
 	// A commit moves the generation: the next round reads the new rule.
 	f.set("iptables-save", strings.Replace(natSave, "COMMIT", "-A OUTPUT -j CNI-HOSTPORT-DNAT\nCOMMIT", 1))
 	gen.Add(1)
-	waitPolls(3)
+	waitPolls(t, w, 3)
 	if c := w.Current().Ruleset(rules.IPv4).Chain("nat", "OUTPUT"); c == nil || len(c.Rules) != 1 {
 		t.Fatalf("the rule committed with the new generation is not in the state: %+v", c)
 	}
@@ -190,7 +182,7 @@ func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
 	// they are a note. Every round reads.
 	legacy.Store(true)
 	before := f.count("iptables-save")
-	waitPolls(4)
+	waitPolls(t, w, 4)
 	if n := f.count("iptables-save") - before; n < 3 {
 		t.Errorf("iptables-save ran %d times in 4 rounds with legacy tables present; want every round", n)
 	}
@@ -203,13 +195,28 @@ func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
 
 	// They go: one read clears the note, then the rounds stop reading.
 	legacy.Store(false)
-	waitPolls(2)
+	waitPolls(t, w, 2)
 	if notes := strings.Join(w.Current().Notes(), "\n"); strings.Contains(notes, "iptables-legacy") {
 		t.Errorf("note kept after the legacy tables went: %q", notes)
 	}
 	before = f.count("iptables-save")
-	waitPolls(4)
+	waitPolls(t, w, 4)
 	if n := f.count("iptables-save") - before; n != 0 {
 		t.Errorf("iptables-save ran %d times after the legacy tables went and the generation stood", n)
+	}
+}
+
+// waitPolls waits until n polling rounds have run whole since the call.
+// The round under way may have read before the test's last change, so
+// it waits for the one after the n-th to start.
+func waitPolls(t *testing.T, w *Watcher, n uint64) {
+	t.Helper()
+	polls := w.Stats().Polls
+	deadline := time.Now().Add(time.Minute)
+	for w.Stats().Polls < polls+n+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d polls in a minute (stats %+v)", n, w.Stats())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
