@@ -297,13 +297,9 @@ func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT boo
 		return nil, nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		listing, err := run(ctx, "nft", "-a", "list", "ruleset")
+		listing, js, err := listNFT(ctx, run)
 		if err != nil {
-			return nil, nil, fmt.Errorf("read nftables ruleset: %w", err)
-		}
-		js, err := run(ctx, "nft", "-j", "list", "ruleset")
-		if err != nil {
-			return nil, nil, fmt.Errorf("read nftables ruleset as json: %w", err)
+			return nil, nil, err
 		}
 		tables := splitNFT(string(listing), iptablesIsNFT)
 		if len(tables) == 0 {
@@ -318,6 +314,28 @@ func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT boo
 			return tables, snap, nil
 		}
 	}
+}
+
+// listNFT lists the ruleset as text (with handles) and as JSON at once:
+// on kube-proxy's table for 5,000 Services each listing takes nft over
+// two seconds, most of it the kernel's dump, and run one after the other
+// they made most of the tracer's start.
+func listNFT(ctx context.Context, run Runner) (listing, js []byte, err error) {
+	var jsErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		js, jsErr = run(ctx, "nft", "-j", "list", "ruleset")
+	}()
+	listing, err = run(ctx, "nft", "-a", "list", "ruleset")
+	<-done
+	if err != nil {
+		return nil, nil, fmt.Errorf("read nftables ruleset: %w", err)
+	}
+	if jsErr != nil {
+		return nil, nil, fmt.Errorf("read nftables ruleset as json: %w", jsErr)
+	}
+	return listing, js, nil
 }
 
 func compatTableList() []string {
