@@ -365,10 +365,13 @@ func TestPrivWatcherReadsNFTRulesWhenTheyChange(t *testing.T) {
 	}
 
 	// iptables-legacy tables: only where the kernel already has
-	// ip_tables, since iptables-legacy would load the module.
-	if !moduleReady("ip_tables") {
-		t.Logf("legacy tables not tried: ip_tables is not loaded and the test does not load it")
-		return
+	// ip_tables and its filter table, since iptables-legacy would load
+	// the modules.
+	for _, mod := range []string{"ip_tables", "iptable_filter"} {
+		if !moduleReady(mod) {
+			t.Logf("legacy tables not tried: %s is not loaded and the test does not load it", mod)
+			return
+		}
 	}
 	if _, err := exec.LookPath("iptables-legacy"); err != nil {
 		t.Logf("legacy tables not tried: %v", err)
