@@ -44,12 +44,11 @@ func (r idleResult) core() float64 { return r.CPU.Seconds() / r.Window.Seconds()
 // iptables-nft (iptables-restore), and its nftables mode (nft -f, the
 // table of internal/nft/nftgen).
 var idleModes = []struct {
-	mode  string
-	load  func(ns netlab.Namespace) (string, error)
-	rules string
+	mode string
+	load func(ns netlab.Namespace) (string, error)
 }{
-	{"iptables (iptables-nft)", loadKubeProxyIPTables, "iptables-restore"},
-	{"nftables", loadKubeProxyNFT, "nft -f"},
+	{"iptables (iptables-nft)", loadKubeProxyIPTables},
+	{"nftables", loadKubeProxyNFT},
 }
 
 func measureIdle(ctx context.Context, window time.Duration, only []event.Via) []idleResult {

@@ -393,6 +393,10 @@ type generation struct {
 	ok bool
 }
 
+// same says whether a part read at g would read the same now: no commit
+// since, as far as the generation can tell.
+func (g generation) same(now generation) bool { return now.ok && g == now }
+
 func (w *Watcher) readGeneration() generation {
 	if w.nftGen == nil || !w.ready("nf_tables") {
 		return generation{}
@@ -427,18 +431,19 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 	if !w.backendKnown {
 		w.nftBackend, w.backendKnown = iptablesIsNFT(ctx, w.run, w.tools)
 	}
+	// Under iptables-nft (the only backend legacyKnown is true under)
+	// the rules are nf_tables rules: any change to them moves the
+	// generation. The rules of iptables-legacy tables do not, so a
+	// namespace that has them is read every round.
 	legacy, legacyKnown := w.readLegacy()
-	// Under iptables-nft the rules are nf_tables rules: any change to
-	// them moves the generation. The rules of iptables-legacy tables do
-	// not, so a namespace that has them is read every round.
-	if w.nftBackend && w.gen.ok && w.rulesRead == w.gen && legacyKnown && !legacy.any() {
+	if w.rulesRead.same(w.gen) && legacyKnown && !legacy.any() {
 		return false
 	}
 	texts, notes, facts := readRules(ctx, w.run, w.tools, w.nftBackend, w.ready)
 	noteLegacy(notes, legacy)
 	w.ruleReads.Add(1)
 	w.rulesRead = generation{}
-	if w.nftBackend && legacyKnown && cleanRead(notes, facts) {
+	if legacyKnown && cleanRead(notes, facts) {
 		// The generation read before the commands ran: a change that
 		// lands while they run moves it again, and the next round
 		// reads once more.
@@ -518,7 +523,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	var tables []NFTable
 	var ruleset *trace.NFTRuleset
 	var err error
-	if w.gen.ok && w.nftListed == w.gen && st.notes["nft"] == "" {
+	if w.nftListed.same(w.gen) && st.notes["nft"] == "" {
 		return false // nothing committed since the last listing
 	}
 	loaded := w.ready("nf_tables")
