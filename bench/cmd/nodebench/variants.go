@@ -232,9 +232,13 @@ func (k *kernelOnly) stopStats() ([]programRun, error) {
 }
 
 // fullLive is live.Start + Run on R: kernel side, conntrack, node watcher,
-// join, enrichment and diagnosis; flows are counted, not printed.
+// join, enrichment and diagnosis; flows are counted and written as
+// NDJSON to a file, as `tracer trace -o json > FILE` writes them.
 type fullLive struct {
-	p        *live.Pipeline
+	p   *live.Pipeline
+	out *os.File
+	// writes counts the trace writer's system calls.
+	writes   countedWrites
 	cancel   context.CancelFunc
 	done     chan struct{}
 	sum      trace.Summary
@@ -274,14 +278,23 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 		cancel()
 		return fmt.Errorf("start live pipeline: %w", err)
 	}
-	// As `tracer trace -o json`, to io.Discard.
-	w, err := trace.NewWriter(io.Discard, p.Header())
+	// As `tracer trace -o json > FILE`: each write is a system call,
+	// which a discarding writer would leave out.
+	out, err := os.CreateTemp("", "nodebench-live-*.ndjson")
 	if err != nil {
 		cancel()
 		p.Close()
+		return fmt.Errorf("trace output: %w", err)
+	}
+	f.writes = countedWrites{w: out}
+	w, err := trace.NewWriter(&f.writes, p.Header())
+	if err != nil {
+		cancel()
+		p.Close()
+		closeOutput(out)
 		return fmt.Errorf("trace writer: %w", err)
 	}
-	f.p, f.cancel, f.done = p, cancel, make(chan struct{})
+	f.p, f.out, f.cancel, f.done = p, out, cancel, make(chan struct{})
 	f.nat.Store(0)
 	f.flows.Store(0)
 	f.labFlows.Store(0)
@@ -313,10 +326,10 @@ func (f *fullLive) stop() (observed, error) {
 	f.cancel()
 	<-f.done
 	st := f.p.Stats()
-	cerr := f.p.Close()
+	cerr := errors.Join(f.p.Close(), closeOutput(f.out))
 	perr := f.prof.stop()
 	o := observed{NAT: f.nat.Load(), Lost: int64(f.sum.LostEvents), Events: int64(f.sum.Events), Flows: f.labFlows.Load(),
-		Extra: fmt.Sprintf("%d flows, %d without conntrack", f.flows.Load(), f.noCT.Load())}
+		Extra: fmt.Sprintf("%d flows, %d without conntrack, %d writes", f.flows.Load(), f.noCT.Load(), f.writes.n.Load())}
 	if n := f.sum.ConntrackOverruns; n > 0 {
 		o.Extra += fmt.Sprintf(", %d conntrack DESTROY overruns", n)
 	}
@@ -329,6 +342,23 @@ func (f *fullLive) stop() (observed, error) {
 		o.Extra += fmt.Sprintf(", %d conntrack entries asked by BPF", st.ConntrackKernelLookups)
 	}
 	return o, errors.Join(f.err, cerr, perr)
+}
+
+// countedWrites counts the Writes that reach w.
+type countedWrites struct {
+	w io.Writer
+	n atomic.Int64
+}
+
+func (c *countedWrites) Write(b []byte) (int, error) {
+	c.n.Add(1)
+	return c.w.Write(b)
+}
+
+// closeOutput closes and removes a round's trace output: a round at
+// 100,000 connections/s writes about 150 MB.
+func closeOutput(f *os.File) error {
+	return errors.Join(f.Close(), os.Remove(f.Name()))
 }
 
 func isLabFlow(f *trace.Flow) bool {
