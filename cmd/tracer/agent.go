@@ -12,6 +12,7 @@ import (
 
 	"github.com/tracer-dev/tracer/internal/agent"
 	"github.com/tracer-dev/tracer/internal/audit"
+	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -112,7 +113,14 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	p.RecordStates(rec.state)
-	sum, runErr := p.Run(ctx, emit, nil)
+	flush := func() {
+		if writeErr == nil && rec.record != nil {
+			if writeErr = rec.flush(); writeErr != nil {
+				rec.stop()
+			}
+		}
+	}
+	sum, runErr := p.Run(ctx, live.Sink{Flow: emit, Flush: flush})
 	p.RecordStates(nil)
 	for len(failed) > 0 {
 		runErr = errors.Join(runErr, <-failed)
@@ -223,6 +231,7 @@ func agentRecording(path string, h trace.Header) (*output, error) {
 	if err != nil {
 		return nil, usagef("--record %s: %v", path, err)
 	}
+	w.Batch()
 	out.record, out.recordPath = w, path
 	return out, nil
 }

@@ -222,7 +222,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		run.summary, runErr = p.Run(tctx, func(f *trace.Flow) {
+		run.summary, runErr = p.Run(tctx, live.Sink{Flow: func(f *trace.Flow) {
 			reported := []*trace.Flow{f}
 			if brokenTracer != nil {
 				reported = brokenTracer(f)
@@ -233,7 +233,7 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 					emit(f)
 				}
 			}
-		}, nil)
+		}})
 	}()
 	exps, trafficErr := built.Traffic(ctx)
 	lap(&phases.TrafficMS)

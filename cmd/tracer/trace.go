@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -244,8 +245,15 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 			}
 		}
 	}
+	flush := func() {
+		if writeErr == nil {
+			if writeErr = out.flush(); writeErr != nil {
+				out.stop()
+			}
+		}
+	}
 	p.RecordStates(out.state)
-	sum, err := p.Run(ctx, emit, onEvent)
+	sum, err := p.Run(ctx, live.Sink{Flow: emit, Event: onEvent, Flush: flush})
 	p.RecordStates(nil)
 	return errors.Join(err, writeErr, out.close(sum))
 }
@@ -256,9 +264,11 @@ func hostname() string {
 }
 
 // output writes the stream to stdout (text or NDJSON) and, with --record,
-// the whole trace to a file.
+// the whole trace to a file. It holds the lines of a burst of flows until
+// the pipeline ends the burst (flush): one write for each instead of one
+// a flow (trace.Writer's Batch).
 type output struct {
-	text       io.Writer
+	text       *bufio.Writer
 	json       *trace.Writer
 	record     *trace.Writer
 	recordPath string
@@ -277,17 +287,32 @@ func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error
 		if out.json, err = trace.NewWriter(stdout, h); err != nil {
 			return nil, fmt.Errorf("write header: %w", err)
 		}
+		out.json.Batch()
 	} else {
-		out.text = stdout
 		fmt.Fprintln(stdout, textHeader(h))
+		out.text = bufio.NewWriterSize(stdout, 64<<10)
 	}
 	if o.record != "" {
 		if out.record, err = trace.Create(o.record, h); err != nil {
 			return nil, usagef("--record %s: %v", o.record, err)
 		}
+		out.record.Batch()
 		out.recordPath = o.record
 	}
 	return out, nil
+}
+
+// flush writes what the stream and the recording hold.
+func (o *output) flush() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var err error
+	if o.text != nil {
+		if err = o.text.Flush(); err != nil {
+			err = fmt.Errorf("stdout: %w", err)
+		}
+	}
+	return errors.Join(err, o.each((*trace.Writer).Flush))
 }
 
 // each writes to the JSON stream and the recording, naming the one that
@@ -355,16 +380,20 @@ func (o *output) close(sum trace.Summary) error {
 }
 
 func (o *output) closeWriters(sum trace.Summary) error {
+	var textErr error
 	if o.text != nil {
 		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
 		if sum.ConntrackDrops > 0 {
 			fmt.Fprintf(o.text, "# conntrack itself dropped %d packets (its table full or insert clashes lost: conntrack -S)\n", sum.ConntrackDrops)
 		}
+		if textErr = o.text.Flush(); textErr != nil {
+			textErr = fmt.Errorf("stdout: %w", textErr)
+		}
 	}
-	return o.each(func(w *trace.Writer) error {
+	return errors.Join(textErr, o.each(func(w *trace.Writer) error {
 		w.SetLoss(sum)
 		return w.Close()
-	})
+	}))
 }
 
 func (o *output) abort() {

@@ -72,6 +72,7 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 		if rec, err = trace.Create(o.record, p.Header()); err != nil {
 			return usagef("--record %s: %v", o.record, err)
 		}
+		rec.Batch()
 	}
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte("ready\n"), 0o644); err != nil {
@@ -93,12 +94,16 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		sum, runErr = p.Run(ctx, func(f *trace.Flow) {
+		sum, runErr = p.Run(ctx, live.Sink{Flow: func(f *trace.Flow) {
 			store.Append(f)
 			if rec != nil && recErr == nil {
 				recErr = rec.WriteFlow(f)
 			}
-		}, nil)
+		}, Flush: func() {
+			if rec != nil && recErr == nil {
+				recErr = rec.Flush()
+			}
+		}})
 	}()
 	src := tui.Source{Header: header, Title: title, Store: store, States: states, Live: true, Stats: rateOf(p)}
 	uiErr := tui.Run(ctx, src, tui.Options{Filter: o.filter})

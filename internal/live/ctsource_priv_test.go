@@ -58,7 +58,7 @@ func TestHeaderSaysHowConntrackIsRead(t *testing.T) {
 
 	done := make(chan trace.Summary, 1)
 	go func() {
-		sum, err := p.Run(ctx, func(*trace.Flow) {}, nil)
+		sum, err := p.Run(ctx, Sink{Flow: func(*trace.Flow) {}})
 		if err != nil {
 			t.Errorf("run: %v", err)
 		}

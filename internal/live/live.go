@@ -55,7 +55,7 @@ type Config struct {
 	// line that started the trace and its filter expression.
 	Command string
 	Filter  string
-	// FlowsNotKept promises that Run's emit keeps neither a flow nor a
+	// FlowsNotKept promises that Run's Sink.Flow keeps neither a flow nor a
 	// pointer into it once it returns (it writes or copies the flow), so
 	// the join may reuse the flow's memory (join.Joiner.ReuseFlows).
 	FlowsNotKept bool
@@ -347,10 +347,30 @@ type decoded struct {
 	idle time.Time
 }
 
+// Sink takes what Run hands out. Flow is required; Event and Flush may
+// be nil.
+type Sink struct {
+	// Flow takes each finished flow.
+	Flow func(*trace.Flow)
+	// Event takes each event as it is read, before it is joined.
+	Event func(event.Event)
+	// Flush ends a burst: Run calls it after each expiry round (every
+	// 100 ms), which finishes most flows, and before it returns. A sink
+	// that holds what it writes (trace.Writer's Batch) writes it then, so
+	// a flow waits at most one round beyond its linger.
+	Flush func()
+}
+
+func (s Sink) flush() {
+	if s.Flush != nil {
+		s.Flush()
+	}
+}
+
 // Run joins events into flows until ctx is done, handing each finished
-// flow to emit (and each event to onEvent, if set), then flushes the open
-// flows and returns the summary. It detaches the kernel side on the way out.
-func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func(event.Event)) (trace.Summary, error) {
+// flow and event to sink, then flushes the open flows and returns the
+// summary. It detaches the kernel side on the way out.
+func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 	evc := make(chan decoded, 1024)
 	go p.read(evc)
 	ran := make(chan struct{})
@@ -370,7 +390,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		p.flows.Add(1)
 		sum.Flows++
 		sum.Verdicts[f.Verdict]++
-		emit(f)
+		sink.Flow(f)
 	}})
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -382,6 +402,7 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 		case d, ok := <-evc:
 			if !ok {
 				stages.Flush()
+				sink.flush()
 				return p.finish(sum), gone
 			}
 			if !d.idle.IsZero() {
@@ -395,12 +416,13 @@ func (p *Pipeline) Run(ctx context.Context, emit func(*trace.Flow), onEvent func
 				continue
 			}
 			sum.Events++
-			if onEvent != nil {
-				onEvent(d.ev)
+			if sink.Event != nil {
+				sink.Event(d.ev)
 			}
 			stages.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
 			stages.Expire(clock.now)
+			sink.flush()
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()

@@ -148,13 +148,13 @@ func stopBehind(t *testing.T, n int, perEvent time.Duration) (made, read uint64,
 	done := make(chan error, 1)
 	go func() {
 		var err error
-		sum, err = p.Run(ctx, func(*trace.Flow) {}, func(ev event.Event) {
+		sum, err = p.Run(ctx, Sink{Flow: func(*trace.Flow) {}, Event: func(ev event.Event) {
 			<-release
 			if ev.Kind == event.KindDNAT && ev.Orig.DstPort == 53 {
 				seen.Add(1)
 			}
 			pause(perEvent)
-		})
+		}})
 		done <- err
 	}()
 	made = b.send(t, n)

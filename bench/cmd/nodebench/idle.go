@@ -99,7 +99,7 @@ func idleRun(ctx context.Context, load func(netlab.Namespace) (string, error), w
 	r.Start = time.Since(t0)
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.Run(ctx, func(*trace.Flow) {}, nil)
+		_, err := p.Run(ctx, live.Sink{Flow: func(*trace.Flow) {}})
 		done <- err
 	}()
 	cpu0, w0 := cpuTime(), time.Now()

@@ -278,8 +278,8 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 		cancel()
 		return fmt.Errorf("start live pipeline: %w", err)
 	}
-	// As `tracer trace -o json > FILE`: each write is a system call,
-	// which a discarding writer would leave out.
+	// As `tracer trace -o json > FILE`, in batches: each write is a
+	// system call, which a discarding writer would leave out.
 	out, err := os.CreateTemp("", "nodebench-live-*.ndjson")
 	if err != nil {
 		cancel()
@@ -294,6 +294,7 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 		closeOutput(out)
 		return fmt.Errorf("trace writer: %w", err)
 	}
+	w.Batch()
 	f.p, f.out, f.cancel, f.done = p, out, cancel, make(chan struct{})
 	f.nat.Store(0)
 	f.flows.Store(0)
@@ -301,7 +302,7 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 	f.noCT.Store(0)
 	go func() {
 		defer close(f.done)
-		f.sum, f.err = p.Run(ctx, func(fl *trace.Flow) {
+		f.sum, f.err = p.Run(ctx, live.Sink{Flow: func(fl *trace.Flow) {
 			f.flows.Add(1)
 			if isLabFlow(fl) {
 				f.labFlows.Add(1)
@@ -310,11 +311,11 @@ func (f *fullLive) startLabelled(ctx context.Context, b *lab) error {
 				f.noCT.Add(1)
 			}
 			w.WriteFlow(fl)
-		}, func(ev event.Event) {
+		}, Event: func(ev event.Event) {
 			if isLabDNAT(ev) {
 				f.nat.Add(1)
 			}
-		})
+		}, Flush: func() { w.Flush() }})
 	}()
 	return nil
 }

@@ -97,11 +97,11 @@ func Start(t testing.TB, node netlab.Namespace, cfg Config) *Tracing {
 	}
 	tr := &Tracing{P: p, cancel: cancel, done: make(chan error, 1)}
 	go func() {
-		_, err := p.Run(ctx, func(f *trace.Flow) {
+		_, err := p.Run(ctx, live.Sink{Flow: func(f *trace.Flow) {
 			tr.mu.Lock()
 			tr.flows = append(tr.flows, f)
 			tr.mu.Unlock()
-		}, nil)
+		}})
 		tr.done <- err
 	}()
 	t.Cleanup(func() { tr.Stop(t) })
