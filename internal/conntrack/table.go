@@ -57,10 +57,18 @@ func (l *list) remove(n *node) {
 
 // table holds the entries the kernel ended, indexed by both of their
 // tuples, newest first: the live ones are always asked of the kernel. It
-// is not safe for concurrent use; the Tracker guards it.
+// is not safe for concurrent use, not even its questions, which index
+// what came since the last; the Tracker guards it.
 type table struct {
 	byTuple map[event.Tuple]*node
 	ends    list
+	// unindexed are the ends that came since the table was last asked,
+	// oldest first, all newer than those in ends: they are indexed when a
+	// question comes (catchUp). Most ends are of connections nobody asks
+	// about any more (a TCP entry ends two minutes after its connection's
+	// flow was written, in TIME_WAIT): those leave past the retention, or
+	// the cap, without being indexed.
+	unindexed ring
 
 	maxEntries int
 	retention  time.Duration
@@ -79,6 +87,7 @@ func newTable(maxEntries int, retention time.Duration) *table {
 // lookup is the newest ended entry that has tu as either tuple, within
 // the retention.
 func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
+	t.catchUp()
 	n := t.byTuple[tu]
 	// An entry past its retention may not have been pruned yet (pruning
 	// runs on a timer); it must not be joined any more.
@@ -88,8 +97,8 @@ func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
 	return n.e, true
 }
 
-// index points both tuples at n.
-func (t *table) index(n *node) {
+// point points both tuples at n.
+func (t *table) point(n *node) {
 	if n.e.Orig.Valid() {
 		t.byTuple[n.e.Orig] = n
 	}
@@ -108,23 +117,67 @@ func (t *table) unindex(n *node) {
 	}
 }
 
-// ended records the end of a connection. An entry already held for its
-// original tuple is an earlier connection's (the client reused its
-// source port), kept as its history.
+// ended records the end of a connection, to be indexed when the table is
+// next asked; beyond maxEntries the oldest end goes.
 func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
-	n := &node{e: e}
-	if prev := t.byTuple[e.Orig]; prev != nil && prev.e.Orig == e.Orig {
-		n.earlier = prev
-	}
-	t.index(n)
-	t.ends.pushFront(n)
-	for t.ends.n > t.maxEntries {
-		t.drop(t.ends.tail)
+	for t.len() > 0 && t.len() >= t.maxEntries {
+		if t.ends.tail != nil {
+			t.drop(t.ends.tail)
+		} else {
+			t.unindexed.pop()
+		}
 		t.evicted++
 	}
-	return n.e
+	t.unindexed.push(e, t.maxEntries)
+	return e
+}
+
+// catchUp indexes the unindexed ends, oldest first. An entry already held
+// for an end's original tuple is an earlier connection's (the client
+// reused its source port), kept as its history.
+func (t *table) catchUp() {
+	for t.unindexed.n > 0 {
+		n := &node{e: *t.unindexed.front()}
+		t.unindexed.pop()
+		if prev := t.byTuple[n.e.Orig]; prev != nil && prev.e.Orig == n.e.Orig {
+			n.earlier = prev
+		}
+		t.point(n)
+		t.ends.pushFront(n)
+	}
+	if len(t.unindexed.buf) > maxScratch {
+		t.unindexed = ring{}
+	}
+}
+
+// ring is a queue of ends, oldest first, in an array it grows up to a
+// limit.
+type ring struct {
+	buf     []Entry
+	head, n int
+}
+
+// push appends e; the queue holds no more than limit.
+func (r *ring) push(e Entry, limit int) {
+	if r.n == len(r.buf) {
+		grown := make([]Entry, min(max(2*len(r.buf), 64), max(limit, r.n+1)))
+		for i := range r.n {
+			grown[i] = r.buf[(r.head+i)%len(r.buf)]
+		}
+		r.buf, r.head = grown, 0
+	}
+	r.buf[(r.head+r.n)%len(r.buf)] = e
+	r.n++
+}
+
+func (r *ring) front() *Entry { return &r.buf[r.head] }
+
+func (r *ring) pop() {
+	r.buf[r.head] = Entry{}
+	r.head = (r.head + 1) % len(r.buf)
+	r.n--
 }
 
 // drop takes n out of the table and ends the history chains through it,
@@ -136,12 +189,20 @@ func (t *table) drop(n *node) {
 	n.earlier = nil
 }
 
-// prune forgets entries older than the retention. The list is ordered by
-// end, so it stops at the first young one.
+// prune forgets entries older than the retention. The ends are ordered
+// by time, the indexed ones before the rest, so it stops at the first
+// young one.
 func (t *table) prune(now time.Time) int {
 	pruned := 0
 	for n := t.ends.tail; n != nil && now.Sub(n.e.Seen) > t.retention; n = t.ends.tail {
 		t.drop(n)
+		pruned++
+	}
+	if t.ends.n > 0 {
+		return pruned
+	}
+	for t.unindexed.n > 0 && now.Sub(t.unindexed.front().Seen) > t.retention {
+		t.unindexed.pop()
 		pruned++
 	}
 	return pruned
@@ -151,6 +212,7 @@ func (t *table) prune(now time.Time) int {
 // to dst, newest first, within the retention: the one lookup finds, then
 // the ones it replaced.
 func (t *table) appendDestroyed(dst []Entry, tu event.Tuple, now time.Time) []Entry {
+	t.catchUp()
 	for n := t.byTuple[tu]; n != nil && !n.gone && n.e.Orig == tu; n = n.earlier {
 		if now.Sub(n.e.Seen) > t.retention {
 			break
@@ -160,13 +222,14 @@ func (t *table) appendDestroyed(dst []Entry, tu event.Tuple, now time.Time) []En
 	return dst
 }
 
-func (t *table) len() int { return t.ends.n }
+func (t *table) len() int { return t.ends.n + t.unindexed.n }
 
 // bySource lists the ended entries within the retention whose original
 // tuple leaves from src. It walks the whole table: it serves the rare
 // question "which of my connections does this stray packet answer?",
 // never the per-event path.
 func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time) []Entry {
+	t.catchUp()
 	var out []Entry
 	for n := t.ends.head; n != nil; n = n.next {
 		if n.e.Orig.Proto == proto && n.e.Orig.SrcAddrPort() == src && now.Sub(n.e.Seen) <= t.retention {

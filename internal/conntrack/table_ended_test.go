@@ -113,6 +113,63 @@ func randomEnd(rng *rand.Rand, now time.Time) Entry {
 // BenchmarkTableEnded is a tracker's DESTROYs of distinct connections
 // into a full table (65,536 entries, the default cap).
 func BenchmarkTableEnded(b *testing.B) {
+	ends := distinctEnds()
+	t := newTable(65536, time.Hour)
+	i := 0
+	for b.Loop() {
+		t.ended(ends[i&(len(ends)-1)])
+		i++
+	}
+}
+
+// TestTableIndexesWhenAsked: ends nobody asks about are kept, counted and
+// pruned without an index; the first question indexes them, in order.
+func TestTableIndexesWhenAsked(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newTable(100, time.Minute)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var last Entry
+	for i := range 150 {
+		last = tab.ended(randomEnd(rng, now.Add(time.Duration(i)*time.Millisecond)))
+	}
+	if len(tab.byTuple) != 0 || tab.ends.n != 0 {
+		t.Fatalf("%d tuples indexed, %d ends listed before any question", len(tab.byTuple), tab.ends.n)
+	}
+	if tab.len() != 100 || tab.evicted != 50 {
+		t.Fatalf("%d held, %d evicted; want 100, 50", tab.len(), tab.evicted)
+	}
+	if got, ok := tab.lookup(last.Reply, now); !ok || got != last {
+		t.Fatalf("lookup of the last end's reply: %+v %v, want %+v", got, ok, last)
+	}
+	if tab.unindexed.n != 0 || tab.ends.n != 100 {
+		t.Fatalf("after a question: %d unindexed, %d listed; want 0, 100", tab.unindexed.n, tab.ends.n)
+	}
+	// One more end takes the oldest indexed one's place; the prune takes
+	// the other 99, which leaves no tuple indexed.
+	tab.ended(randomEnd(rng, now.Add(2*time.Minute)))
+	if n := tab.prune(now.Add(2 * time.Minute)); n != 99 || tab.len() != 1 || len(tab.byTuple) != 0 || tab.evicted != 51 {
+		t.Fatalf("prune: %d pruned, %d held, %d tuples indexed, %d evicted; want 99, 1, 0, 51", n, tab.len(), len(tab.byTuple), tab.evicted)
+	}
+}
+
+// BenchmarkTableEndedAsked is BenchmarkTableEnded with a question after
+// every 32 ends (one drain's batch), each indexing the batch: a node
+// where every batch holds an end some flow asks for.
+func BenchmarkTableEndedAsked(b *testing.B) {
+	ends := distinctEnds()
+	t := newTable(65536, time.Hour)
+	i := 0
+	for b.Loop() {
+		t.ended(ends[i&(len(ends)-1)])
+		i++
+		if i%32 == 0 {
+			t.lookup(ends[0].Orig, time.Unix(1000, 0))
+		}
+	}
+}
+
+// distinctEnds are 2^18 ends of distinct connections.
+func distinctEnds() []Entry {
 	ends := make([]Entry, 1<<18)
 	for i := range ends {
 		client := netip.AddrFrom4([4]byte{10, 0, byte(i >> 16), byte(i >> 8)})
@@ -123,10 +180,5 @@ func BenchmarkTableEnded(b *testing.B) {
 			State: "TIME_WAIT", Seen: time.Unix(1000, 0),
 		}
 	}
-	t := newTable(65536, time.Hour)
-	i := 0
-	for b.Loop() {
-		t.ended(ends[i&(len(ends)-1)])
-		i++
-	}
+	return ends
 }

@@ -124,6 +124,8 @@ type Tracker struct {
 	opts Options
 	now  func() time.Time
 
+	// mu guards tab; its questions write too (table.catchUp), Stats
+	// alone only reads.
 	mu  sync.RWMutex
 	tab *table
 
@@ -255,8 +257,8 @@ func (t *Tracker) Lookup(tu event.Tuple) (Entry, bool) {
 	// A DESTROY the kernel sent before it said it has no such entry is
 	// in the table once drained.
 	t.drain()
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return t.tab.lookup(tu, t.now())
 }
 
@@ -278,8 +280,8 @@ func (t *Tracker) LookupAll(tus []event.Tuple, entries []Entry, found []bool) {
 		return
 	}
 	now := t.now()
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for i, tu := range tus {
 		if !found[i] {
 			entries[i], found[i] = t.tab.lookup(tu, now)
@@ -335,8 +337,8 @@ func (t *Tracker) Destroyed(tu event.Tuple) []Entry {
 // connection.
 func (t *Tracker) AppendDestroyedRead(dst []Entry, tu event.Tuple) []Entry {
 	tu.Src, tu.Dst = unmap(tu.Src), unmap(tu.Dst)
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return t.tab.appendDestroyed(dst, tu, t.now())
 }
 
@@ -398,8 +400,8 @@ func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 		t.sourceDumpsSkipped.Add(1)
 	}
 	t.drain()
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return append(live, t.tab.bySource(proto, src, t.now())...)
 }
 
