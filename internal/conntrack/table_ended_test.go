@@ -112,15 +112,7 @@ func randomEnd(rng *rand.Rand, now time.Time) Entry {
 
 // BenchmarkTableEnded is a tracker's DESTROYs of distinct connections
 // into a full table (65,536 entries, the default cap).
-func BenchmarkTableEnded(b *testing.B) {
-	ends := distinctEnds()
-	t := newTable(65536, time.Hour)
-	i := 0
-	for b.Loop() {
-		t.ended(ends[i&(len(ends)-1)])
-		i++
-	}
-}
+func BenchmarkTableEnded(b *testing.B) { benchEnded(b, 0) }
 
 // TestTableIndexesWhenAsked: ends nobody asks about are kept, counted and
 // pruned without an index; the first question indexes them, in order.
@@ -155,14 +147,18 @@ func TestTableIndexesWhenAsked(t *testing.T) {
 // BenchmarkTableEndedAsked is BenchmarkTableEnded with a question after
 // every 32 ends (one drain's batch), each indexing the batch: a node
 // where every batch holds an end some flow asks for.
-func BenchmarkTableEndedAsked(b *testing.B) {
+func BenchmarkTableEndedAsked(b *testing.B) { benchEnded(b, 32) }
+
+// benchEnded takes ends of distinct connections into a full table, with
+// a lookup after every askEvery of them (0: none).
+func benchEnded(b *testing.B, askEvery int) {
 	ends := distinctEnds()
 	t := newTable(65536, time.Hour)
 	i := 0
 	for b.Loop() {
 		t.ended(ends[i&(len(ends)-1)])
 		i++
-		if i%32 == 0 {
+		if askEvery > 0 && i%askEvery == 0 {
 			t.lookup(ends[0].Orig, time.Unix(1000, 0))
 		}
 	}
