@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -29,8 +30,16 @@ func init() { encoding.RegisterCodec(jsonCodec{}) }
 
 type jsonCodec struct{}
 
-func (jsonCodec) Name() string                       { return codecName }
-func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Name() string { return codecName }
+
+func (jsonCodec) Marshal(v any) ([]byte, error) {
+	if m, ok := v.(*FlowsMessage); ok {
+		// The flow and room for the counters and the time.
+		return m.appendJSON(make([]byte, 0, len(m.Flow)+128))
+	}
+	return json.Marshal(v)
+}
+
 func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // HeaderRequest asks for the agent's trace header: the node, its kernel,
@@ -62,6 +71,36 @@ type FlowsMessage struct {
 	// Summary, in the last message, is the pipeline's summary: the agent
 	// stopped tracing.
 	Summary *trace.Summary `json:"summary,omitempty"`
+}
+
+// appendJSON appends json.Marshal(m), byte for byte, without the pass
+// encoding/json makes over a RawMessage to check and compact it: 6.5 to
+// 9 µs for a message with a 900-byte flow against 1 µs
+// (BenchmarkFlowsMessageMarshal), once per flow and client on the node.
+// m.Flow is trace.FlowEncoder's line, compact and escaped as
+// encoding/json escapes.
+func (m *FlowsMessage) appendJSON(b []byte) ([]byte, error) {
+	b = append(b, '{')
+	if len(m.Flow) > 0 {
+		b = append(b, `"flow":`...)
+		b = append(b, m.Flow...)
+		b = append(b, ',')
+	}
+	t, err := m.Time.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("encode flows message time: %w", err)
+	}
+	b = append(append(b, `"time":`...), t...)
+	b = strconv.AppendUint(append(b, `,"dropped":`...), m.Dropped, 10)
+	b = strconv.AppendUint(append(b, `,"lost_events":`...), m.LostEvents, 10)
+	if m.Summary != nil {
+		s, err := json.Marshal(m.Summary)
+		if err != nil {
+			return nil, fmt.Errorf("encode flows message summary: %w", err)
+		}
+		b = append(append(b, `,"summary":`...), s...)
+	}
+	return append(b, '}'), nil
 }
 
 // AuditRequest asks the agent to audit its node as it stands
