@@ -113,14 +113,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	p.RecordStates(rec.state)
-	flush := func() {
-		if writeErr == nil && rec.record != nil {
-			if writeErr = rec.flush(); writeErr != nil {
-				rec.stop()
-			}
-		}
-	}
-	sum, runErr := p.Run(ctx, live.Sink{Flow: emit, Flush: flush})
+	sum, runErr := p.Run(ctx, live.Sink{Flow: emit, Flush: rec.flushing(&writeErr)})
 	p.RecordStates(nil)
 	for len(failed) > 0 {
 		runErr = errors.Join(runErr, <-failed)

@@ -245,15 +245,8 @@ func streamFlows(ctx context.Context, p *live.Pipeline, o traceOptions, flt filt
 			}
 		}
 	}
-	flush := func() {
-		if writeErr == nil {
-			if writeErr = out.flush(); writeErr != nil {
-				out.stop()
-			}
-		}
-	}
 	p.RecordStates(out.state)
-	sum, err := p.Run(ctx, live.Sink{Flow: emit, Event: onEvent, Flush: flush})
+	sum, err := p.Run(ctx, live.Sink{Flow: emit, Event: onEvent, Flush: out.flushing(&writeErr)})
 	p.RecordStates(nil)
 	return errors.Join(err, writeErr, out.close(sum))
 }
@@ -302,17 +295,31 @@ func newOutput(o traceOptions, h trace.Header, stdout io.Writer) (*output, error
 	return out, nil
 }
 
-// flush writes what the stream and the recording hold.
-func (o *output) flush() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var err error
-	if o.text != nil {
-		if err = o.text.Flush(); err != nil {
-			err = fmt.Errorf("stdout: %w", err)
+// flushing is the pipeline's Sink.Flush for o: it writes what the stream
+// and the recording hold, unless a write failed before; the first
+// failure is kept in writeErr and ends the trace.
+func (o *output) flushing(writeErr *error) func() {
+	return func() {
+		if *writeErr != nil {
+			return
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if *writeErr = errors.Join(o.flushText(), o.each((*trace.Writer).Flush)); *writeErr != nil {
+			o.stop()
 		}
 	}
-	return errors.Join(err, o.each((*trace.Writer).Flush))
+}
+
+// flushText writes the text stream's held lines.
+func (o *output) flushText() error {
+	if o.text == nil {
+		return nil
+	}
+	if err := o.text.Flush(); err != nil {
+		return fmt.Errorf("stdout: %w", err)
+	}
+	return nil
 }
 
 // each writes to the JSON stream and the recording, naming the one that
@@ -380,17 +387,13 @@ func (o *output) close(sum trace.Summary) error {
 }
 
 func (o *output) closeWriters(sum trace.Summary) error {
-	var textErr error
 	if o.text != nil {
 		fmt.Fprintf(o.text, "# %d flows, %d events, %d lost\n", sum.Flows, sum.Events, sum.LostEvents)
 		if sum.ConntrackDrops > 0 {
 			fmt.Fprintf(o.text, "# conntrack itself dropped %d packets (its table full or insert clashes lost: conntrack -S)\n", sum.ConntrackDrops)
 		}
-		if textErr = o.text.Flush(); textErr != nil {
-			textErr = fmt.Errorf("stdout: %w", textErr)
-		}
 	}
-	return errors.Join(textErr, o.each(func(w *trace.Writer) error {
+	return errors.Join(o.flushText(), o.each(func(w *trace.Writer) error {
 		w.SetLoss(sum)
 		return w.Close()
 	}))

@@ -124,9 +124,8 @@ type Tracker struct {
 	opts Options
 	now  func() time.Time
 
-	// mu guards tab; its questions write too (table.catchUp), Stats
-	// alone only reads.
-	mu  sync.RWMutex
+	// mu guards tab, whose questions write too (table.catchUp).
+	mu  sync.Mutex
 	tab *table
 
 	// drainer is the DESTROY socket (nil when the ends are fed); rx
@@ -344,10 +343,10 @@ func (t *Tracker) AppendDestroyedRead(dst []Entry, tu event.Tuple) []Entry {
 
 // Stats returns the counters.
 func (t *Tracker) Stats() Stats {
-	t.mu.RLock()
+	t.mu.Lock()
 	held := t.tab.len()
 	evicted := t.tab.evicted
-	t.mu.RUnlock()
+	t.mu.Unlock()
 	s := Stats{
 		Overruns:           t.overruns.Load(),
 		Entries:            held,

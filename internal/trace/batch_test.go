@@ -3,11 +3,23 @@ package trace
 import (
 	"bytes"
 	"errors"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
+
+// batchingWriter is a Writer to out that batches, its header written.
+func batchingWriter(t *testing.T, out io.Writer) *Writer {
+	t.Helper()
+	w, err := NewWriter(out, Header{Node: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Batch()
+	return w
+}
 
 func batchFlow(i int) *Flow {
 	return &Flow{Time: time.Unix(int64(i), 0).UTC(), Proto: "tcp", Orig: Tuple{"10.0.0.1:1", "10.0.0.2:2"}, Verdict: VerdictOK}
@@ -17,11 +29,7 @@ func batchFlow(i int) *Flow {
 // then writes them in one Write, whole lines only.
 func TestWriterBatchWritesABurstAtFlush(t *testing.T) {
 	var writes countingWriter
-	w, err := NewWriter(&writes, Header{Node: "n"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Batch()
+	w := batchingWriter(t, &writes)
 	for i := range 3 {
 		if err := w.WriteFlow(batchFlow(i)); err != nil {
 			t.Fatal(err)
@@ -61,11 +69,7 @@ func TestWriterBatchWritesABurstAtFlush(t *testing.T) {
 // without waiting for Flush.
 func TestWriterBatchWritesWhenFull(t *testing.T) {
 	var writes lineWrites
-	w, err := NewWriter(&writes, Header{Node: "n"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Batch()
+	w := batchingWriter(t, &writes)
 	n := 0
 	for writes.n < 3 {
 		if err := w.WriteFlow(batchFlow(n)); err != nil {
@@ -120,11 +124,7 @@ func TestWriterBatchCloseWritesTheRest(t *testing.T) {
 // that fails is Flush's error.
 func TestWriterBatchErrors(t *testing.T) {
 	var writes countingWriter
-	w, err := NewWriter(&writes, Header{Node: "n"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Batch()
+	w := batchingWriter(t, &writes)
 	w.WriteFlow(batchFlow(1))
 	bad := batchFlow(2)
 	bad.Time = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -146,11 +146,7 @@ func TestWriterBatchErrors(t *testing.T) {
 	}
 
 	failing := &failAfter{ok: 1}
-	w, err = NewWriter(failing, Header{Node: "n"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Batch()
+	w = batchingWriter(t, failing)
 	if err := w.WriteFlow(batchFlow(1)); err != nil {
 		t.Fatalf("a held flow failed: %v", err)
 	}

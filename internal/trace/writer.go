@@ -180,12 +180,10 @@ func (w *Writer) flush() error {
 }
 
 // put appends one line, which line appends to its argument, and writes
-// it, or holds it when batching. A line that fails to encode is not kept:
-// w.buf is not moved past the lines before it.
+// it, or holds it when batching (otherwise w.buf is empty here: flush
+// empties it). A line that fails to encode is not kept: w.buf is not
+// moved past the lines before it.
 func (w *Writer) put(line func([]byte) ([]byte, error)) error {
-	if !w.batching {
-		w.buf = w.buf[:0]
-	}
 	b, err := line(w.buf)
 	if err != nil {
 		return err
