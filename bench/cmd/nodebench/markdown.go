@@ -17,14 +17,11 @@ import (
 // printer appends formatted text to the report.
 type printer func(format string, a ...any)
 
-// markdown is BENCHMARKS.md: machine, commands, every raw figure, the
-// ratios, and the targets with what limits the missed ones. Sentences
-// that state a result are computed from the figures; the others describe
-// the method as the code does it.
 // targetsMarkdown prints the targets, with the previous run's verdict and
 // figure beside each when there was one.
 func (r *report) targetsMarkdown(p printer) {
 	p("## Targets\n\n")
+	p("An overhead's verdict is the whole run's figure against its target. Beside that figure is the 90%% interval of the mean of its rounds, each round paired with the same round's run with nothing attached (Student's t); where that interval reaches both sides of the target, the verdict says this run does not decide it.\n\n")
 	if r.previous.When == "" {
 		p("| what | target | result | verdict |\n|---|---|---|---|\n")
 		for _, t := range r.targets() {
@@ -49,6 +46,10 @@ func (r *report) targetsMarkdown(p printer) {
 	p("\n")
 }
 
+// markdown is BENCHMARKS.md: machine, commands, every raw figure, the
+// ratios, and the targets with what limits the missed ones. Sentences
+// that state a result are computed from the figures; the others describe
+// the method as the code does it.
 func (r *report) markdown() string {
 	var b strings.Builder
 	p := printer(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) })
