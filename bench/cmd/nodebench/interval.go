@@ -56,10 +56,9 @@ func fewerPercent(ratios []float64) []float64 {
 	return out
 }
 
-// overheadIntervals says the rounds' intervals of an observer's cost, and
-// whether they decide a goal of at most percent fewer connections/s and
-// at most cpuMicros added per connection: met when both intervals lie
-// within it, missed when either lies beyond it, undecided otherwise.
+// overheadIntervals are the intervals of an observer's cost over its
+// rounds: how many percent fewer connections/s, and how many µs of CPU
+// per connection more, than nothing attached.
 type overheadIntervals struct {
 	fewer, added interval
 }
@@ -69,7 +68,10 @@ func (o overheadIntervals) String() string {
 		o.fewer.N, o.fewer.Lo, o.fewer.Hi, o.added.Lo, o.added.Hi)
 }
 
-// decides reports whether the intervals settle the goal, and which way.
+// decides reports whether the intervals settle a goal of at most percent
+// fewer connections/s and at most cpuMicros added per connection, and
+// which way: met when both lie within it, missed when either lies wholly
+// beyond it, undecided otherwise.
 func (o overheadIntervals) decides(percent, cpuMicros float64) (decided, met bool) {
 	switch {
 	case o.fewer.Hi <= percent && o.added.Hi <= cpuMicros:
