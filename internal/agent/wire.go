@@ -86,11 +86,12 @@ func (m *FlowsMessage) appendJSON(b []byte) ([]byte, error) {
 		b = append(b, m.Flow...)
 		b = append(b, ',')
 	}
-	t, err := m.Time.MarshalJSON()
+	// Time's JSON is its text quoted; appended in place, not allocated.
+	b, err := m.Time.AppendText(append(b, `"time":"`...))
 	if err != nil {
 		return nil, fmt.Errorf("encode flows message time: %w", err)
 	}
-	b = append(append(b, `"time":`...), t...)
+	b = append(b, '"')
 	b = strconv.AppendUint(append(b, `,"dropped":`...), m.Dropped, 10)
 	b = strconv.AppendUint(append(b, `,"lost_events":`...), m.LostEvents, 10)
 	if m.Summary != nil {
