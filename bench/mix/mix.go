@@ -275,6 +275,33 @@ func Records(flows int, gap time.Duration) [][]byte {
 	return out
 }
 
+// Replay hands out records over and over, each stamped gap after the
+// one before in kernel time, so a run lasts as long as it needs while
+// its clock only moves on.
+type Replay struct {
+	recs [][]byte
+	gap  uint64
+	ts   uint64
+	i    int
+}
+
+// NewReplay replays recs (Records spaced gap apart) from their start.
+func NewReplay(recs [][]byte, gap time.Duration) *Replay {
+	return &Replay{recs: recs, gap: uint64(gap), ts: uint64(time.Second)}
+}
+
+// Next is the next record, stamped; it is the same slice as recs' and
+// changes when its turn comes again.
+func (r *Replay) Next() []byte {
+	rec := r.recs[r.i]
+	binary.LittleEndian.PutUint64(rec[event.OffTsNs:], r.ts)
+	r.ts += r.gap
+	if r.i++; r.i == len(r.recs) {
+		r.i = 0
+	}
+	return rec
+}
+
 // Events are Records decoded, as the pipeline reads them.
 func Events(flows int, gap time.Duration) ([]event.Event, error) {
 	var out []event.Event
@@ -292,9 +319,10 @@ func Events(flows int, gap time.Duration) ([]event.Event, error) {
 // joiner's quiet flows, as internal/live does on its ticker.
 const ExpireEvery = 100 * time.Millisecond
 
-// Pipeline is what live.Pipeline.Run does per event, without the kernel:
-// decode, join, and (when a flow finishes) enrich + diagnose and encode to
-// the trace writer. Time is the events' own clock, so a run
+// Pipeline is what live.Pipeline.Run does per event, without the kernel
+// and on one goroutine: decode, join, and (when a flow finishes) enrich +
+// diagnose and encode to the trace writer. Run hands the finished flows
+// to a goroutine of their own (internal/live's BenchmarkStages). Time is the events' own clock, so a run
 // is reproducible; the joiner's flows expire every ExpireEvery of it.
 type Pipeline struct {
 	Stages   *enrich.Stages

@@ -1,7 +1,6 @@
 package mix
 
 import (
-	"encoding/binary"
 	"io"
 	"reflect"
 	"runtime"
@@ -116,25 +115,17 @@ func BenchmarkPipeline(b *testing.B) {
 		b.Fatal(err)
 	}
 	const gap = 10 * time.Microsecond
-	recs := Records(200_000, gap)
+	replay := NewReplay(Records(200_000, gap), gap)
 	p, err := NewPipeline(io.Discard, env)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ts := uint64(time.Second)
-	i := 0
 	b.ReportAllocs()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	b.ResetTimer()
 	for b.Loop() {
-		r := recs[i]
-		binary.LittleEndian.PutUint64(r[event.OffTsNs:], ts)
-		p.Feed(r)
-		ts += uint64(gap)
-		if i++; i == len(recs) {
-			i = 0
-		}
+		p.Feed(replay.Next())
 	}
 	b.StopTimer()
 	if p.Errors != 0 {

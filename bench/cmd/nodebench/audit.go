@@ -15,7 +15,7 @@ type auditReport struct {
 
 func measureAudit(benchtime string) (auditReport, string) {
 	args := []string{"test", "-run", "^$", "-bench", "Audit5000", "-benchtime", benchtime, "-count", "1", "./internal/audit"}
-	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
+	cmdline := "GOMAXPROCS=1 go " + shellWords(args)
 	benches, err := runGoBench(args)
 	if err != nil {
 		return auditReport{err: err.Error()}, cmdline

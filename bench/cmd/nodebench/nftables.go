@@ -29,7 +29,7 @@ func measureNFT(benchtime string) (nftReport, string) {
 	var r nftReport
 	args := []string{"test", "-run", "^$", "-bench", "KubeProxy5000|NFTGeneration", "-benchtime", benchtime, "-count", "1",
 		"./internal/nft", "./internal/enrich/node"}
-	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
+	cmdline := "GOMAXPROCS=1 go " + shellWords(args)
 	benches, err := runGoBench(args)
 	if err != nil {
 		r.err = err.Error()

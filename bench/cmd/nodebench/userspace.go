@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/tracer-dev/tracer/bench/mix"
 	"github.com/tracer-dev/tracer/internal/enrich"
-	"github.com/tracer-dev/tracer/internal/event"
 	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -103,25 +101,17 @@ func throughput(d time.Duration, max int) (childResult, error) {
 	if err != nil {
 		return childResult{}, err
 	}
-	recs := mix.Records(200_000, throughputGap)
+	replay := mix.NewReplay(mix.Records(200_000, throughputGap), throughputGap)
 	p, err := mix.NewPipeline(io.Discard, env)
 	if err != nil {
 		return childResult{}, err
 	}
-	ts := uint64(time.Second)
 	start := time.Now()
-	i := 0
 	for n := 0; n < max; n++ {
 		if n%4096 == 0 && time.Since(start) > d {
 			break
 		}
-		r := recs[i]
-		binary.LittleEndian.PutUint64(r[event.OffTsNs:], ts)
-		p.Feed(r)
-		ts += uint64(throughputGap)
-		if i++; i == len(recs) {
-			i = 0
-		}
+		p.Feed(replay.Next())
 	}
 	el := time.Since(start)
 	if p.Errors > 0 {
@@ -269,13 +259,38 @@ type goBench struct {
 	Extra map[string]float64
 }
 
-// goBenchmarks runs the per-stage Go benchmarks on one core.
+// goBenchmarks runs the per-stage Go benchmarks on one core, then the
+// live pipeline's stages as Run wires them (BenchmarkStages) on one core
+// and on two (BenchmarkStages-2).
 func goBenchmarks(benchtime string) ([]goBench, string, error) {
-	args := []string{"test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "-count", "1",
-		"./internal/event", "./internal/join", "./internal/enrich", "./internal/trace", "./bench/mix"}
-	cmdline := "GOMAXPROCS=1 go " + strings.Replace(strings.Join(args, " "), "^$", "'^$'", 1)
-	res, err := runGoBench(args)
-	return res, cmdline, err
+	runs := [][]string{
+		{"test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "-count", "1",
+			"./internal/event", "./internal/join", "./internal/enrich", "./internal/trace", "./bench/mix"},
+		{"test", "-run", "^$", "-bench", "^BenchmarkStages$", "-benchtime", benchtime, "-count", "1", "-cpu", "1,2", "./internal/live"},
+	}
+	var res []goBench
+	var cmdlines []string
+	for _, args := range runs {
+		cmdlines = append(cmdlines, "GOMAXPROCS=1 go "+shellWords(args))
+		r, err := runGoBench(args)
+		if err != nil {
+			return nil, "", err
+		}
+		res = append(res, r...)
+	}
+	return res, strings.Join(cmdlines, "; "), nil
+}
+
+// shellWords is args as a shell reads them back: the patterns quoted.
+func shellWords(args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, "^$") {
+			a = "'" + a + "'"
+		}
+		quoted[i] = a
+	}
+	return strings.Join(quoted, " ")
 }
 
 // runGoBench runs `go test -bench` on one core and reads its lines.
