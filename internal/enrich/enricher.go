@@ -10,8 +10,9 @@ import (
 
 // Enricher is the stage after the join: it attributes each joined flow's
 // decision to a rule, names its pods and Service, diagnoses it and hands
-// it to Emit. Its Take is the joiner's Emit. It is not safe for
-// concurrent use: the joiner's goroutine runs it.
+// it to Emit. Its Take is the joiner's Emit, or takes the flows of a
+// join.Batch. It is not safe for concurrent use: one goroutine runs it,
+// the joiner's or the one the joiner hands its flows to.
 type Enricher struct {
 	// Env is the node and cluster state in force at a flow's decision
 	// (its first event), which the rules may have changed since.
@@ -98,9 +99,10 @@ func (e *Enricher) Held() int { return len(e.held) }
 // with the addresses it made of its typed events.
 var testHookJoinedAddrs func(*trace.Flow, flowAddrs)
 
-// Stages are the join and the enricher wired as a pipeline runs them: the
+// Stages are the join and the enricher wired on one goroutine: the
 // enricher takes what the joiner emits, and releases the flows it held
-// before each of the joiner's Expires and after its Flush.
+// before each of the joiner's Expires and after its Flush. internal/live
+// keeps that order with the enricher on a goroutine of its own.
 type Stages struct {
 	Join   *join.Joiner
 	Enrich *Enricher

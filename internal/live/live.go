@@ -348,11 +348,13 @@ type decoded struct {
 }
 
 // Sink takes what Run hands out. Flow is required; Event and Flush may
-// be nil.
+// be nil. Run calls them all on one goroutine of its own, not the
+// caller's, beside the one that reads and joins the events.
 type Sink struct {
 	// Flow takes each finished flow.
 	Flow func(*trace.Flow)
-	// Event takes each event as it is read, before it is joined.
+	// Event takes each event read, in the order read, with the flows of
+	// its expiry round.
 	Event func(event.Event)
 	// Flush ends a burst: Run calls it after each expiry round (every
 	// 100 ms), which finishes most flows, and before it returns. A sink
@@ -371,14 +373,14 @@ func (s Sink) flush() {
 // flow and event to sink, then flushes the open flows and returns the
 // summary. It detaches the kernel side on the way out.
 func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
-	evc := make(chan decoded, 1024)
+	evc := make(chan decoded, 512)
 	go p.read(evc)
 	ran := make(chan struct{})
 	defer close(ran)
 	stop := context.AfterFunc(ctx, func() { p.drainThenClose(ran) })
 	defer stop()
 
-	sum := trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
+	sum := trace.Summary{Type: trace.TypeSummary}
 	j := &join.Joiner{Linger: p.cfg.Linger, Names: p.tracer.Reasons(), ReuseFlows: p.cfg.FlowsNotKept}
 	if len(p.ct) > 0 {
 		j.CT = p.ct
@@ -386,12 +388,8 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 	if p.counters != nil {
 		j.Counters, j.CountersNetns = p.counters, p.countersNetns
 	}
-	stages := enrich.NewStages(j, &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain, Emit: func(f *trace.Flow) {
-		p.flows.Add(1)
-		sum.Flows++
-		sum.Verdicts[f.Verdict]++
-		sink.Flow(f)
-	}})
+	st := newStages(j, &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain}, sink,
+		func() { p.flows.Add(1) })
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var clock eventClock
@@ -401,8 +399,7 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 		select {
 		case d, ok := <-evc:
 			if !ok {
-				stages.Flush()
-				sink.flush()
+				sum.Flows, sum.Verdicts = st.stop()
 				return p.finish(sum), gone
 			}
 			if !d.idle.IsZero() {
@@ -416,13 +413,9 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 				continue
 			}
 			sum.Events++
-			if sink.Event != nil {
-				sink.Event(d.ev)
-			}
-			stages.Add(d.ev, clock.event(d.ev.Time))
+			st.add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
-			stages.Expire(clock.now)
-			sink.flush()
+			st.expire(clock.now)
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()
