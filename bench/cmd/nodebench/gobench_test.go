@@ -26,3 +26,20 @@ func TestParseGoBenchRate(t *testing.T) {
 		t.Errorf("a benchmark with no rate keeps its first metric: %+v", j)
 	}
 }
+
+// The live pipeline's stages, run with -cpu 1,2, are told apart by the
+// suffix of the two-core run, and compared in the per-stage sentence.
+func TestStagesOnOneCoreAndTwo(t *testing.T) {
+	out := "BenchmarkStages \t 1000000\t      3500 ns/op\t    285714 events/s\t     353 B/op\t       0 allocs/op\n" +
+		"BenchmarkStages-2 \t 1000000\t      2800 ns/op\t    357142 events/s\t     353 B/op\t       0 allocs/op\n"
+	r := &report{stages: parseGoBench(out)}
+	want := " BenchmarkStages is that pipeline as live.Run wires it, the join on one goroutine and the enrichment, diagnosis and writing on another:" +
+		" 3500 ns per event on one core, 2800 on two (GOMAXPROCS=2), 1.25x the events a second."
+	if got := r.stagesRelation(); got != want {
+		t.Errorf("stagesRelation:\n got %q\nwant %q", got, want)
+	}
+	r.stages = r.stages[:1]
+	if got := r.stagesRelation(); got != "" {
+		t.Errorf("without the two-core run: %q, want nothing", got)
+	}
+}

@@ -158,6 +158,7 @@ func (r *report) stageRelation(whole float64) string {
 		}
 		line += "."
 	}
+	line += r.stagesRelation()
 	name := strings.TrimPrefix(largest, "Benchmark")
 	if per[largest] > 1000 {
 		line += fmt.Sprintf(" The largest stage, %s, takes %.0f ns per event, %.1fx the whole budget on its own.", name, per[largest], per[largest]/1000)
@@ -165,6 +166,18 @@ func (r *report) stageRelation(whole float64) string {
 		line += fmt.Sprintf(" The largest stage, %s, takes %.0f ns per event, %.0f%% of the budget.", name, per[largest], per[largest]/10)
 	}
 	return line + fmt.Sprintf(" Decode takes %.0f ns, %.0f%% of it.", per["BenchmarkDecode"], per["BenchmarkDecode"]/10)
+}
+
+// stagesRelation compares the live pipeline's stages, as Run wires them
+// on two goroutines, on one core and on two.
+func (r *report) stagesRelation() string {
+	one, ok1 := r.stage("BenchmarkStages")
+	two, ok2 := r.stage("BenchmarkStages-2")
+	if !ok1 || !ok2 || one.NsOp <= 0 || two.NsOp <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" BenchmarkStages is that pipeline as live.Run wires it, the join on one goroutine and the enrichment, diagnosis and writing on another:"+
+		" %.0f ns per event on one core, %.0f on two (GOMAXPROCS=2), %.2fx the events a second.", one.NsOp, two.NsOp, one.NsOp/two.NsOp)
 }
 
 // stage is the named per-stage benchmark.
