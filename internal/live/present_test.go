@@ -16,6 +16,7 @@ import (
 	"github.com/tracer-dev/tracer/internal/event/eventtest"
 	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/trace"
+	"github.com/tracer-dev/tracer/tests/vm/guest"
 )
 
 // mixStages runs the generated mix through stages as Run does, writing
@@ -81,6 +82,7 @@ func BenchmarkStages(b *testing.B) {
 // same flows, in the same order, with the same attribution and
 // diagnosis, while the join reuses the records the writer is done with.
 func TestStagesWriteWhatOneGoroutineWrites(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	const n, gap = 40_000, 10 * time.Microsecond
 	recs := mix.Records(n, gap)
 	env, err := mix.Env()
@@ -124,6 +126,7 @@ func TestStagesWriteWhatOneGoroutineWrites(t *testing.T) {
 // in records the join reuses, and the held one leaves, settled by the
 // next reading, as it was held, its record not reused.
 func TestStagesHoldAFlowAcrossRounds(t *testing.T) {
+	guest.SkipKernelIndependent(t)
 	inForce, certain := vipEnv(t, "10.0.0.1:80"), vipEnv(t, "10.0.0.2:80")
 	env := inForce
 	var next enrich.Env
