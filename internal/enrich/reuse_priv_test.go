@@ -2,6 +2,7 @@ package enrich_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -326,14 +327,14 @@ func checkReusedFlow(t *testing.T, f *trace.Flow, backend string, states map[str
 		case e.Kind == trace.KindSNAT:
 			snat++
 		default:
-			t.Errorf("flow from %s: unexpected %s event", f.Orig.Src, e.Kind)
+			t.Errorf("flow from %s: unexpected %s event: %s", f.Orig.Src, e.Kind, eventJSON(e))
 		}
 	}
 	if dnat != 1 || snat != 1 {
 		t.Errorf("flow from %s: %d DNAT and %d SNAT events, want one each", f.Orig.Src, dnat, snat)
 	}
 	if f.Verdict != trace.VerdictOK {
-		t.Errorf("flow from %s: verdict %s: %s", f.Orig.Src, f.Verdict, f.Explanation)
+		t.Errorf("flow from %s: verdict %s: %s; its reply tuple %+v, conntrack %+v", f.Orig.Src, f.Verdict, f.Explanation, f.Reply, f.Conntrack)
 	}
 	if f.Conntrack == nil {
 		states[noConntrack]++
@@ -344,4 +345,14 @@ func checkReusedFlow(t *testing.T, f *trace.Flow, backend string, states map[str
 		}
 	}
 	return late
+}
+
+// eventJSON is e as the trace writes it: an unexpected event's packet,
+// hook, namespace and reason, for the log.
+func eventJSON(e trace.Event) string {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }
