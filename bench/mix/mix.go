@@ -319,18 +319,47 @@ func Events(flows int, gap time.Duration) ([]event.Event, error) {
 // joiner's quiet flows, as internal/live does on its ticker.
 const ExpireEvery = 100 * time.Millisecond
 
+// Stages are what Feeder feeds: the join and the stages after it, on
+// one goroutine (enrich.Stages) or handing the joined flows to another
+// (internal/live).
+type Stages interface {
+	Add(ev event.Event, now time.Time)
+	Expire(now time.Time)
+}
+
+// Feeder decodes raw records into Stages on the events' own clock, so a
+// run is reproducible, expiring their quiet flows every ExpireEvery of it.
+type Feeder struct {
+	Events   int
+	Errors   int
+	nextTick time.Time
+}
+
+// Feed runs one raw record through s.
+func (f *Feeder) Feed(raw []byte, s Stages) {
+	ev, err := event.Decode(raw, Clock)
+	if err != nil {
+		f.Errors++
+		return
+	}
+	f.Events++
+	now := ev.Time
+	if now.After(f.nextTick) {
+		s.Expire(now)
+		f.nextTick = now.Add(ExpireEvery)
+	}
+	s.Add(ev, now)
+}
+
 // Pipeline is what live.Pipeline.Run does per event, without the kernel
 // and on one goroutine: decode, join, and (when a flow finishes) enrich +
 // diagnose and encode to the trace writer. Run hands the finished flows
-// to a goroutine of their own (internal/live's BenchmarkStages). Time is the events' own clock, so a run
-// is reproducible; the joiner's flows expire every ExpireEvery of it.
+// to a goroutine of their own (internal/live's BenchmarkStages).
 type Pipeline struct {
-	Stages   *enrich.Stages
-	W        *trace.Writer
-	Events   int
-	Flows    int
-	Errors   int
-	nextTick time.Time
+	Feeder
+	Stages *enrich.Stages
+	W      *trace.Writer
+	Flows  int
 }
 
 // NewPipeline encodes to w (io.Discard to measure).
@@ -351,20 +380,7 @@ func NewPipeline(w io.Writer, env enrich.Env) (*Pipeline, error) {
 }
 
 // Feed runs one raw record through the pipeline.
-func (p *Pipeline) Feed(raw []byte) {
-	ev, err := event.Decode(raw, Clock)
-	if err != nil {
-		p.Errors++
-		return
-	}
-	p.Events++
-	now := ev.Time
-	if now.After(p.nextTick) {
-		p.Stages.Expire(now)
-		p.nextTick = now.Add(ExpireEvery)
-	}
-	p.Stages.Add(ev, now)
-}
+func (p *Pipeline) Feed(raw []byte) { p.Feeder.Feed(raw, p.Stages) }
 
 // Finish flushes the open flows.
 func (p *Pipeline) Finish() { p.Stages.Flush() }

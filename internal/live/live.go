@@ -413,9 +413,9 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 				continue
 			}
 			sum.Events++
-			st.add(d.ev, clock.event(d.ev.Time))
+			st.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
-			st.expire(clock.now)
+			st.Expire(clock.now)
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()

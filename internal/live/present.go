@@ -22,8 +22,6 @@ type handoff struct {
 	added   int
 	now     time.Time
 	events  []event.Event
-	// last: Run is ending; every held flow is emitted after these.
-	last bool
 }
 
 // presenter is the pipeline's last stages on a goroutine of their own:
@@ -72,19 +70,20 @@ func newPresenter(e *enrich.Enricher, sink Sink, count func()) *presenter {
 	return pr
 }
 
+// run presents each round as it comes; once Run has handed over its last
+// (and closed work), it emits every held flow.
 func (pr *presenter) run() {
 	defer close(pr.done)
 	for h := range pr.work {
 		pr.present(h)
-		if h.last {
-			pr.enrich.Flush()
-		}
 		pr.sink.flush()
 		select {
 		case pr.back <- h:
 		default:
 		}
 	}
+	pr.enrich.Flush()
+	pr.sink.flush()
 }
 
 // present runs one round as Stages did on one goroutine: the flows Adds
@@ -95,14 +94,18 @@ func (pr *presenter) present(h *handoff) {
 			pr.sink.Event(ev)
 		}
 	}
-	for i := range h.flows.Len() {
-		if h.release && i == h.added {
-			pr.enrich.Release(h.now)
-		}
+	n := h.flows.Len()
+	if !h.release {
+		h.added = n
+	}
+	for i := range h.added {
 		pr.enrich.Take(h.flows.Flow(i))
 	}
-	if h.release && h.added == h.flows.Len() {
+	if h.release {
 		pr.enrich.Release(h.now)
+	}
+	for i := h.added; i < n; i++ {
+		pr.enrich.Take(h.flows.Flow(i))
 	}
 }
 
@@ -152,8 +155,8 @@ func (s *stages) handOver() {
 	s.round = s.pr.next(s.join)
 }
 
-// add joins one event at now, the pipeline's clock.
-func (s *stages) add(ev event.Event, now time.Time) {
+// Add joins one event at now, the pipeline's clock.
+func (s *stages) Add(ev event.Event, now time.Time) {
 	s.join.Add(ev, now)
 	if s.events {
 		if s.round.events = append(s.round.events, ev); s.round.full() {
@@ -162,9 +165,9 @@ func (s *stages) add(ev event.Event, now time.Time) {
 	}
 }
 
-// expire ends a round: the held flows are released, then the flows
+// Expire ends a round: the held flows are released, then the flows
 // quiet since their deadline finish.
-func (s *stages) expire(now time.Time) {
+func (s *stages) Expire(now time.Time) {
 	s.round.release, s.round.added, s.round.now = true, s.round.flows.Len(), now
 	s.join.Expire(now)
 	s.handOver()
@@ -175,7 +178,6 @@ func (s *stages) expire(now time.Time) {
 // of the flows emitted.
 func (s *stages) stop() (flows int, verdicts map[string]int) {
 	s.join.Flush()
-	s.round.last = true
 	s.pr.work <- s.round
 	close(s.pr.work)
 	<-s.pr.done
