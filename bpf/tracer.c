@@ -646,7 +646,7 @@ int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *ra
 	return on_nat(ct, range, manip, VIA_KPROBE, false);
 }
 
-/* ---- nf_ct_delete: the end of every confirmed conntrack entry ----
+/* ---- nf_ct_delete: the ends of the conntrack entries flows ask for ----
  *
  * What a ctnetlink DESTROY event says of an entry (tuples, status, mark,
  * zone, TCP state), for the namespaces whose conntrack trackers ask for it
@@ -658,7 +658,27 @@ int BPF_KPROBE(tr_nat_kprobe, struct nf_conn *ct, const struct nf_nat_range2 *ra
 const volatile __u32 cfg_ct_nnetns = 0;
 const volatile __u32 cfg_ct_netns[MAX_FILTER_NETNS] = {};
 
-/* at_free: the entry's last reference is going, after its delete. */
+/* The tracer followed the connection of entry ct: IPVS scheduled it, or
+ * one of its packets was answered with an error or a reset. Such a
+ * connection's flow asks for its entry as a translated one's does; a
+ * node's other connections, most of them, have no flow, and their ends
+ * are not worth a record each. */
+static __always_inline bool ct_followed(struct nf_conn *ct)
+{
+	struct follow_maps in = follow_maps_in_use();
+	if (!in.answered && !in.ipvs)
+		return false;
+	struct tuple t = {};
+	read_ct_tuple(&t, ct, 0);
+	if (followed_why(&t, in))
+		return true;
+	read_ct_tuple(&t, ct, 1);
+	return followed_why(&t, in) != 0;
+}
+
+/* at_free: the entry's last reference is going, after its delete. Only
+ * the ends a flow can ask for are reported: a translated connection's
+ * (the NAT hooks reported it) or a followed one's (ct_followed). */
 static __always_inline int on_ct_end(struct nf_conn *ct, bool at_free, __u8 via)
 {
 	if (!ct)
@@ -670,6 +690,8 @@ static __always_inline int on_ct_end(struct nf_conn *ct, bool at_free, __u8 via)
 	if (!(status & IPS_CONFIRMED) || (!at_free && (status & IPS_DYING)))
 		return 0;
 	if (!netns_listed(cfg_ct_netns, cfg_ct_nnetns, net_inum(BPF_CORE_READ(ct, ct_net.net))))
+		return 0;
+	if (!(status & (IPS_SRC_NAT | IPS_DST_NAT)) && !ct_followed(ct))
 		return 0;
 	struct event *e = reserve(KIND_CT_DESTROY, HOOK_CT_DESTROY, via);
 	if (!e)

@@ -23,12 +23,15 @@ func conntrackTool(t *testing.T, ns netlab.Namespace, args ...string) []netlab.C
 }
 
 // TestConntrackEndsReported: the kernel side reports the end of every
-// conntrack entry of the namespaces asked for, as ctnetlink's DESTROY
-// would (tuples with the NAT'd reply, status, TCP state), however the
-// entry ends: deleted (`conntrack -D`), timed out (conntrack's garbage
-// collection), or replaced by a new connection of its tuple. Truth: the
-// entries the conntrack tool listed before they ended. The client's
-// namespace, whose table has entries too, was not asked for.
+// conntrack entry a flow can ask for in the namespaces asked for, as
+// ctnetlink's DESTROY would (tuples with the NAT'd reply, status, TCP
+// state), however the entry ends: deleted (`conntrack -D`), timed out
+// (conntrack's garbage collection), or replaced by a new connection of
+// its tuple. A translated connection's entry is one, and so is that of a
+// connection whose packet was answered with a reset; an untranslated
+// connection nothing answered has no flow, and its end is not reported.
+// Truth: the entries the conntrack tool listed before they ended. The
+// client's namespace, whose table has entries too, was not asked for.
 func TestConntrackEndsReported(t *testing.T) {
 	requirePrivileged(t)
 	for _, tier := range []tier{{"best", nil}, {"kprobe", []event.Via{event.ViaKprobe}}} {
@@ -120,6 +123,34 @@ func testConntrackEnds(t *testing.T, only []event.Via) {
 	}
 	must(t, connectFrom(tp.c, 33000, vip+":80"))
 	checkEnds(t, "replaced", c, ino, cIno, want)
+
+	// Untranslated: a connection routed through R to S's own address,
+	// which nothing answered with an error or reset, ends deleted, and its
+	// end is not reported. Then one to a port of R where nothing listens:
+	// R's stack resets it, and conntrack ends an entry whose only answer
+	// was a reset at once (nf_conntrack_proto_tcp), too soon for the tool
+	// to list it: its tuples are the client's port's.
+	mustConnect(t, tp.c, sAddr+":8080")
+	time.Sleep(200 * time.Millisecond)
+	if routed := conntrackTool(t, tp.r, "-d", sAddr, "-p", "tcp"); len(routed) != 1 || routed[0].Reply.Src != netip.MustParseAddr(sAddr) {
+		t.Fatalf("conntrack -L in R: %+v, want one untranslated TCP entry to %s", routed, sAddr)
+	}
+	run(t, tp.r, "conntrack", "-D", "-d", sAddr, "-p", "tcp")
+	client := netip.MustParseAddrPort(mustBeRefused(t, tp.c, rAddrC+":81"))
+	orig := event.Tuple{Src: client.Addr(), Dst: netip.MustParseAddr(rAddrC), SrcPort: client.Port(), DstPort: 81, Proto: 6}
+	want = []netlab.ConntrackEntry{{Orig: orig, Reply: orig.Reverse(), State: "CLOSE", Unreplied: true}}
+	checkEndsTo(t, "reset, untranslated", c, ino, cIno, endsTo{dst: rAddrC, notTo: sAddr, resetEnded: true}, want)
+}
+
+// endsTo says which ends a check takes: those of entries to dst; an end
+// of an entry to notTo is one that should not have been reported.
+// resetEnded: the entries ended at the reset that answered them, whose
+// SEEN_REPLY conntrack sets on that reset after it deleted the entry: an
+// end read at the delete (nf_ct_delete) has it unset, one read at the
+// free (destroy_conntrack, 5.10) set.
+type endsTo struct {
+	dst, notTo string
+	resetEnded bool
 }
 
 // connectFrom connects from port in ns and reads until the server, which
@@ -144,6 +175,14 @@ func connectFrom(ns netlab.Namespace, port int, addr string) error {
 // namespace not asked for.
 func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, want []netlab.ConntrackEntry) {
 	t.Helper()
+	checkEndsTo(t, what, c, ino, notAsked, endsTo{dst: vip}, want)
+}
+
+// checkEndsTo is checkEnds of the ends of entries to.dst; an entry to
+// to.dst is translated (DST_NAT) when it is the VIP.
+func checkEndsTo(t *testing.T, what string, c *collector, ino, notAsked uint32, to endsTo, want []netlab.ConntrackEntry) {
+	t.Helper()
+	dst := netip.MustParseAddr(to.dst)
 	var got []event.Event
 	deadline := time.After(15 * time.Second)
 	for len(got) < len(want) {
@@ -155,7 +194,10 @@ func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, wa
 			if ev.Netns == notAsked {
 				t.Errorf("%s: an end in the namespace not asked for: %+v", what, ev)
 			}
-			if ev.Netns == ino && ev.Orig.Dst == netip.MustParseAddr(vip) {
+			if ev.Netns == ino && to.notTo != "" && ev.Orig.Dst == netip.MustParseAddr(to.notTo) {
+				t.Errorf("%s: the end of an entry no flow asks for was reported: %+v", what, ev)
+			}
+			if ev.Netns == ino && ev.Orig.Dst == dst {
 				got = append(got, ev)
 			}
 		case err := <-c.errs:
@@ -176,11 +218,11 @@ func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, wa
 		if ev.Hook != event.HookCTDestroy || ev.Reply != w.Reply {
 			t.Errorf("%s: end of %+v: hook %s, reply %+v, want reply %+v", what, w.Orig, ev.Hook, ev.Reply, w.Reply)
 		}
-		if replied := ev.CTStatus&(1<<1) != 0; replied == w.Unreplied {
+		if replied := ev.CTStatus&(1<<1) != 0; replied == w.Unreplied && !to.resetEnded {
 			t.Errorf("%s: end of %+v: SEEN_REPLY %v, the tool said unreplied %v", what, w.Orig, replied, w.Unreplied)
 		}
-		if ev.CTStatus&(1<<5) == 0 {
-			t.Errorf("%s: end of %+v: status %#x has no DST_NAT", what, w.Orig, ev.CTStatus)
+		if translated := ev.CTStatus&(1<<5) != 0; translated != (to.dst == vip) {
+			t.Errorf("%s: end of %+v: status %#x, DST_NAT %v, want %v", what, w.Orig, ev.CTStatus, translated, to.dst == vip)
 		}
 		if w.State != "" && (!ev.HasReason || tcpStates[ev.Reason] != w.State) {
 			t.Errorf("%s: end of %+v: TCP state %d, the tool said %s", what, w.Orig, ev.Reason, w.State)

@@ -43,7 +43,9 @@ type Config struct {
 	Only []event.Via
 	// ConntrackNetns are the inodes of the namespaces (at most four)
 	// whose conntrack entries' ends are reported (event.KindCTDestroy),
-	// for conntrack trackers fed from the ring buffer. None leaves
+	// for conntrack trackers fed from the ring buffer: the ends a flow can
+	// ask for, those of translated connections and of connections the
+	// programs follow (IPVS's, and those answered with an error or reset). None leaves
 	// event.HookCTDestroy unattached; it is not a filter of the rest.
 	ConntrackNetns []uint32
 }
