@@ -12,22 +12,23 @@ import (
 // hostileValues are values no flag of theirs accepts: each must be refused
 // with a message and exit 2 before anything is attached, read or written.
 var hostileValues = map[string][]string{
-	"duration":   {"", "-1s", "abc", "9999999999999h", "1e9", "\x00"},
-	"linger":     {"", "-1s", "abc", "9999999999999h"},
-	"filter":     {"port:99999", "port:-1", "pod:", "verdict:nope", "proto:gre", "ip:300.1.1.1", "ip:10.0.0.0/99", "!", "\x00:x"},
-	"netns":      {"/nonexistent/netns", "/", "\x00"},
-	"kubeconfig": {"/nonexistent/kubeconfig", "/"},
-	"metadata":   {"/nonexistent/metadata.json", "/", "GARBAGE"},
-	"o":          {"", "yaml", "json,text", strings.Repeat("x", 1<<16)},
-	"only":       {"nope", ",", "fentry,,kprobe", "netfilter,netfilter,bogus"},
-	"max-flows":  {"-1", "abc", "99999999999999999999999", "0x"},
-	"max-memory": {"-5", "1XB", "", "99999999999999999999GiB", "1.5.5MiB"},
-	"record":     {"/nonexistent-dir/trace.ndjson", "/"},
-	"listen":     {"nohost", "127.0.0.1:99999", ":-1", "\x00", "192.0.2.1:4245"},
-	"socket":     {"/nonexistent-dir/agent.sock", "/", "\x00"},
-	"health":     {"nohost", "127.0.0.1:99999", "192.0.2.1:4246"},
-	"window":     {"", "-1s", "abc"},
-	"buffer":     {"-1", "abc", "2000000", "99999999999999999999"},
+	"duration":    {"", "-1s", "abc", "9999999999999h", "1e9", "\x00"},
+	"linger":      {"", "-1s", "abc", "9999999999999h"},
+	"filter":      {"port:99999", "port:-1", "pod:", "verdict:nope", "proto:gre", "ip:300.1.1.1", "ip:10.0.0.0/99", "!", "\x00:x"},
+	"netns":       {"/nonexistent/netns", "/", "\x00"},
+	"kubeconfig":  {"/nonexistent/kubeconfig", "/"},
+	"metadata":    {"/nonexistent/metadata.json", "/", "GARBAGE"},
+	"o":           {"", "yaml", "json,text", strings.Repeat("x", 1<<16)},
+	"only":        {"nope", ",", "fentry,,kprobe", "netfilter,netfilter,bogus"},
+	"max-flows":   {"-1", "abc", "99999999999999999999999", "0x"},
+	"max-memory":  {"-5", "1XB", "", "99999999999999999999GiB", "1.5.5MiB"},
+	"ring-buffer": {"", "0", "-16MiB", "1000", "3MiB", "32KiB", "2GiB", "16MB", "99999999999999999999GiB"},
+	"record":      {"/nonexistent-dir/trace.ndjson", "/"},
+	"listen":      {"nohost", "127.0.0.1:99999", ":-1", "\x00", "192.0.2.1:4245"},
+	"socket":      {"/nonexistent-dir/agent.sock", "/", "\x00"},
+	"health":      {"nohost", "127.0.0.1:99999", "192.0.2.1:4246"},
+	"window":      {"", "-1s", "abc"},
+	"buffer":      {"-1", "abc", "2000000", "99999999999999999999"},
 }
 
 // garbage is a file that is no metadata, kubeconfig or trace.
@@ -52,14 +53,14 @@ func TestHostileFlagValues(t *testing.T) {
 	junk := garbage(t)
 	trace := "../../internal/predict/testdata/ipvs-node.ndjson"
 	commands := map[string][]string{
-		"trace":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "o", "only", "record"},
-		"ui":      {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "max-flows", "max-memory", "record"},
+		"trace":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "o", "only", "record", "ring-buffer"},
+		"ui":      {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "max-flows", "max-memory", "record", "ring-buffer"},
 		"replay":  {"filter", "max-flows", "max-memory", "o"},
 		"doctor":  {"o", "only"},
 		"lab":     {"linger", "max-flows", "max-memory", "o", "record"},
 		"explain": {"netns", "kubeconfig", "metadata", "o"},
 		"audit":   {"netns", "kubeconfig", "metadata", "o"},
-		"agent":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "record", "listen", "socket", "health"},
+		"agent":   {"duration", "linger", "filter", "netns", "kubeconfig", "metadata", "only", "record", "listen", "socket", "health", "ring-buffer"},
 		"connect": {"o", "filter", "duration", "window", "buffer"},
 	}
 	tried := 0

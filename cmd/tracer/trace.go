@@ -44,6 +44,7 @@ type traceOptions struct {
 	metadata   string
 	node       string
 	linger     time.Duration
+	ringBuffer string
 }
 
 func (o *traceOptions) register(fs *flag.FlagSet) {
@@ -58,6 +59,22 @@ func (o *traceOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.metadata, "metadata", "", "pod and Service metadata from `FILE`: kubectl get pods,services,endpointslices -A -o json")
 	fs.StringVar(&o.node, "node", "", "this node's name (default: the hostname)")
 	fs.DurationVar(&o.linger, "linger", join.DefaultLinger, "how long a flow waits for more of its events before it is diagnosed")
+	fs.StringVar(&o.ringBuffer, "ring-buffer", defaultRingBuffer, "the kernel's buffer for the tracer's records takes `SIZE` (a power of two, 64KiB to 1GiB; about 208 bytes a record); beyond it events are lost, and counted")
+}
+
+// defaultRingBuffer is loader.DefaultRingBuffer as the flag spells it.
+const defaultRingBuffer = "16MiB"
+
+// ringBufferSize validates --ring-buffer.
+func (o *traceOptions) ringBufferSize() (int, error) {
+	n, err := parseSize(o.ringBuffer)
+	if err == nil && (n < loader.MinRingBuffer || n > loader.MaxRingBuffer || n&(n-1) != 0) {
+		err = errors.New("want a power of two from 64KiB to 1GiB")
+	}
+	if err != nil {
+		return 0, usagef("--ring-buffer %q: %v", o.ringBuffer, err)
+	}
+	return int(n), nil
 }
 
 func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -152,6 +169,9 @@ func (o *traceOptions) pipelineConfig(ctx context.Context, stderr io.Writer) (li
 	flt, err := parseFilter(o.filter)
 	if err != nil {
 		return cfg, filter.Filter{}, err
+	}
+	if cfg.Loader.RingBuffer, err = o.ringBufferSize(); err != nil {
+		return cfg, flt, err
 	}
 	cfg.Loader.Only = vias
 	applyKernelFilter(&cfg.Loader, flt)

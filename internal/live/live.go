@@ -431,9 +431,10 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 }
 
 // drainLimit bounds how long a stopping pipeline reads what the kernel
-// reported before the stop. A full ring buffer (4 MiB, about 20,000
-// records) takes the pipeline about 50 ms at its benchmark rate on one
-// core; the rest is room for a node busy enough to have filled it.
+// reported before the stop. A full ring buffer of the default size
+// (16 MiB, about 80,000 records) takes the pipeline about 0.3 s at its
+// benchmark rate on one core (BENCHMARKS.md, section 4); the rest is room
+// for a node busy enough to have filled it.
 const drainLimit = 2 * time.Second
 
 // drainThenClose stops the programs and lets the read loop take in what

@@ -45,9 +45,35 @@ type Config struct {
 	// whose conntrack entries' ends are reported (event.KindCTDestroy),
 	// for conntrack trackers fed from the ring buffer: the ends a flow can
 	// ask for, those of translated connections and of connections the
-	// programs follow (IPVS's, and those answered with an error or reset). None leaves
-	// event.HookCTDestroy unattached; it is not a filter of the rest.
+	// programs follow (IPVS's, and those answered with an error or
+	// reset). None leaves event.HookCTDestroy unattached; it is not a
+	// filter of the rest.
 	ConntrackNetns []uint32
+	// RingBuffer is the size in bytes of the ring buffer the programs
+	// write their records to (a power of two from MinRingBuffer to
+	// MaxRingBuffer); 0 is DefaultRingBuffer.
+	RingBuffer int
+}
+
+// A record in the ring buffer takes 208 bytes (the event and the ring's
+// header). DefaultRingBuffer holds about 80,000, a second of a node making
+// 80,000 translated connections a second: room for the reader to fall that
+// far behind, on a machine the burst itself keeps busy, before the kernel
+// loses any. On the benchmark's two cores, under one-datagram UDP floods,
+// the full live pipeline lost events from 60,000 connections a second with
+// 4 MiB and none up to 80,000 with 16 MiB (BENCHMARKS.md, section 3). The
+// kernel keeps the ring's pages for as long as the tracer runs.
+const (
+	DefaultRingBuffer = 16 << 20
+	MinRingBuffer     = 64 << 10
+	MaxRingBuffer     = 1 << 30
+)
+
+func (c Config) ringBuffer() int {
+	if c.RingBuffer == 0 {
+		return DefaultRingBuffer
+	}
+	return c.RingBuffer
 }
 
 const (
@@ -73,6 +99,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Prefixes) > maxPrefixes {
 		return fmt.Errorf("at most %d address prefixes can be filtered in the kernel, got %d", maxPrefixes, len(c.Prefixes))
+	}
+	if n := c.RingBuffer; n != 0 && (n < MinRingBuffer || n > MaxRingBuffer || n&(n-1) != 0) {
+		return fmt.Errorf("ring buffer of %d bytes: want a power of two from 64 KiB to 1 GiB", n)
 	}
 	return nil
 }
@@ -196,6 +225,9 @@ func Open(cfg Config) (*Tracer, error) {
 	}
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
+	}
+	if ring := spec.Maps["events"]; ring != nil {
+		ring.MaxEntries = uint32(cfg.ringBuffer())
 	}
 	t := &Tracer{spec: spec, maps: map[string]*ebpf.Map{}, btfCache: btf.NewCache(), only: cfg.Only, closed: make(chan struct{})}
 	if err := t.createMaps(); err != nil {

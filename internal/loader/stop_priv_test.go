@@ -20,6 +20,13 @@ import (
 // tracer attached to R that nobody reads yet.
 func queuedTopology(t *testing.T) (*topology, *Tracer, uint32) {
 	t.Helper()
+	return queuedTopologyWith(t, 0)
+}
+
+// queuedTopologyWith is queuedTopology with a ring buffer of ringBuffer
+// bytes (0: the default).
+func queuedTopologyWith(t *testing.T, ringBuffer int) (*topology, *Tracer, uint32) {
+	t.Helper()
 	requirePrivileged(t)
 	tp := newTopology(t)
 	run(t, tp.r, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", vip, "-p", "udp", "--dport", "5353",
@@ -38,7 +45,7 @@ func queuedTopology(t *testing.T) (*topology, *Tracer, uint32) {
 	time.Sleep(300 * time.Millisecond)
 	ino, err := tp.r.Inode()
 	must(t, err)
-	tr, err := Open(Config{Netns: []uint32{ino}, NetnsPaths: []string{tp.r.Path()}})
+	tr, err := Open(Config{Netns: []uint32{ino}, NetnsPaths: []string{tp.r.Path()}, RingBuffer: ringBuffer})
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
