@@ -144,6 +144,6 @@ func rateOf(p *live.Pipeline) func() tui.Stats {
 			rate = float64(s.Events-last) / dt
 			last, lastAt = s.Events, time.Now()
 		}
-		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackDrops: s.ConntrackDrops}
+		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackEndsEvicted: s.ConntrackEndsEvicted, ConntrackDrops: s.ConntrackDrops}
 	}
 }

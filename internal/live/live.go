@@ -71,6 +71,9 @@ type Stats struct {
 	// events because a tracker read too slowly (ENOBUFS): the ends of the
 	// connections they were for are missing from the joins.
 	ConntrackOverruns uint64
+	// ConntrackEndsEvicted counts ended entries a tracker's full table
+	// forgot before their retention.
+	ConntrackEndsEvicted uint64
 	// ConntrackSourceDumpsSkipped counts stray replies whose client
 	// connection was not looked for: the kernel dumps it takes had used
 	// their share of the time.
@@ -313,6 +316,7 @@ func (p *Pipeline) Stats() Stats {
 	}
 	cs := p.conntrackStats()
 	s.ConntrackOverruns, s.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
+	s.ConntrackEndsEvicted = cs.Evicted
 	s.ConntrackKernelLookups, s.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
@@ -331,6 +335,7 @@ func (p *Pipeline) conntrackStats() conntrack.Stats {
 	for _, ct := range p.ct {
 		cs := ct.Stats()
 		sum.Overruns += cs.Overruns
+		sum.Evicted += cs.Evicted
 		sum.SourceDumpsSkipped += cs.SourceDumpsSkipped
 		sum.KernelLookups += cs.KernelLookups
 		if sum.KernelLookupsOff == "" {
@@ -564,6 +569,7 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.DecodeErrors = int(p.decodeErrors.Load())
 	cs := p.conntrackStats()
 	sum.ConntrackOverruns, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
+	sum.ConntrackEndsEvicted = cs.Evicted
 	sum.ConntrackBPFLookups, sum.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}

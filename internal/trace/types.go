@@ -417,6 +417,10 @@ type Summary struct {
 	// ConntrackOverruns: the times the kernel dropped conntrack DESTROY
 	// events before a tracker read them.
 	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
+	// ConntrackEndsEvicted counts ended conntrack entries a tracker forgot
+	// before their retention, its table of them full: a flow that finished
+	// after its connection's entry ended may have gone without it.
+	ConntrackEndsEvicted uint64 `json:"conntrack_ends_evicted,omitempty"`
 	// ConntrackSourceDumpsSkipped counts flows that may be stray replies
 	// (a reset or a drop without a conntrack entry) whose client
 	// connection was not looked for: that lookup is a dump of the whole

@@ -132,7 +132,7 @@ func (w *Writer) SetLoss(s Summary) {
 	defer w.mu.Unlock()
 	w.summary.LostEvents = s.LostEvents
 	w.summary.LostByHook = s.LostByHook
-	w.summary.ConntrackOverruns = s.ConntrackOverruns
+	w.summary.ConntrackOverruns, w.summary.ConntrackEndsEvicted = s.ConntrackOverruns, s.ConntrackEndsEvicted
 	w.summary.UnreadAtStop = s.UnreadAtStop
 	w.summary.ConntrackSourceDumpsSkipped = s.ConntrackSourceDumpsSkipped
 	w.summary.ConntrackDrops = s.ConntrackDrops

@@ -56,6 +56,10 @@ type Stats struct {
 	// ConntrackOverruns counts conntrack events the kernel dropped before
 	// the tracker read them: some flows lack their conntrack entry.
 	ConntrackOverruns uint64
+	// ConntrackEndsEvicted counts ended conntrack entries the tracker's
+	// full table forgot: flows that finished after their connection's
+	// entry ended may lack it.
+	ConntrackEndsEvicted uint64
 	// ConntrackDrops counts packets conntrack itself dropped (table full,
 	// insert clashes) in the observed namespace since the start.
 	ConntrackDrops uint64

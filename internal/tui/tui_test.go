@@ -376,17 +376,19 @@ func TestServiceNoEndpointRow(t *testing.T) {
 	}
 }
 
-// The header says when conntrack events were lost, and lost events show
-// even when nothing else went wrong.
+// The header says when conntrack events or ends were lost, and lost
+// events show even when nothing else went wrong.
 func TestHeaderCountsLosses(t *testing.T) {
 	src := incidentSource(t)
-	src.Stats = func() Stats { return Stats{EventsPerSec: 12, LostEvents: 4, ConntrackOverruns: 7} }
+	src.Stats = func() Stats {
+		return Stats{EventsPerSec: 12, LostEvents: 4, ConntrackOverruns: 7, ConntrackEndsEvicted: 9}
+	}
 	m := drive(t, src, Options{}, 160, 24)
-	if text := screenText(m); !strings.Contains(text, "lost 4") || !strings.Contains(text, "conntrack overruns 7") {
+	if text := screenText(m); !strings.Contains(text, "lost 4") || !strings.Contains(text, "conntrack overruns 7") || !strings.Contains(text, "conntrack ends evicted 9") {
 		t.Errorf("header lacks the losses:\n%s", text)
 	}
 	src.Stats = func() Stats { return Stats{EventsPerSec: 12} }
-	if text := screenText(drive(t, src, Options{}, 160, 24)); strings.Contains(text, "conntrack overruns") {
-		t.Errorf("header names conntrack overruns when there were none:\n%s", text)
+	if text := screenText(drive(t, src, Options{}, 160, 24)); strings.Contains(text, "conntrack overruns") || strings.Contains(text, "evicted") {
+		t.Errorf("header names conntrack losses when there were none:\n%s", text)
 	}
 }

@@ -95,10 +95,10 @@ func (m *Model) hooksLine() string {
 	if len(missing) > 0 {
 		line += styleWarn.Render(" · missing " + strings.Join(missing, ","))
 	}
-	rate, lost, overruns, ctDrops := m.rate, m.src.LostEvents, uint64(0), uint64(0)
+	rate, lost, overruns, evicted, ctDrops := m.rate, m.src.LostEvents, uint64(0), uint64(0), uint64(0)
 	if m.src.Stats != nil {
 		st := m.src.Stats()
-		rate, lost, overruns, ctDrops = st.EventsPerSec, st.LostEvents, st.ConntrackOverruns, st.ConntrackDrops
+		rate, lost, overruns, evicted, ctDrops = st.EventsPerSec, st.LostEvents, st.ConntrackOverruns, st.ConntrackEndsEvicted, st.ConntrackDrops
 	}
 	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", rate, lost)
 	if lost > 0 {
@@ -106,6 +106,9 @@ func (m *Model) hooksLine() string {
 	}
 	if overruns > 0 {
 		stats += styleWarn.Render(fmt.Sprintf(" · conntrack overruns %d", overruns))
+	}
+	if evicted > 0 {
+		stats += styleWarn.Render(fmt.Sprintf(" · conntrack ends evicted %d", evicted))
 	}
 	if ctDrops > 0 {
 		stats += styleError.Render(fmt.Sprintf(" · conntrack dropped %d", ctDrops))

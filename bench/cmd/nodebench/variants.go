@@ -334,6 +334,9 @@ func (f *fullLive) stop() (observed, error) {
 	if n := f.sum.ConntrackOverruns; n > 0 {
 		o.Extra += fmt.Sprintf(", %d conntrack DESTROY overruns", n)
 	}
+	if n := f.sum.ConntrackEndsEvicted; n > 0 {
+		o.Extra += fmt.Sprintf(", %d conntrack ends evicted (table full)", n)
+	}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
 	}
