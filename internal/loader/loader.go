@@ -62,7 +62,9 @@ type Config struct {
 // loses any. On the benchmark's two cores, under one-datagram UDP floods,
 // the full live pipeline lost events from 60,000 connections a second with
 // 4 MiB and none up to 80,000 with 16 MiB (BENCHMARKS.md, section 3). The
-// kernel keeps the ring's pages for as long as the tracer runs.
+// kernel keeps the ring's pages for as long as the tracer runs; the
+// reader maps them twice (for records that wrap), so the tracer's RSS
+// counts twice the size.
 const (
 	DefaultRingBuffer = 16 << 20
 	MinRingBuffer     = 64 << 10
