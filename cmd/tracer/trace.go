@@ -68,8 +68,8 @@ const defaultRingBuffer = "16MiB"
 // ringBufferSize validates --ring-buffer.
 func (o *traceOptions) ringBufferSize() (int, error) {
 	n, err := parseSize(o.ringBuffer)
-	if err == nil && (n < loader.MinRingBuffer || n > loader.MaxRingBuffer || n&(n-1) != 0) {
-		err = errors.New("want a power of two from 64KiB to 1GiB")
+	if err == nil {
+		err = loader.CheckRingBuffer(n)
 	}
 	if err != nil {
 		return 0, usagef("--ring-buffer %q: %v", o.ringBuffer, err)

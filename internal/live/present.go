@@ -94,17 +94,17 @@ func (pr *presenter) present(h *handoff) {
 			pr.sink.Event(ev)
 		}
 	}
-	n := h.flows.Len()
-	if !h.release {
-		h.added = n
+	n, added := h.flows.Len(), h.flows.Len()
+	if h.release {
+		added = h.added
 	}
-	for i := range h.added {
+	for i := range added {
 		pr.enrich.Take(h.flows.Flow(i))
 	}
 	if h.release {
 		pr.enrich.Release(h.now)
 	}
-	for i := h.added; i < n; i++ {
+	for i := added; i < n; i++ {
 		pr.enrich.Take(h.flows.Flow(i))
 	}
 }

@@ -183,6 +183,11 @@ func checkEnds(t *testing.T, what string, c *collector, ino, notAsked uint32, wa
 func checkEndsTo(t *testing.T, what string, c *collector, ino, notAsked uint32, to endsTo, want []netlab.ConntrackEntry) {
 	t.Helper()
 	dst := netip.MustParseAddr(to.dst)
+	var notTo netip.Addr // invalid: no end is unwanted
+	if to.notTo != "" {
+		notTo = netip.MustParseAddr(to.notTo)
+	}
+	wantNAT := to.dst == vip
 	var got []event.Event
 	deadline := time.After(15 * time.Second)
 	for len(got) < len(want) {
@@ -194,7 +199,7 @@ func checkEndsTo(t *testing.T, what string, c *collector, ino, notAsked uint32, 
 			if ev.Netns == notAsked {
 				t.Errorf("%s: an end in the namespace not asked for: %+v", what, ev)
 			}
-			if ev.Netns == ino && to.notTo != "" && ev.Orig.Dst == netip.MustParseAddr(to.notTo) {
+			if ev.Netns == ino && notTo.IsValid() && ev.Orig.Dst == notTo {
 				t.Errorf("%s: the end of an entry no flow asks for was reported: %+v", what, ev)
 			}
 			if ev.Netns == ino && ev.Orig.Dst == dst {
@@ -221,8 +226,8 @@ func checkEndsTo(t *testing.T, what string, c *collector, ino, notAsked uint32, 
 		if replied := ev.CTStatus&(1<<1) != 0; replied == w.Unreplied && !to.resetEnded {
 			t.Errorf("%s: end of %+v: SEEN_REPLY %v, the tool said unreplied %v", what, w.Orig, replied, w.Unreplied)
 		}
-		if translated := ev.CTStatus&(1<<5) != 0; translated != (to.dst == vip) {
-			t.Errorf("%s: end of %+v: status %#x, DST_NAT %v, want %v", what, w.Orig, ev.CTStatus, translated, to.dst == vip)
+		if translated := ev.CTStatus&(1<<5) != 0; translated != wantNAT {
+			t.Errorf("%s: end of %+v: status %#x, DST_NAT %v, want %v", what, w.Orig, ev.CTStatus, translated, wantNAT)
 		}
 		if w.State != "" && (!ev.HasReason || tcpStates[ev.Reason] != w.State) {
 			t.Errorf("%s: end of %+v: TCP state %d, the tool said %s", what, w.Orig, ev.Reason, w.State)

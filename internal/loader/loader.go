@@ -71,6 +71,16 @@ const (
 	MaxRingBuffer     = 1 << 30
 )
 
+// CheckRingBuffer says whether the kernel takes a ring buffer of n bytes
+// as Config.RingBuffer: a power of two from MinRingBuffer to
+// MaxRingBuffer.
+func CheckRingBuffer(n int64) error {
+	if n < MinRingBuffer || n > MaxRingBuffer || n&(n-1) != 0 {
+		return fmt.Errorf("ring buffer of %d bytes: want a power of two from 64KiB to 1GiB", n)
+	}
+	return nil
+}
+
 func (c Config) ringBuffer() int {
 	if c.RingBuffer == 0 {
 		return DefaultRingBuffer
@@ -102,8 +112,8 @@ func (c Config) Validate() error {
 	if len(c.Prefixes) > maxPrefixes {
 		return fmt.Errorf("at most %d address prefixes can be filtered in the kernel, got %d", maxPrefixes, len(c.Prefixes))
 	}
-	if n := c.RingBuffer; n != 0 && (n < MinRingBuffer || n > MaxRingBuffer || n&(n-1) != 0) {
-		return fmt.Errorf("ring buffer of %d bytes: want a power of two from 64 KiB to 1 GiB", n)
+	if c.RingBuffer != 0 {
+		return CheckRingBuffer(int64(c.RingBuffer))
 	}
 	return nil
 }
