@@ -1,74 +1,40 @@
 package conntrack
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/event"
+	"github.com/tracer-dev/tracer/internal/hashmix"
 )
 
-// node is one ended conntrack entry in the table.
-type node struct {
-	e          Entry
-	prev, next *node
-	// earlier is the ended entry this one took the original tuple over
-	// from: a client that reuses a source port makes a new entry for the
-	// same tuple, and a flow of the old connection still asks for its
-	// own entry. gone marks a node no longer in the table, where such a
-	// chain ends.
-	earlier *node
-	gone    bool
-}
-
-// list is an intrusive doubly linked list, most recent first. It is
-// intrusive rather than container/list to save an allocation and two
-// pointers per entry.
-type list struct {
-	head, tail *node
-	n          int
-}
-
-func (l *list) pushFront(n *node) {
-	n.prev, n.next = nil, l.head
-	if l.head != nil {
-		l.head.prev = n
-	}
-	l.head = n
-	if l.tail == nil {
-		l.tail = n
-	}
-	l.n++
-}
-
-func (l *list) remove(n *node) {
-	if n.prev != nil {
-		n.prev.next = n.next
-	} else {
-		l.head = n.next
-	}
-	if n.next != nil {
-		n.next.prev = n.prev
-	} else {
-		l.tail = n.prev
-	}
-	n.prev, n.next = nil, nil
-	l.n--
-}
-
-// table holds the entries the kernel ended, indexed by both of their
-// tuples, newest first: the live ones are always asked of the kernel. It
-// is not safe for concurrent use, not even its questions, which index
-// what came since the last; the Tracker guards it.
+// table holds the entries the kernel ended, oldest first, indexed by both
+// of their tuples: the live ones are always asked of the kernel. It is
+// not safe for concurrent use, not even its questions, which index what
+// came since the last; the Tracker guards it.
+//
+// It is sized for floods: a node making 80,000 connections a second ends
+// more than 100,000 entries within one flow's linger, and a flow whose
+// entry was forgotten goes without it. So the ends are packed in a ring
+// (104 bytes each, no pointers for the collector to scan) and indexed by
+// an open-addressing table of their sequence numbers (32 bytes an end),
+// where a map of nodes cost about 400 bytes an end.
 type table struct {
-	byTuple map[event.Tuple]*node
-	ends    list
-	// unindexed are the ends that came since the table was last asked,
-	// oldest first, all newer than those in ends: they are indexed when a
-	// question comes (catchUp). Most ends are of connections nobody asks
-	// about any more (a TCP entry ends two minutes after its connection's
-	// flow was written, in TIME_WAIT): those leave past the retention, or
-	// the cap, without being indexed.
-	unindexed ring
+	ring []packedEnd // a power of two long; end s is at s&(len-1)
+	idx  endIndex
+	// The ends held are the sequence numbers [oldest, next), those before
+	// indexed in idx. Most ends are of connections nobody asks about any
+	// more (a TCP entry ends two minutes after its connection's flow was
+	// written, in TIME_WAIT): those leave past the retention, or the cap,
+	// without being indexed; the first question indexes the rest.
+	oldest, indexed, next uint32
+
+	// states are the TCP state names the ends had, by their code in
+	// packedEnd.state (0 is "").
+	states []string
 
 	maxEntries int
 	retention  time.Duration
@@ -76,45 +42,146 @@ type table struct {
 	evicted uint64
 }
 
+// maxTableEntries bounds a table's cap: the index's slots number four
+// times the ring's and keep their home in 30 bits.
+const maxTableEntries = 1 << 27
+
 func newTable(maxEntries int, retention time.Duration) *table {
 	return &table{
-		byTuple:    map[event.Tuple]*node{},
-		maxEntries: maxEntries,
+		maxEntries: min(max(maxEntries, 1), maxTableEntries),
 		retention:  retention,
+		states:     append([]string{""}, tcpStates[:]...),
 	}
+}
+
+// packedTuple is an event.Tuple as the table keeps and compares it.
+type packedTuple struct {
+	src, dst         [16]byte
+	srcPort, dstPort uint16
+	proto            uint8
+	// form is the two addresses' forms, src's in the low bits: formNone,
+	// formV4 or formV6. A tuple with no valid source is not indexed.
+	form uint8
+}
+
+const (
+	formNone = iota
+	formV4
+	formV6
+)
+
+func addrForm(a netip.Addr) uint8 {
+	switch {
+	case a.Is4():
+		return formV4
+	case a.IsValid():
+		return formV6
+	}
+	return formNone
+}
+
+func addrOf(b [16]byte, form uint8) netip.Addr {
+	switch form {
+	case formV4:
+		return netip.AddrFrom16(b).Unmap()
+	case formV6:
+		return netip.AddrFrom16(b)
+	}
+	return netip.Addr{}
+}
+
+func packTuple(tu event.Tuple) packedTuple {
+	return packedTuple{
+		src: tu.Src.As16(), dst: tu.Dst.As16(), srcPort: tu.SrcPort, dstPort: tu.DstPort, proto: tu.Proto,
+		form: addrForm(tu.Src) | addrForm(tu.Dst)<<2,
+	}
+}
+
+func (p *packedTuple) valid() bool { return p.form&3 != formNone }
+
+func (p *packedTuple) unpack() event.Tuple {
+	return event.Tuple{
+		Src: addrOf(p.src, p.form&3), Dst: addrOf(p.dst, p.form>>2),
+		SrcPort: p.srcPort, DstPort: p.dstPort, Proto: p.proto,
+	}
+}
+
+func (p *packedTuple) hash() uint64 {
+	le := binary.LittleEndian
+	h := hashmix.Mix(le.Uint64(p.src[:8])^uint64(p.srcPort), le.Uint64(p.src[8:])^uint64(p.proto)<<32)
+	h = hashmix.Mix(h^le.Uint64(p.dst[:8]), le.Uint64(p.dst[8:])^uint64(p.dstPort)<<16^uint64(p.form))
+	return h
+}
+
+// packedEnd is one ended entry in the ring.
+type packedEnd struct {
+	seen         int64 // Entry.Seen, in Unix nanoseconds
+	status, mark uint32
+	earlier      uint32 // with endHasEarlier: see endHasEarlier
+	zone         uint16
+	state        uint8 // index in table.states
+	flags        uint8
+	orig, reply  packedTuple
+}
+
+const (
+	endReplied uint8 = 1 << iota
+	// endHasEarlier: earlier is the end this one took the original tuple
+	// over from. A client that reuses a source port makes a new entry for
+	// the same tuple, and a flow of the old connection still asks for its
+	// own entry.
+	endHasEarlier
+)
+
+func (t *table) pack(e Entry) packedEnd {
+	p := packedEnd{
+		seen: e.Seen.UnixNano(), status: e.Status, mark: e.Mark, zone: e.Zone,
+		orig: packTuple(e.Orig), reply: packTuple(e.Reply),
+	}
+	if e.Replied {
+		p.flags |= endReplied
+	}
+	if i := slices.Index(t.states, e.State); i >= 0 {
+		p.state = uint8(i)
+	} else if len(t.states) <= 0xff {
+		p.state = uint8(len(t.states))
+		t.states = append(t.states, e.State)
+	}
+	return p
+}
+
+func (t *table) unpack(p *packedEnd) Entry {
+	return Entry{
+		Orig: p.orig.unpack(), Reply: p.reply.unpack(),
+		Status: p.status, Mark: p.mark, Zone: p.zone, State: t.states[p.state],
+		Replied: p.flags&endReplied != 0, Destroyed: true,
+		Seen: time.Unix(0, p.seen),
+	}
+}
+
+func (t *table) at(s uint32) *packedEnd { return &t.ring[s&uint32(len(t.ring)-1)] }
+
+func (t *table) len() int { return int(t.next - t.oldest) }
+
+// held reports whether end s is still in the table.
+func (t *table) held(s uint32) bool { return s-t.oldest < t.next-t.oldest }
+
+func (t *table) young(p *packedEnd, now time.Time) bool {
+	return now.Sub(time.Unix(0, p.seen)) <= t.retention
 }
 
 // lookup is the newest ended entry that has tu as either tuple, within
 // the retention.
 func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
 	t.catchUp()
-	n := t.byTuple[tu]
+	key := packTuple(tu)
+	s, ok := t.idx.find(t, &key)
 	// An entry past its retention may not have been pruned yet (pruning
 	// runs on a timer); it must not be joined any more.
-	if n == nil || now.Sub(n.e.Seen) > t.retention {
+	if !ok || !t.young(t.at(s), now) {
 		return Entry{}, false
 	}
-	return n.e, true
-}
-
-// point points both tuples at n.
-func (t *table) point(n *node) {
-	if n.e.Orig.Valid() {
-		t.byTuple[n.e.Orig] = n
-	}
-	if n.e.Reply.Valid() {
-		t.byTuple[n.e.Reply] = n
-	}
-}
-
-// unindex removes n's keys, only where they still point at n: a newer entry
-// for a reused tuple owns the key then.
-func (t *table) unindex(n *node) {
-	for _, k := range [2]event.Tuple{n.e.Orig, n.e.Reply} {
-		if t.byTuple[k] == n {
-			delete(t.byTuple, k)
-		}
-	}
+	return t.unpack(t.at(s)), true
 }
 
 // ended records the end of a connection, to be indexed when the table is
@@ -122,15 +189,15 @@ func (t *table) unindex(n *node) {
 func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
-	for t.len() > 0 && t.len() >= t.maxEntries {
-		if t.ends.tail != nil {
-			t.drop(t.ends.tail)
-		} else {
-			t.unindexed.pop()
-		}
+	for t.len() >= t.maxEntries {
+		t.dropOldest()
 		t.evicted++
 	}
-	t.unindexed.push(e, t.maxEntries)
+	if t.len() == len(t.ring) {
+		t.resize(min(max(2*len(t.ring), 64), ceilPow2(t.maxEntries)))
+	}
+	*t.at(t.next) = t.pack(e)
+	t.next++
 	return e
 }
 
@@ -138,72 +205,67 @@ func (t *table) ended(e Entry) Entry {
 // for an end's original tuple is an earlier connection's (the client
 // reused its source port), kept as its history.
 func (t *table) catchUp() {
-	for t.unindexed.n > 0 {
-		n := &node{e: *t.unindexed.front()}
-		t.unindexed.pop()
-		if prev := t.byTuple[n.e.Orig]; prev != nil && prev.e.Orig == n.e.Orig {
-			n.earlier = prev
+	for ; t.indexed != t.next; t.indexed++ {
+		p := t.at(t.indexed)
+		if prev, ok := t.idx.find(t, &p.orig); ok && t.at(prev).orig == p.orig {
+			p.earlier, p.flags = prev, p.flags|endHasEarlier
 		}
-		t.point(n)
-		t.ends.pushFront(n)
-	}
-	if len(t.unindexed.buf) > maxScratch {
-		t.unindexed = ring{}
+		t.index(t.indexed)
 	}
 }
 
-// ring is a queue of ends, oldest first, in an array it grows up to a
-// limit.
-type ring struct {
-	buf     []Entry
-	head, n int
+func (t *table) index(s uint32) {
+	p := t.at(s)
+	if p.orig.valid() {
+		t.idx.put(t, &p.orig, s, false)
+	}
+	if p.reply.valid() {
+		t.idx.put(t, &p.reply, s, true)
+	}
 }
 
-// push appends e; the queue holds no more than limit.
-func (r *ring) push(e Entry, limit int) {
-	if r.n == len(r.buf) {
-		grown := make([]Entry, min(max(2*len(r.buf), 64), max(limit, r.n+1)))
-		for i := range r.n {
-			grown[i] = r.buf[(r.head+i)%len(r.buf)]
+// dropOldest takes the oldest end out, and out of the index where its
+// tuples still lead to it: a newer entry for a reused tuple owns them
+// then. A history chain ends where it reaches an end no longer held.
+func (t *table) dropOldest() {
+	if t.indexed == t.oldest {
+		t.indexed++
+	} else {
+		p := t.at(t.oldest)
+		if p.orig.valid() {
+			t.idx.remove(t, &p.orig, t.oldest)
 		}
-		r.buf, r.head = grown, 0
+		if p.reply.valid() {
+			t.idx.remove(t, &p.reply, t.oldest)
+		}
 	}
-	r.buf[(r.head+r.n)%len(r.buf)] = e
-	r.n++
+	t.oldest++
 }
 
-func (r *ring) front() *Entry { return &r.buf[r.head] }
-
-func (r *ring) pop() {
-	r.buf[r.head] = Entry{}
-	r.head = (r.head + 1) % len(r.buf)
-	r.n--
-}
-
-// drop takes n out of the table and ends the history chains through it,
-// so that it is neither returned nor kept alive by a newer entry.
-func (t *table) drop(n *node) {
-	t.ends.remove(n)
-	t.unindex(n)
-	n.gone = true
-	n.earlier = nil
+// resize moves the ends to a ring of n and rebuilds the index for it.
+func (t *table) resize(n int) {
+	ring := make([]packedEnd, n)
+	for s := t.oldest; s != t.next; s++ {
+		ring[s&uint32(n-1)] = *t.at(s)
+	}
+	t.ring = ring
+	t.idx = endIndex{slots: make([]uint64, 4*n), mask: uint64(4*n - 1)}
+	for s := t.oldest; s != t.indexed; s++ {
+		t.index(s)
+	}
 }
 
 // prune forgets entries older than the retention. The ends are ordered
-// by time, the indexed ones before the rest, so it stops at the first
-// young one.
+// by time, so it stops at the first young one; it gives back the memory
+// of a flood once the ends it left are gone.
 func (t *table) prune(now time.Time) int {
 	pruned := 0
-	for n := t.ends.tail; n != nil && now.Sub(n.e.Seen) > t.retention; n = t.ends.tail {
-		t.drop(n)
+	for t.len() > 0 && !t.young(t.at(t.oldest), now) {
+		t.dropOldest()
 		pruned++
 	}
-	if t.ends.n > 0 {
-		return pruned
-	}
-	for t.unindexed.n > 0 && now.Sub(t.unindexed.front().Seen) > t.retention {
-		t.unindexed.pop()
-		pruned++
+	if len(t.ring) > 64 && t.len() <= len(t.ring)/8 {
+		t.resize(max(ceilPow2(2*t.len()), 64))
 	}
 	return pruned
 }
@@ -213,28 +275,119 @@ func (t *table) prune(now time.Time) int {
 // the ones it replaced.
 func (t *table) appendDestroyed(dst []Entry, tu event.Tuple, now time.Time) []Entry {
 	t.catchUp()
-	for n := t.byTuple[tu]; n != nil && !n.gone && n.e.Orig == tu; n = n.earlier {
-		if now.Sub(n.e.Seen) > t.retention {
+	key := packTuple(tu)
+	s, ok := t.idx.find(t, &key)
+	for ok && t.held(s) {
+		p := t.at(s)
+		if p.orig != key || !t.young(p, now) {
 			break
 		}
-		dst = append(dst, n.e)
+		dst = append(dst, t.unpack(p))
+		s, ok = p.earlier, p.flags&endHasEarlier != 0
 	}
 	return dst
 }
 
-func (t *table) len() int { return t.ends.n + t.unindexed.n }
-
 // bySource lists the ended entries within the retention whose original
-// tuple leaves from src. It walks the whole table: it serves the rare
-// question "which of my connections does this stray packet answer?",
-// never the per-event path.
+// tuple leaves from src, newest first. It walks the whole table: it
+// serves the rare question "which of my connections does this stray
+// packet answer?", never the per-event path.
 func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time) []Entry {
-	t.catchUp()
 	var out []Entry
-	for n := t.ends.head; n != nil; n = n.next {
-		if n.e.Orig.Proto == proto && n.e.Orig.SrcAddrPort() == src && now.Sub(n.e.Seen) <= t.retention {
-			out = append(out, n.e)
+	for s := t.next; s != t.oldest; {
+		s--
+		p := t.at(s)
+		if p.orig.proto == proto && p.orig.valid() && t.young(p, now) {
+			if e := t.unpack(p); e.Orig.SrcAddrPort() == src {
+				out = append(out, e)
+			}
 		}
 	}
 	return out
+}
+
+func ceilPow2(n int) int { return 1 << bits.Len(uint(max(n, 1)-1)) }
+
+// endIndex maps a tuple to the newest indexed end that has it, by linear
+// probing. A slot is 0 when empty, else slotUsed | home<<33 | which<<32 |
+// seq: home (the low 30 bits of the tuple's hash, its first slot) lets a
+// removal shift the slots after it back without hashing again, and
+// filters most slots of other tuples without reading their end; which is
+// 1 for an end's reply tuple.
+type endIndex struct {
+	slots []uint64
+	mask  uint64
+}
+
+const (
+	slotUsed  = 1 << 63
+	slotWhich = 1 << 32
+	homeBits  = 30
+)
+
+func slotHome(v uint64) uint64 { return v >> 33 & (1<<homeBits - 1) }
+
+// tupleOf is the tuple slot value v indexes.
+func tupleOf(t *table, v uint64) *packedTuple {
+	p := t.at(uint32(v))
+	if v&slotWhich != 0 {
+		return &p.reply
+	}
+	return &p.orig
+}
+
+// probe finds key's slot: its position and whether it is there (else the
+// position is the empty slot that ends its run).
+func (x *endIndex) probe(t *table, key *packedTuple) (i uint64, home uint64, found bool) {
+	home = key.hash() & (1<<homeBits - 1)
+	i = home & x.mask
+	for range x.slots {
+		v := x.slots[i]
+		if v == 0 {
+			return i, home, false
+		}
+		if slotHome(v) == home && *tupleOf(t, v) == *key {
+			return i, home, true
+		}
+		i = (i + 1) & x.mask
+	}
+	// At most half the slots are ever used, unless an end left without
+	// its slots: a bug, not an input, and one that must not spin.
+	panic("conntrack: the ended entries' index has no empty slot")
+}
+
+func (x *endIndex) find(t *table, key *packedTuple) (uint32, bool) {
+	if len(x.slots) == 0 {
+		return 0, false
+	}
+	i, _, found := x.probe(t, key)
+	return uint32(x.slots[i]), found
+}
+
+// put points key at end s, newer than any it pointed at.
+func (x *endIndex) put(t *table, key *packedTuple, s uint32, reply bool) {
+	i, home, _ := x.probe(t, key)
+	v := slotUsed | home<<33 | uint64(s)
+	if reply {
+		v |= slotWhich
+	}
+	x.slots[i] = v
+}
+
+// remove unpoints key if it points at end s, shifting back the slots of
+// its run that would no longer be found past the hole.
+func (x *endIndex) remove(t *table, key *packedTuple, s uint32) {
+	i, _, found := x.probe(t, key)
+	if !found || uint32(x.slots[i]) != s {
+		return
+	}
+	for j := (i + 1) & x.mask; x.slots[j] != 0; j = (j + 1) & x.mask {
+		// The slot at j may move to the hole at i if its home is not
+		// between them (cyclically): it was probed past i.
+		if (j-slotHome(x.slots[j]))&x.mask >= (j-i)&x.mask {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = 0
 }

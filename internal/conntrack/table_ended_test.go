@@ -17,21 +17,28 @@ import (
 // with it as original tuple, newest first. Random ends of a few tuples
 // reused by new connections (reply tuples that differ, as a DNAT to
 // another backend makes them; no original tuple is ever a reply tuple),
-// under a small cap and a large one, with pruning now and then, asked at
-// the time of the last end and later.
+// under small caps and a large one, with pruning now and then, asked at
+// the time of the last end and later. Pauses longer than most of the
+// retention let a prune empty most of the table, so that its ring shrinks
+// (and its index is rebuilt) as well as grows.
 func TestTableMatchesAModel(t *testing.T) {
 	guest.SkipKernelIndependent(t)
-	for seed := range uint64(20) {
+	shrunk := 0
+	for seed := range uint64(30) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		maxEntries := []int{16, 1_000_000}[seed%2]
+		maxEntries := []int{16, 100, 1_000_000}[seed%3]
 		retention := 500 * time.Millisecond
 		tab := newTable(maxEntries, retention)
 		now := time.Unix(1000, 0)
 		var ends []Entry
+		heldFrom, evicted := 0, 0 // the model: ends[heldFrom:] are held
 		var tuples []event.Tuple
 		seen := map[event.Tuple]bool{}
 		for i := range 3000 {
 			now = now.Add(time.Millisecond)
+			if rng.IntN(400) == 0 {
+				now = now.Add(450 * time.Millisecond)
+			}
 			e := randomEnd(rng, now)
 			for _, tu := range []event.Tuple{e.Orig, e.Reply} {
 				if !seen[tu] {
@@ -44,21 +51,37 @@ func TestTableMatchesAModel(t *testing.T) {
 			if got != e {
 				t.Fatalf("seed %d, end %d: ended returned %+v, want %+v", seed, i, got, e)
 			}
+			if len(ends)-heldFrom == maxEntries {
+				heldFrom++
+				evicted++
+			}
 			ends = append(ends, e)
 			if rng.IntN(50) == 0 {
-				tab.prune(now)
+				before, pruned := len(tab.ring), 0
+				for ; heldFrom < len(ends) && now.Sub(ends[heldFrom].Seen) > retention; heldFrom++ {
+					pruned++
+				}
+				if n := tab.prune(now); n != pruned {
+					t.Fatalf("seed %d, end %d: %d pruned, want %d", seed, i, n, pruned)
+				}
+				if len(tab.ring) < before {
+					shrunk++
+				}
 			}
 			if i%100 == 99 {
 				// Also as the table would answer later, with the older
 				// ends past the retention and not pruned yet.
 				for _, later := range []time.Duration{0, 300 * time.Millisecond, retention} {
-					compareWithModel(t, tab, ends[max(0, len(ends)-maxEntries):], retention, tuples, now.Add(later))
+					compareWithModel(t, tab, ends[heldFrom:], retention, tuples, now.Add(later))
 				}
 			}
 		}
-		if want := max(0, len(ends)-maxEntries); tab.evicted != uint64(want) {
-			t.Errorf("seed %d: evicted %d, want %d", seed, tab.evicted, want)
+		if tab.evicted != uint64(evicted) {
+			t.Errorf("seed %d: evicted %d, want %d", seed, tab.evicted, evicted)
 		}
+	}
+	if shrunk == 0 {
+		t.Error("no prune shrank a table's ring")
 	}
 }
 
@@ -89,13 +112,21 @@ func compareWithModel(t *testing.T, tab *table, held []Entry, retention time.Dur
 			t.Fatalf("history %v: %+v, want %+v", tu, got, history)
 		}
 	}
-	if tab.len() > len(held) {
-		t.Fatalf("%d entries held, at most %d", tab.len(), len(held))
+	if tab.len() != len(held) {
+		t.Fatalf("%d entries held, want %d", tab.len(), len(held))
 	}
 }
 
 func randomEnd(rng *rand.Rand, now time.Time) Entry {
 	client := netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(2))})
+	if rng.IntN(4) == 0 {
+		// The same client over IPv6, and as an IPv4-mapped address,
+		// which are other tuples.
+		client = netip.AddrFrom16(client.As16())
+		if rng.IntN(2) == 0 {
+			client = netip.AddrFrom16([16]byte{0: 0xfd, 15: client.As4()[3]})
+		}
+	}
 	backend := netip.AddrFrom4([4]byte{10, 1, 0, byte(1 + rng.IntN(3))})
 	port := uint16(1000 + rng.IntN(8))
 	e := Entry{
@@ -121,11 +152,15 @@ func TestTableIndexesWhenAsked(t *testing.T) {
 	tab := newTable(100, time.Minute)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var last Entry
+	distinct := map[event.Tuple]bool{} // the tuples of the last 100 ends
 	for i := range 150 {
 		last = tab.ended(randomEnd(rng, now.Add(time.Duration(i)*time.Millisecond)))
+		if i >= 50 {
+			distinct[last.Orig], distinct[last.Reply] = true, true
+		}
 	}
-	if len(tab.byTuple) != 0 || tab.ends.n != 0 {
-		t.Fatalf("%d tuples indexed, %d ends listed before any question", len(tab.byTuple), tab.ends.n)
+	if n, i := tab.indexedTuples(), tab.indexed-tab.oldest; n != 0 || i != 0 {
+		t.Fatalf("%d tuples indexed, %d ends indexed before any question", n, i)
 	}
 	if tab.len() != 100 || tab.evicted != 50 {
 		t.Fatalf("%d held, %d evicted; want 100, 50", tab.len(), tab.evicted)
@@ -133,15 +168,26 @@ func TestTableIndexesWhenAsked(t *testing.T) {
 	if got, ok := tab.lookup(last.Reply, now); !ok || got != last {
 		t.Fatalf("lookup of the last end's reply: %+v %v, want %+v", got, ok, last)
 	}
-	if tab.unindexed.n != 0 || tab.ends.n != 100 {
-		t.Fatalf("after a question: %d unindexed, %d listed; want 0, 100", tab.unindexed.n, tab.ends.n)
+	if unindexed, tuples := tab.next-tab.indexed, tab.indexedTuples(); unindexed != 0 || tuples != len(distinct) {
+		t.Fatalf("after a question: %d unindexed, %d tuples indexed; want 0, %d", unindexed, tuples, len(distinct))
 	}
 	// One more end takes the oldest indexed one's place; the prune takes
 	// the other 99, which leaves no tuple indexed.
 	tab.ended(randomEnd(rng, now.Add(2*time.Minute)))
-	if n := tab.prune(now.Add(2 * time.Minute)); n != 99 || tab.len() != 1 || len(tab.byTuple) != 0 || tab.evicted != 51 {
-		t.Fatalf("prune: %d pruned, %d held, %d tuples indexed, %d evicted; want 99, 1, 0, 51", n, tab.len(), len(tab.byTuple), tab.evicted)
+	if n := tab.prune(now.Add(2 * time.Minute)); n != 99 || tab.len() != 1 || tab.indexedTuples() != 0 || tab.evicted != 51 {
+		t.Fatalf("prune: %d pruned, %d held, %d tuples indexed, %d evicted; want 99, 1, 0, 51", n, tab.len(), tab.indexedTuples(), tab.evicted)
 	}
+}
+
+// indexedTuples counts the index's used slots.
+func (t *table) indexedTuples() int {
+	n := 0
+	for _, v := range t.idx.slots {
+		if v != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // BenchmarkTableEndedAsked is BenchmarkTableEnded with a question after

@@ -77,7 +77,10 @@ type Stats struct {
 // Options tune a Tracker. Zero values take the defaults.
 type Options struct {
 	// MaxEntries bounds the ended entries kept for late joins; the oldest
-	// go first. Default 65,536.
+	// go first. Default 131,072: 17 MiB when full, and more ends than the
+	// flood ramp of BENCHMARKS.md makes within a flow's linger (up to
+	// 69,000 connections a second there), so that every flow of it found
+	// its entry.
 	MaxEntries int
 	// Retention is how long an ended entry stays resolvable. Default 2m.
 	Retention time.Duration
@@ -106,7 +109,7 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.MaxEntries <= 0 {
-		o.MaxEntries = 65536
+		o.MaxEntries = 1 << 17
 	}
 	if o.Retention <= 0 {
 		o.Retention = 2 * time.Minute
