@@ -78,9 +78,8 @@ type Stats struct {
 type Options struct {
 	// MaxEntries bounds the ended entries kept for late joins; the oldest
 	// go first. Default 131,072: 17 MiB when full, and more ends than the
-	// flood ramp of BENCHMARKS.md makes within a flow's linger (up to
-	// 69,000 connections a second there), so that every flow of it found
-	// its entry.
+	// flood ramp of BENCHMARKS.md makes within a flow's linger: every
+	// flow of it found its entry, up to 49,863 connections a second.
 	MaxEntries int
 	// Retention is how long an ended entry stays resolvable. Default 2m.
 	Retention time.Duration
