@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,5 +327,29 @@ func TestWaitLoopBacksOff(t *testing.T) {
 	}
 	if got := nextWait(destroyIdle, 1); got != destroyBatch {
 		t.Errorf("after a drain that read one: %v, want %v", got, destroyBatch)
+	}
+}
+
+// TestTrackerCountsEarlyEvictions: a tracker's stats say how many ends a
+// full table forgot, and how many of them within Options.Wait of their
+// end, on the tracker's clock.
+func TestTrackerCountsEarlyEvictions(t *testing.T) {
+	var clock atomic.Int64 // the tracker's pruning reads it too
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	tr := startFake(t, newFake(), Options{FedDestroys: true, MaxEntries: 2, Wait: time.Second}, func() time.Time { return time.Unix(0, clock.Load()) })
+	end := func(port uint16) {
+		e := dnatEntry(port, 0)
+		tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: e.Orig, Reply: e.Reply, CTStatus: e.Status}))
+	}
+	end(1)
+	end(2)
+	end(3)
+	if s := tr.Stats(); s.Evicted != 1 || s.EvictedEarly != 1 {
+		t.Fatalf("three ends at once into a table of two: %d evicted, %d early; want 1, 1", s.Evicted, s.EvictedEarly)
+	}
+	clock.Add(int64(1500 * time.Millisecond))
+	end(4)
+	if s := tr.Stats(); s.Evicted != 2 || s.EvictedEarly != 1 {
+		t.Fatalf("an end 1.5 s later: %d evicted, %d early; want 2, 1", s.Evicted, s.EvictedEarly)
 	}
 }

@@ -38,8 +38,11 @@ type table struct {
 
 	maxEntries int
 	retention  time.Duration
+	// wait is Options.Wait: an end evicted younger than that counts in
+	// evictedEarly as well.
+	wait time.Duration
 
-	evicted uint64
+	evicted, evictedEarly uint64
 }
 
 // maxTableEntries bounds a table's cap: the index's slots number four
@@ -190,6 +193,9 @@ func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
 	for t.len() >= t.maxEntries {
+		if time.Duration(e.Seen.UnixNano()-t.at(t.oldest).seen) < t.wait {
+			t.evictedEarly++
+		}
 		t.dropOldest()
 		t.evicted++
 	}

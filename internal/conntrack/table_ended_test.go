@@ -224,3 +224,29 @@ func distinctEnds() []Entry {
 	}
 	return ends
 }
+
+// TestTableCountsEarlyEvictions: of the ends a full table forgets, those
+// younger than its wait (a flow may still ask for them) are counted
+// apart, by the time of the end that takes their place.
+func TestTableCountsEarlyEvictions(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newTable(4, time.Hour)
+	tab.wait = time.Second
+	rng := rand.New(rand.NewPCG(3, 4))
+	at := func(d time.Duration) { tab.ended(randomEnd(rng, now.Add(d))) }
+	// Four ends 100 ms apart fill it; the fifth and sixth evict ends of
+	// 400 ms before: early.
+	for i := range 6 {
+		at(time.Duration(i) * 100 * time.Millisecond)
+	}
+	if tab.evicted != 2 || tab.evictedEarly != 2 {
+		t.Fatalf("a burst: %d evicted, %d early; want 2, 2", tab.evicted, tab.evictedEarly)
+	}
+	// Ends a second apart and more evict ends of 1 s or more before.
+	for i := range 4 {
+		at(time.Duration(2+i) * time.Second)
+	}
+	if tab.evicted != 6 || tab.evictedEarly != 2 {
+		t.Fatalf("ends a second apart: %d evicted, %d early; want 6, 2", tab.evicted, tab.evictedEarly)
+	}
+}

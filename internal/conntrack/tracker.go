@@ -55,6 +55,11 @@ type Stats struct {
 	Entries int
 	// Evicted counts entries forgotten because the table was full.
 	Evicted uint64
+	// EvictedEarly counts those of them that had ended less than
+	// Options.Wait before: a flow finishing then may have gone without
+	// its entry. The others' flows had been written, unless an event after
+	// the connection's end (a late reset or ICMP error) started one.
+	EvictedEarly uint64
 	// QueryErrors counts the kernel queries of lookups that failed (the
 	// lookup then answered from the ended entries).
 	QueryErrors uint64
@@ -83,6 +88,11 @@ type Options struct {
 	MaxEntries int
 	// Retention is how long an ended entry stays resolvable. Default 2m.
 	Retention time.Duration
+	// Wait is the most a flow asks for its entry after the entry ended,
+	// as a joiner does: its linger and one tick of its clock. Default
+	// 1.6 s, the joiner's default linger (1.5 s) and the live pipeline's
+	// 100-ms tick.
+	Wait time.Duration
 	// ReadBuffer sets the event socket's receive buffer in bytes (the
 	// kernel doubles it, caps it at net.core.rmem_max and enforces a
 	// minimum). Default 4 MiB, so that bursts of new connections overrun
@@ -109,6 +119,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = 1 << 17
+	}
+	if o.Wait <= 0 {
+		o.Wait = 1600 * time.Millisecond
 	}
 	if o.Retention <= 0 {
 		o.Retention = 2 * time.Minute
@@ -204,6 +217,7 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		tab:  newTable(opts.MaxEntries, opts.Retention),
 		done: make(chan struct{}),
 	}
+	t.tab.wait = opts.Wait
 	ctx, t.cancel = context.WithCancel(ctx)
 	if !opts.FedDestroys {
 		d, ok := src.(drainer)
@@ -347,12 +361,13 @@ func (t *Tracker) AppendDestroyedRead(dst []Entry, tu event.Tuple) []Entry {
 func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	held := t.tab.len()
-	evicted := t.tab.evicted
+	evicted, early := t.tab.evicted, t.tab.evictedEarly
 	t.mu.Unlock()
 	s := Stats{
 		Overruns:           t.overruns.Load(),
 		Entries:            held,
 		Evicted:            evicted,
+		EvictedEarly:       early,
 		QueryErrors:        t.queryErrors.Load(),
 		SourceDumpsSkipped: t.sourceDumpsSkipped.Load(),
 	}

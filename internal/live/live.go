@@ -4,6 +4,7 @@
 package live
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -72,7 +73,8 @@ type Stats struct {
 	// connections they were for are missing from the joins.
 	ConntrackOverruns uint64
 	// ConntrackEndsEvicted counts ended entries a tracker's full table
-	// forgot before their retention.
+	// forgot within a flow's linger and tick of their end, when a flow
+	// may still have asked for them (conntrack.Stats.EvictedEarly).
 	ConntrackEndsEvicted uint64
 	// ConntrackSourceDumpsSkipped counts stray replies whose client
 	// connection was not looked for: the kernel dumps it takes had used
@@ -144,6 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	endsReported := tr.Plan.Serves(event.HookCTDestroy)
 	for i, path := range ctPaths {
 		opts := ConntrackOptions()
+		opts.Wait = cmp.Or(cfg.Linger, join.DefaultLinger) + expiryTick
 		ino := ctNetns[i]
 		// One tracker of a namespace named twice takes its ends.
 		opts.FedDestroys = endsReported && slices.Contains(cfg.Loader.ConntrackNetns, ino) && p.fed[ino] == nil
@@ -316,7 +319,7 @@ func (p *Pipeline) Stats() Stats {
 	}
 	cs := p.conntrackStats()
 	s.ConntrackOverruns, s.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
-	s.ConntrackEndsEvicted = cs.Evicted
+	s.ConntrackEndsEvicted = cs.EvictedEarly
 	s.ConntrackKernelLookups, s.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if p.counters != nil {
 		s.ConntrackDrops = p.counters.Drops()
@@ -336,6 +339,7 @@ func (p *Pipeline) conntrackStats() conntrack.Stats {
 		cs := ct.Stats()
 		sum.Overruns += cs.Overruns
 		sum.Evicted += cs.Evicted
+		sum.EvictedEarly += cs.EvictedEarly
 		sum.SourceDumpsSkipped += cs.SourceDumpsSkipped
 		sum.KernelLookups += cs.KernelLookups
 		if sum.KernelLookupsOff == "" {
@@ -395,7 +399,7 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 	}
 	st := newStages(j, &enrich.Enricher{Env: p.states.envAt, EnvAfter: p.states.envAfter, HoldFor: holdUncertain}, sink,
 		func() { p.flows.Add(1) })
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(expiryTick)
 	defer tick.Stop()
 	var clock eventClock
 	var gone error
@@ -441,6 +445,10 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 // benchmark rate on one core (BENCHMARKS.md, section 4); the rest is room
 // for a node busy enough to have filled it.
 const drainLimit = 2 * time.Second
+
+// expiryTick is how often the join finishes the flows whose linger is
+// over.
+const expiryTick = 100 * time.Millisecond
 
 // drainThenClose stops the programs and lets the read loop take in what
 // they queued: it ends by itself once the ring buffer is empty. A
@@ -569,7 +577,7 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	sum.DecodeErrors = int(p.decodeErrors.Load())
 	cs := p.conntrackStats()
 	sum.ConntrackOverruns, sum.ConntrackSourceDumpsSkipped = cs.Overruns, cs.SourceDumpsSkipped
-	sum.ConntrackEndsEvicted = cs.Evicted
+	sum.ConntrackEndsEvicted = cs.EvictedEarly
 	sum.ConntrackBPFLookups, sum.ConntrackLookupsOff = cs.KernelLookups, cs.KernelLookupsOff
 	if lost, err := p.tracer.Lost(); err == nil {
 		sum.LostByHook = map[string]uint64{}

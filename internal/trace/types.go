@@ -417,9 +417,11 @@ type Summary struct {
 	// ConntrackOverruns: the times the kernel dropped conntrack DESTROY
 	// events before a tracker read them.
 	ConntrackOverruns uint64 `json:"conntrack_overruns,omitempty"`
-	// ConntrackEndsEvicted counts ended conntrack entries a tracker forgot
-	// before their retention, its table of them full: a flow that finished
-	// after its connection's entry ended may have gone without it.
+	// ConntrackEndsEvicted counts ended conntrack entries a tracker forgot,
+	// its table of them full, within a flow's linger and tick of their
+	// end: a flow that finished after its connection's entry ended may
+	// have gone without it. The ends forgotten later are not counted: their
+	// flows had been written.
 	ConntrackEndsEvicted uint64 `json:"conntrack_ends_evicted,omitempty"`
 	// ConntrackSourceDumpsSkipped counts flows that may be stray replies
 	// (a reset or a drop without a conntrack entry) whose client

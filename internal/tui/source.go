@@ -57,8 +57,8 @@ type Stats struct {
 	// the tracker read them: some flows lack their conntrack entry.
 	ConntrackOverruns uint64
 	// ConntrackEndsEvicted counts ended conntrack entries the tracker's
-	// full table forgot: flows that finished after their connection's
-	// entry ended may lack it.
+	// full table forgot within a flow's linger of their end: flows that
+	// finished after their connection's entry ended may lack it.
 	ConntrackEndsEvicted uint64
 	// ConntrackDrops counts packets conntrack itself dropped (table full,
 	// insert clashes) in the observed namespace since the start.

@@ -335,7 +335,7 @@ func (f *fullLive) stop() (observed, error) {
 		o.Extra += fmt.Sprintf(", %d conntrack DESTROY overruns", n)
 	}
 	if n := f.sum.ConntrackEndsEvicted; n > 0 {
-		o.Extra += fmt.Sprintf(", %d conntrack ends evicted (table full)", n)
+		o.Extra += fmt.Sprintf(", %d conntrack ends evicted within a linger of their end (table full)", n)
 	}
 	if f.sum.DecodeErrors > 0 {
 		o.Extra += fmt.Sprintf(", %d decode errors", f.sum.DecodeErrors)
