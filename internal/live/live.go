@@ -330,15 +330,15 @@ func (p *Pipeline) Stats() Stats {
 	return s
 }
 
-// conntrackStats sums the trackers' overruns, the lookups of
-// stray replies' owners they left out and the entries they asked by BPF;
-// KernelLookupsOff is the first tracker's reason to ask by netlink alone.
+// conntrackStats sums the trackers' overruns, the ends they forgot early,
+// the lookups of stray replies' owners they left out and the entries
+// they asked by BPF; KernelLookupsOff is the first tracker's reason to ask
+// by netlink alone.
 func (p *Pipeline) conntrackStats() conntrack.Stats {
 	var sum conntrack.Stats
 	for _, ct := range p.ct {
 		cs := ct.Stats()
 		sum.Overruns += cs.Overruns
-		sum.Evicted += cs.Evicted
 		sum.EvictedEarly += cs.EvictedEarly
 		sum.SourceDumpsSkipped += cs.SourceDumpsSkipped
 		sum.KernelLookups += cs.KernelLookups
