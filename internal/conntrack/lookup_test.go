@@ -330,26 +330,27 @@ func TestWaitLoopBacksOff(t *testing.T) {
 	}
 }
 
-// TestTrackerCountsEarlyEvictions: a tracker's stats say how many ends a
-// full table forgot, and how many of them within Options.Wait of their
-// end, on the tracker's clock.
+// TestTrackerCountsEarlyEvictions: a tracker keeps the ends a flow may
+// still ask for (ended within Options.Wait) past MaxEntries, up to
+// MaxWaited, and its stats say how many ends a full table forgot and how
+// many of them within Wait of their end, on the tracker's clock.
 func TestTrackerCountsEarlyEvictions(t *testing.T) {
 	var clock atomic.Int64 // the tracker's pruning reads it too
 	clock.Store(time.Unix(1000, 0).UnixNano())
-	tr := startFake(t, newFake(), Options{FedDestroys: true, MaxEntries: 2, Wait: time.Second}, func() time.Time { return time.Unix(0, clock.Load()) })
+	tr := startFake(t, newFake(), Options{FedDestroys: true, MaxEntries: 2, MaxWaited: 3, Wait: time.Second}, func() time.Time { return time.Unix(0, clock.Load()) })
 	end := func(port uint16) {
 		e := dnatEntry(port, 0)
 		tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: e.Orig, Reply: e.Reply, CTStatus: e.Status}))
 	}
-	end(1)
-	end(2)
-	end(3)
-	if s := tr.Stats(); s.Evicted != 1 || s.EvictedEarly != 1 {
-		t.Fatalf("three ends at once into a table of two: %d evicted, %d early; want 1, 1", s.Evicted, s.EvictedEarly)
+	for port := range uint16(4) {
+		end(port)
+	}
+	if s := tr.Stats(); s.Entries != 3 || s.Evicted != 1 || s.EvictedEarly != 1 {
+		t.Fatalf("four ends at once, 2 entries and 3 waited for: %d held, %d evicted, %d early; want 3, 1, 1", s.Entries, s.Evicted, s.EvictedEarly)
 	}
 	clock.Add(int64(1500 * time.Millisecond))
 	end(4)
-	if s := tr.Stats(); s.Evicted != 2 || s.EvictedEarly != 1 {
-		t.Fatalf("an end 1.5 s later: %d evicted, %d early; want 2, 1", s.Evicted, s.EvictedEarly)
+	if s := tr.Stats(); s.Entries != 2 || s.Evicted != 3 || s.EvictedEarly != 1 {
+		t.Fatalf("an end 1.5 s later: %d held, %d evicted, %d early; want 2, 3, 1", s.Entries, s.Evicted, s.EvictedEarly)
 	}
 }

@@ -38,9 +38,11 @@ type table struct {
 
 	maxEntries int
 	retention  time.Duration
-	// wait is Options.Wait: an end evicted younger than that counts in
-	// evictedEarly as well.
-	wait time.Duration
+	// wait is Options.Wait. An end younger than that stays past
+	// maxEntries, up to maxWaited ends in all: a flow may still ask for
+	// it. Evicted younger, it counts in evictedEarly as well.
+	wait      time.Duration
+	maxWaited int
 
 	evicted, evictedEarly uint64
 }
@@ -52,6 +54,7 @@ const maxTableEntries = 1 << 27
 func newTable(maxEntries int, retention time.Duration) *table {
 	return &table{
 		maxEntries: min(max(maxEntries, 1), maxTableEntries),
+		maxWaited:  min(max(maxEntries, 1), maxTableEntries),
 		retention:  retention,
 		states:     append([]string{""}, tcpStates[:]...),
 	}
@@ -188,19 +191,23 @@ func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
 }
 
 // ended records the end of a connection, to be indexed when the table is
-// next asked; beyond maxEntries the oldest end goes.
+// next asked; beyond maxEntries the oldest end goes, unless a flow may
+// still ask for it and the table holds fewer than maxWaited.
 func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
 	for t.len() >= t.maxEntries {
 		if time.Duration(e.Seen.UnixNano()-t.at(t.oldest).seen) < t.wait {
+			if t.len() < t.maxWaited {
+				break
+			}
 			t.evictedEarly++
 		}
 		t.dropOldest()
 		t.evicted++
 	}
 	if t.len() == len(t.ring) {
-		t.resize(min(max(2*len(t.ring), 64), ceilPow2(t.maxEntries)))
+		t.resize(min(max(2*len(t.ring), 64), ceilPow2(t.maxWaited)))
 	}
 	*t.at(t.next) = t.pack(e)
 	t.next++
@@ -261,14 +268,19 @@ func (t *table) resize(n int) {
 	}
 }
 
-// prune forgets entries older than the retention. The ends are ordered
-// by time, so it stops at the first young one; it gives back the memory
-// of a flood once the ends it left are gone.
+// prune forgets entries older than the retention, and evicts those a
+// flood kept past maxEntries that no flow waits for any more. The ends
+// are ordered by time, so it stops at the first young one; it gives back
+// the memory of a flood once the ends it left are gone.
 func (t *table) prune(now time.Time) int {
 	pruned := 0
 	for t.len() > 0 && !t.young(t.at(t.oldest), now) {
 		t.dropOldest()
 		pruned++
+	}
+	for t.len() > t.maxEntries && now.Sub(time.Unix(0, t.at(t.oldest).seen)) >= t.wait {
+		t.dropOldest()
+		t.evicted++
 	}
 	if len(t.ring) > 64 && t.len() <= len(t.ring)/8 {
 		t.resize(max(ceilPow2(2*t.len()), 64))

@@ -20,18 +20,25 @@ import (
 // under small caps and a large one, with pruning now and then, asked at
 // the time of the last end and later. Pauses longer than most of the
 // retention let a prune empty most of the table, so that its ring shrinks
-// (and its index is rebuilt) as well as grows.
+// (and its index is rebuilt) as well as grows. Half the tables keep the
+// ends of the last 200 ms past their cap, up to half as many again, as a
+// tracker keeps those a flow may still ask for.
 func TestTableMatchesAModel(t *testing.T) {
 	guest.SkipKernelIndependent(t)
-	shrunk := 0
+	shrunk, pastCap, earlyAll := 0, 0, 0
 	for seed := range uint64(30) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		maxEntries := []int{16, 100, 1_000_000}[seed%3]
 		retention := 500 * time.Millisecond
 		tab := newTable(maxEntries, retention)
+		wait, maxWaited := time.Duration(0), maxEntries
+		if seed%2 == 1 {
+			wait, maxWaited = 200*time.Millisecond, maxEntries*3/2
+			tab.wait, tab.maxWaited = wait, maxWaited
+		}
 		now := time.Unix(1000, 0)
 		var ends []Entry
-		heldFrom, evicted := 0, 0 // the model: ends[heldFrom:] are held
+		heldFrom, evicted, early := 0, 0, 0 // the model: ends[heldFrom:] are held
 		var tuples []event.Tuple
 		seen := map[event.Tuple]bool{}
 		for i := range 3000 {
@@ -51,15 +58,29 @@ func TestTableMatchesAModel(t *testing.T) {
 			if got != e {
 				t.Fatalf("seed %d, end %d: ended returned %+v, want %+v", seed, i, got, e)
 			}
-			if len(ends)-heldFrom == maxEntries {
+			for len(ends)-heldFrom >= maxEntries {
+				if e.Seen.Sub(ends[heldFrom].Seen) < wait {
+					if len(ends)-heldFrom < maxWaited {
+						break
+					}
+					early++
+				}
 				heldFrom++
 				evicted++
 			}
 			ends = append(ends, e)
+			if tab.len() > maxEntries {
+				pastCap++
+			}
 			if rng.IntN(50) == 0 {
+				// Later than the last end, as a tracker's timer prunes.
+				now = now.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
 				before, pruned := len(tab.ring), 0
 				for ; heldFrom < len(ends) && now.Sub(ends[heldFrom].Seen) > retention; heldFrom++ {
 					pruned++
+				}
+				for ; len(ends)-heldFrom > maxEntries && now.Sub(ends[heldFrom].Seen) >= wait; heldFrom++ {
+					evicted++
 				}
 				if n := tab.prune(now); n != pruned {
 					t.Fatalf("seed %d, end %d: %d pruned, want %d", seed, i, n, pruned)
@@ -76,12 +97,13 @@ func TestTableMatchesAModel(t *testing.T) {
 				}
 			}
 		}
-		if tab.evicted != uint64(evicted) {
-			t.Errorf("seed %d: evicted %d, want %d", seed, tab.evicted, evicted)
+		if tab.evicted != uint64(evicted) || tab.evictedEarly != uint64(early) {
+			t.Errorf("seed %d: evicted %d, %d early; want %d, %d", seed, tab.evicted, tab.evictedEarly, evicted, early)
 		}
+		earlyAll += early
 	}
-	if shrunk == 0 {
-		t.Error("no prune shrank a table's ring")
+	if shrunk == 0 || pastCap == 0 || earlyAll == 0 {
+		t.Errorf("%d prunes shrank a ring, %d ends were held past a cap, %d evicted early: want some of each", shrunk, pastCap, earlyAll)
 	}
 }
 

@@ -82,10 +82,15 @@ type Stats struct {
 // Options tune a Tracker. Zero values take the defaults.
 type Options struct {
 	// MaxEntries bounds the ended entries kept for late joins; the oldest
-	// go first. Default 131,072: 17 MiB when full, and more ends than the
-	// flood ramp of BENCHMARKS.md makes within a flow's linger: every
-	// flow of it found its entry, up to 49,863 connections a second.
+	// go first, but for those a flow may still ask for (ended less than
+	// Wait before), which stay up to MaxWaited. Default 65,536: 8.5 MiB
+	// when full, which a node making 550 connections a second fills
+	// within the retention.
 	MaxEntries int
+	// MaxWaited bounds the ended entries held while the oldest are
+	// younger than Wait: a flood's. Default 524,288 (68 MiB when full):
+	// the ends of 1.6 s at 320,000 connections a second.
+	MaxWaited int
 	// Retention is how long an ended entry stays resolvable. Default 2m.
 	Retention time.Duration
 	// Wait is the most a flow asks for its entry after the entry ended,
@@ -118,7 +123,10 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.MaxEntries <= 0 {
-		o.MaxEntries = 1 << 17
+		o.MaxEntries = 1 << 16
+	}
+	if o.MaxWaited <= 0 {
+		o.MaxWaited = 1 << 19
 	}
 	if o.Wait <= 0 {
 		o.Wait = 1600 * time.Millisecond
@@ -217,7 +225,7 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		tab:  newTable(opts.MaxEntries, opts.Retention),
 		done: make(chan struct{}),
 	}
-	t.tab.wait = opts.Wait
+	t.tab.wait, t.tab.maxWaited = opts.Wait, min(max(opts.MaxWaited, t.tab.maxEntries), maxTableEntries)
 	ctx, t.cancel = context.WithCancel(ctx)
 	if !opts.FedDestroys {
 		d, ok := src.(drainer)
