@@ -51,10 +51,12 @@ type table struct {
 // times the ring's and keep their home in 30 bits.
 const maxTableEntries = 1 << 27
 
+func tableCap(n int) int { return min(max(n, 1), maxTableEntries) }
+
 func newTable(maxEntries int, retention time.Duration) *table {
 	return &table{
-		maxEntries: min(max(maxEntries, 1), maxTableEntries),
-		maxWaited:  min(max(maxEntries, 1), maxTableEntries),
+		maxEntries: tableCap(maxEntries),
+		maxWaited:  tableCap(maxEntries),
 		retention:  retention,
 		states:     append([]string{""}, tcpStates[:]...),
 	}
@@ -172,9 +174,10 @@ func (t *table) len() int { return int(t.next - t.oldest) }
 // held reports whether end s is still in the table.
 func (t *table) held(s uint32) bool { return s-t.oldest < t.next-t.oldest }
 
-func (t *table) young(p *packedEnd, now time.Time) bool {
-	return now.Sub(time.Unix(0, p.seen)) <= t.retention
-}
+// age is how long before at p ended.
+func (p *packedEnd) age(at time.Time) time.Duration { return at.Sub(time.Unix(0, p.seen)) }
+
+func (t *table) young(p *packedEnd, now time.Time) bool { return p.age(now) <= t.retention }
 
 // lookup is the newest ended entry that has tu as either tuple, within
 // the retention.
@@ -197,7 +200,7 @@ func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
 	for t.len() >= t.maxEntries {
-		if time.Duration(e.Seen.UnixNano()-t.at(t.oldest).seen) < t.wait {
+		if t.at(t.oldest).age(e.Seen) < t.wait {
 			if t.len() < t.maxWaited {
 				break
 			}
@@ -278,7 +281,7 @@ func (t *table) prune(now time.Time) int {
 		t.dropOldest()
 		pruned++
 	}
-	for t.len() > t.maxEntries && now.Sub(time.Unix(0, t.at(t.oldest).seen)) >= t.wait {
+	for t.len() > t.maxEntries && t.at(t.oldest).age(now) >= t.wait {
 		t.dropOldest()
 		t.evicted++
 	}

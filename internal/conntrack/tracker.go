@@ -225,7 +225,7 @@ func start(ctx context.Context, src source, opts Options, now func() time.Time) 
 		tab:  newTable(opts.MaxEntries, opts.Retention),
 		done: make(chan struct{}),
 	}
-	t.tab.wait, t.tab.maxWaited = opts.Wait, min(max(opts.MaxWaited, t.tab.maxEntries), maxTableEntries)
+	t.tab.wait, t.tab.maxWaited = opts.Wait, tableCap(max(opts.MaxWaited, t.tab.maxEntries))
 	ctx, t.cancel = context.WithCancel(ctx)
 	if !opts.FedDestroys {
 		d, ok := src.(drainer)
