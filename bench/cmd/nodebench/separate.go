@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -93,6 +94,10 @@ func (s *separate) stop() (observed, error) {
 	}
 	o := *r.Observed
 	o.SetupCPU, o.OwnCPU = s.setup, r.CPU-s.setup
+	if ru, ok := s.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		o.PeakRSS = uint64(ru.Maxrss) << 10 // Linux gives KiB
+		o.Extra = strings.TrimPrefix(o.Extra+fmt.Sprintf(", peak RSS %.0f MiB", mib(o.PeakRSS)), ", ")
+	}
 	if r.Error != "" {
 		return o, fmt.Errorf("observer %s: %s", s.key, r.Error)
 	}
