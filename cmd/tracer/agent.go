@@ -71,7 +71,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ctx, rec.stop = context.WithCancel(ctx)
 	defer rec.stop()
 	hub := agent.NewHub()
-	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost },
+	srv := &agent.Server{Hub: hub, Header: p.Header(), LostEvents: func() uint64 { return p.Stats().Lost }, Usage: agentUsage,
 		Audit: func(context.Context) (audit.Report, error) { return auditState(p.Header().Node, p.State()) }}
 	srv.Start()
 	failed := make(chan error, len(lns)+1)
@@ -227,4 +227,11 @@ func agentRecording(path string, h trace.Header) (*output, error) {
 	w.Batch()
 	out.record, out.recordPath = w, path
 	return out, nil
+}
+
+// agentUsage is what the agent's process has cost its node, for its
+// heartbeats: CPU time in ms, resident size in KiB.
+func agentUsage() (cpuMillis int64, rssKiB uint64) {
+	u := live.ReadSelfUsage()
+	return u.CPU.Milliseconds(), u.RSS >> 10
 }

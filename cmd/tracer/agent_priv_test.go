@@ -165,6 +165,7 @@ func TestAgentsMerged(t *testing.T) {
 		t.Fatalf("the merged trace: %v\n%s", err, out.String())
 	}
 	checkMerged(t, f, a, b)
+	checkAgentCosts(t, f.Summary.Nodes, agentA.ProcessState, agentB.ProcessState)
 
 	onlyA.Wait()
 	fa, err := trace.ReadAll(outA, "connect --filter node:node-a")
@@ -324,5 +325,29 @@ func checkJoined(t *testing.T, flows []*trace.Flow, e lab.Expectation, node1 str
 	}
 	if f.Node != node1 || len(f.Nodes) != 0 || f.Verdict != trace.VerdictOK {
 		t.Errorf("baseline %s -> %s: node %q nodes %v verdict %s, want node-1's own ok flow", e.Src, e.Dst, f.Node, f.Nodes, f.Verdict)
+	}
+}
+
+// checkAgentCosts compares what each agent's heartbeats said its process
+// cost with what the kernel told this process, its parent, when it
+// waited for it: the CPU time so far cannot exceed the final one, nor the
+// resident size then the peak (a quarter's slack: the kernel updates the
+// peak lazily).
+func checkAgentCosts(t *testing.T, parts []trace.NodeStatus, agents ...*os.ProcessState) {
+	t.Helper()
+	for i, ps := range agents {
+		part := parts[i]
+		ru, ok := ps.SysUsage().(*syscall.Rusage)
+		if !ok {
+			t.Fatalf("no rusage for %s's agent", part.Node)
+		}
+		cpuMS := (ps.UserTime() + ps.SystemTime()).Milliseconds()
+		t.Logf("%s: heartbeat %d ms CPU, %d KiB resident; wait4: %d ms CPU, peak %d KiB", part.Node, part.TracerCPUMillis, part.TracerRSSKiB, cpuMS, ru.Maxrss)
+		if part.TracerCPUMillis <= 0 || part.TracerCPUMillis > cpuMS+1 {
+			t.Errorf("%s: the agent said %d ms CPU; the kernel's at exit %d ms", part.Node, part.TracerCPUMillis, cpuMS)
+		}
+		if part.TracerRSSKiB == 0 || part.TracerRSSKiB > uint64(ru.Maxrss)*5/4 {
+			t.Errorf("%s: the agent said %d KiB resident; the kernel's peak %d KiB", part.Node, part.TracerRSSKiB, ru.Maxrss)
+		}
 	}
 }

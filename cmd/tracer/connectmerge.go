@@ -210,6 +210,9 @@ func (m *merge) take(fm feedMsg) bool {
 	}
 	msg := fm.msg
 	st.Dropped, st.LostEvents = msg.Dropped, msg.LostEvents
+	if msg.TracerRSSKiB != 0 {
+		st.TracerCPUMillis, st.TracerRSSKiB = msg.TracerCPUMillis, msg.TracerRSSKiB
+	}
 	f.skew.Observe(msg.Time, fm.at)
 	f.messages++
 	m.warnSkew(f)

@@ -245,6 +245,28 @@ func TestTraceStreamsAndCompletesOnSIGINT(t *testing.T) {
 	if sum.Flows != len(types)-2 || sum.LostEvents != 0 {
 		t.Errorf("summary %+v for %d flows", sum, len(types)-2)
 	}
+	checkTracerCost(t, sum, cmd.ProcessState)
+}
+
+// checkTracerCost compares what the summary says the tracer cost with
+// what the kernel told this process, its parent, when it waited for it:
+// the summary is written just before the exit, so its figures are at
+// most the final ones, and not far below them.
+func checkTracerCost(t *testing.T, sum trace.Summary, ps *os.ProcessState) {
+	t.Helper()
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		t.Fatalf("no rusage for the tracer's process")
+	}
+	peakKiB := uint64(ru.Maxrss)
+	cpuMS := (ps.UserTime() + ps.SystemTime()).Milliseconds()
+	t.Logf("summary: %d ms CPU, peak %d KiB; wait4: %d ms CPU, peak %d KiB", sum.TracerCPUMillis, sum.TracerPeakRSSKiB, cpuMS, peakKiB)
+	if sum.TracerPeakRSSKiB == 0 || sum.TracerPeakRSSKiB > peakKiB || sum.TracerPeakRSSKiB < peakKiB*9/10 {
+		t.Errorf("summary's peak resident size %d KiB; the kernel's at exit %d KiB", sum.TracerPeakRSSKiB, peakKiB)
+	}
+	if sum.TracerCPUMillis <= 0 || sum.TracerCPUMillis > cpuMS+1 || sum.TracerCPUMillis < cpuMS/2 {
+		t.Errorf("summary's CPU time %d ms; the kernel's at exit %d ms", sum.TracerCPUMillis, cpuMS)
+	}
 }
 
 // TestTraceEvents: `tracer trace --events -o json` writes the raw kernel

@@ -131,19 +131,22 @@ func keepStatesFrom(store *trace.Store) time.Time {
 	return oldest.Add(-time.Minute)
 }
 
-// rateOf turns the pipeline's counters into the header's events per second.
+// rateOf turns the pipeline's counters into the header's events per second
+// and the tracer's share of a CPU, each over the last second or more.
 func rateOf(p *live.Pipeline) func() tui.Stats {
 	var mu sync.Mutex
-	last, lastAt := uint64(0), time.Now()
-	rate := 0.0
+	last, lastCPU, lastAt := uint64(0), live.ReadSelfUsage().CPU, time.Now()
+	rate, cpu := 0.0, 0.0
 	return func() tui.Stats {
-		s := p.Stats()
+		s, self := p.Stats(), live.ReadSelfUsage()
 		mu.Lock()
 		defer mu.Unlock()
-		if dt := time.Since(lastAt).Seconds(); dt >= 1 {
-			rate = float64(s.Events-last) / dt
-			last, lastAt = s.Events, time.Now()
+		if dt := time.Since(lastAt); dt >= time.Second {
+			rate = float64(s.Events-last) / dt.Seconds()
+			cpu = float64(self.CPU-lastCPU) / float64(dt)
+			last, lastCPU, lastAt = s.Events, self.CPU, time.Now()
 		}
-		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackEndsEvicted: s.ConntrackEndsEvicted, ConntrackDrops: s.ConntrackDrops}
+		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackEndsEvicted: s.ConntrackEndsEvicted,
+			ConntrackDrops: s.ConntrackDrops, TracerCPU: cpu, TracerRSS: self.RSS}
 	}
 }

@@ -100,7 +100,11 @@ type Message struct {
 	Time       time.Time   // the agent's clock when it sent the message
 	Dropped    uint64
 	LostEvents uint64
-	Summary    *trace.Summary // set in the last message
+	// TracerCPUMillis and TracerRSSKiB are the agent's cost, in a
+	// heartbeat; zero when the message does not say.
+	TracerCPUMillis int64
+	TracerRSSKiB    uint64
+	Summary         *trace.Summary // set in the last message
 }
 
 // DefaultSilence is how long a stream may go without a message before it
@@ -179,7 +183,8 @@ func (s *Stream) Recv() (Message, error) {
 
 // decodeMessage checks a message as it came off the wire.
 func decodeMessage(raw *FlowsMessage) (Message, error) {
-	m := Message{Time: raw.Time, Dropped: raw.Dropped, LostEvents: raw.LostEvents, Summary: raw.Summary}
+	m := Message{Time: raw.Time, Dropped: raw.Dropped, LostEvents: raw.LostEvents, Summary: raw.Summary,
+		TracerCPUMillis: raw.TracerCPUMillis, TracerRSSKiB: raw.TracerRSSKiB}
 	if len(raw.Flow) > 0 {
 		f, err := trace.ParseFlow(raw.Flow)
 		if err != nil {

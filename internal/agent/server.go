@@ -29,6 +29,10 @@ type Server struct {
 	Header trace.Header
 	// LostEvents reads the pipeline's lost-event counter; nil for none.
 	LostEvents func() uint64
+	// Usage reads what the agent's process has cost its node (its CPU
+	// time in ms, its resident size in KiB), sent with each heartbeat;
+	// nil: not sent.
+	Usage func() (cpuMillis int64, rssKiB uint64)
 	// Audit audits the node as the pipeline holds it now; nil: the agent
 	// does not audit.
 	Audit func(context.Context) (audit.Report, error)
@@ -131,6 +135,9 @@ func (s *Server) flows(req *FlowsRequest, stream grpc.ServerStream) error {
 		case <-stream.Context().Done():
 			return stream.Context().Err()
 		case <-beat.C:
+			if s.Usage != nil {
+				msg.TracerCPUMillis, msg.TracerRSSKiB = s.Usage()
+			}
 		case f, ok := <-sub.Flows():
 			if !ok {
 				return s.send(stream, sub, FlowsMessage{Summary: s.summary.Load()})

@@ -68,6 +68,11 @@ type FlowsMessage struct {
 	Dropped uint64 `json:"dropped"`
 	// LostEvents counts the kernel events the agent's pipeline lost.
 	LostEvents uint64 `json:"lost_events"`
+	// TracerCPUMillis and TracerRSSKiB, in heartbeats, are what the
+	// agent's process has cost its node: its CPU time so far and its
+	// resident size now. Zero: not said (an older agent, a flow message).
+	TracerCPUMillis int64  `json:"tracer_cpu_ms,omitempty"`
+	TracerRSSKiB    uint64 `json:"tracer_rss_kib,omitempty"`
 	// Summary, in the last message, is the pipeline's summary: the agent
 	// stopped tracing.
 	Summary *trace.Summary `json:"summary,omitempty"`
@@ -94,6 +99,12 @@ func (m *FlowsMessage) appendJSON(b []byte) ([]byte, error) {
 	b = append(b, '"')
 	b = strconv.AppendUint(append(b, `,"dropped":`...), m.Dropped, 10)
 	b = strconv.AppendUint(append(b, `,"lost_events":`...), m.LostEvents, 10)
+	if m.TracerCPUMillis != 0 {
+		b = strconv.AppendInt(append(b, `,"tracer_cpu_ms":`...), m.TracerCPUMillis, 10)
+	}
+	if m.TracerRSSKiB != 0 {
+		b = strconv.AppendUint(append(b, `,"tracer_rss_kib":`...), m.TracerRSSKiB, 10)
+	}
 	if m.Summary != nil {
 		s, err := json.Marshal(m.Summary)
 		if err != nil {

@@ -48,6 +48,7 @@ func TestFlowsMessageMarshalsAsEncodingJSON(t *testing.T) {
 	msgs := []FlowsMessage{
 		{Time: at},
 		{Time: at, Dropped: 7, LostEvents: 1 << 40},
+		{Time: at, TracerCPUMillis: 1234, TracerRSSKiB: 61 << 10},
 		{Summary: &trace.Summary{Type: trace.TypeSummary, Flows: 3, Verdicts: map[string]int{"ok": 2, "reset": 1}}},
 	}
 	for i, line := range traceFlows(t) {

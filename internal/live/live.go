@@ -588,6 +588,8 @@ func (p *Pipeline) finish(sum trace.Summary) trace.Summary {
 	}
 	sum.UnreadAtStop = p.tracer.Unread()
 	sum.LostEvents += sum.UnreadAtStop
+	self := ReadSelfUsage()
+	sum.TracerCPUMillis, sum.TracerPeakRSSKiB = self.CPU.Milliseconds(), self.PeakRSS>>10
 	return sum
 }
 

@@ -445,6 +445,11 @@ type Summary struct {
 	ConntrackDrops uint64 `json:"conntrack_drops,omitempty"`
 	// HookChanges are the hooks lost or attached while tracing.
 	HookChanges []HookChange `json:"hook_changes,omitempty"`
+	// TracerCPUMillis is the CPU time (user and system) the tracer's
+	// process had used when it wrote the summary, TracerPeakRSSKiB its
+	// peak resident size: what tracing cost the node.
+	TracerCPUMillis  int64  `json:"tracer_cpu_ms,omitempty"`
+	TracerPeakRSSKiB uint64 `json:"tracer_peak_rss_kib,omitempty"`
 	// Nodes, in a trace merged from several agents (tracer connect), is
 	// each agent's part: its counters, and the error that ended its
 	// stream, if one did.
@@ -467,6 +472,10 @@ type NodeStatus struct {
 	// ClockOffsetMS is the node's clock minus the client's, in ms, as
 	// far as the messages' send times show (network delay included).
 	ClockOffsetMS int64 `json:"clock_offset_ms"`
+	// TracerCPUMillis and TracerRSSKiB are what the agent's process had
+	// cost its node by its last heartbeat: CPU time and resident size.
+	TracerCPUMillis int64  `json:"tracer_cpu_ms,omitempty"`
+	TracerRSSKiB    uint64 `json:"tracer_rss_kib,omitempty"`
 	// Error is why the stream ended early; "" when the agent ended it.
 	Error string `json:"error,omitempty"`
 }

@@ -124,9 +124,9 @@ func (w *Writer) WriteState(c *StateChange) error {
 // SetLoss records, for the summary, what the capture stage could not
 // deliver or saw go wrong under it: s's lost events in total, by hook and
 // left unread at the stop, its conntrack overruns, conntrack's
-// own drops, the hooks lost or attached while tracing, and how many
-// conntrack entries BPF answered (or why none). The capture stage calls
-// it before Close.
+// own drops, the hooks lost or attached while tracing, how many
+// conntrack entries BPF answered (or why none), and what the tracer's
+// process cost. The capture stage calls it before Close.
 func (w *Writer) SetLoss(s Summary) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -136,6 +136,7 @@ func (w *Writer) SetLoss(s Summary) {
 	w.summary.UnreadAtStop = s.UnreadAtStop
 	w.summary.ConntrackSourceDumpsSkipped = s.ConntrackSourceDumpsSkipped
 	w.summary.ConntrackDrops = s.ConntrackDrops
+	w.summary.TracerCPUMillis, w.summary.TracerPeakRSSKiB = s.TracerCPUMillis, s.TracerPeakRSSKiB
 	w.summary.ConntrackBPFLookups, w.summary.ConntrackLookupsOff = s.ConntrackBPFLookups, s.ConntrackLookupsOff
 	w.summary.HookChanges = s.HookChanges
 	w.summary.Nodes = s.Nodes

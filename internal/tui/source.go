@@ -63,6 +63,11 @@ type Stats struct {
 	// ConntrackDrops counts packets conntrack itself dropped (table full,
 	// insert clashes) in the observed namespace since the start.
 	ConntrackDrops uint64
+	// TracerCPU is the share of one CPU the tracer's process used lately
+	// (1 is a whole core), TracerRSS its resident size in bytes; 0 when
+	// unknown.
+	TracerCPU float64
+	TracerRSS uint64
 }
 
 // Options adjust the UI.

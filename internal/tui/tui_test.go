@@ -392,3 +392,17 @@ func TestHeaderCountsLosses(t *testing.T) {
 		t.Errorf("header names conntrack losses when there were none:\n%s", text)
 	}
 }
+
+// The header shows what the tracer's own process costs, when the source
+// knows it, and nothing of it when it does not (a replay).
+func TestHeaderShowsTracerCost(t *testing.T) {
+	src := incidentSource(t)
+	src.Stats = func() Stats { return Stats{EventsPerSec: 12, TracerCPU: 0.034, TracerRSS: 61<<20 + 1} }
+	if text := screenText(drive(t, src, Options{}, 160, 24)); !strings.Contains(text, "tracer 3.4% CPU 61 MiB") {
+		t.Errorf("header lacks the tracer's cost:\n%s", text)
+	}
+	src.Stats = func() Stats { return Stats{EventsPerSec: 12} }
+	if text := screenText(drive(t, src, Options{}, 160, 24)); strings.Contains(text, "% CPU") {
+		t.Errorf("header shows a cost it was not given:\n%s", text)
+	}
+}

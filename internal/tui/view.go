@@ -95,11 +95,11 @@ func (m *Model) hooksLine() string {
 	if len(missing) > 0 {
 		line += styleWarn.Render(" · missing " + strings.Join(missing, ","))
 	}
-	rate, lost, overruns, evicted, ctDrops := m.rate, m.src.LostEvents, uint64(0), uint64(0), uint64(0)
+	st := Stats{EventsPerSec: m.rate, LostEvents: m.src.LostEvents}
 	if m.src.Stats != nil {
-		st := m.src.Stats()
-		rate, lost, overruns, evicted, ctDrops = st.EventsPerSec, st.LostEvents, st.ConntrackOverruns, st.ConntrackEndsEvicted, st.ConntrackDrops
+		st = m.src.Stats()
 	}
+	rate, lost, overruns, evicted, ctDrops := st.EventsPerSec, st.LostEvents, st.ConntrackOverruns, st.ConntrackEndsEvicted, st.ConntrackDrops
 	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", rate, lost)
 	if lost > 0 {
 		stats = styleWarn.Render(stats)
@@ -112,6 +112,9 @@ func (m *Model) hooksLine() string {
 	}
 	if ctDrops > 0 {
 		stats += styleError.Render(fmt.Sprintf(" · conntrack dropped %d", ctDrops))
+	}
+	if st.TracerRSS > 0 {
+		stats += fmt.Sprintf(" · tracer %.1f%% CPU %d MiB", 100*st.TracerCPU, st.TracerRSS>>20)
 	}
 	return line + stats
 }
