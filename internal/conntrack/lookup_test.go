@@ -354,3 +354,38 @@ func TestTrackerCountsEarlyEvictions(t *testing.T) {
 		t.Fatalf("an end 1.5 s later: %d held, %d evicted, %d early; want 2, 3, 1", s.Entries, s.Evicted, s.EvictedEarly)
 	}
 }
+
+// A join that reads the kernel's events late asks for their entries late:
+// while its clock (Progress) is behind, the ends it has not waited out stay
+// past the cap, whatever the newest end's time, and a lookup still finds
+// them; once its clock passes them they go.
+func TestTrackerKeepsEndsTheJoinHasNotReached(t *testing.T) {
+	var clock atomic.Int64
+	t0 := time.Unix(1000, 0)
+	clock.Store(t0.UnixNano())
+	tr := startFake(t, newFake(), Options{FedDestroys: true, MaxEntries: 2, MaxWaited: 4, Wait: time.Second}, func() time.Time { return time.Unix(0, clock.Load()) })
+	end := func(port uint16) {
+		e := dnatEntry(port, 0)
+		tr.Ended(EndOf(event.Event{Kind: event.KindCTDestroy, Orig: e.Orig, Reply: e.Reply, CTStatus: e.Status, Time: time.Unix(0, clock.Load())}))
+	}
+	tr.Progress(t0)
+	for port := range uint16(4) {
+		end(port)
+		clock.Add(int64(2 * time.Second))
+	}
+	if s := tr.Stats(); s.Entries != 4 || s.Evicted != 0 {
+		t.Fatalf("four ends 2 s apart, the join's clock at the first: %d held, %d evicted; want 4, 0", s.Entries, s.Evicted)
+	}
+	if _, ok := tr.Lookup(dnatEntry(0, 0).Orig); !ok {
+		t.Fatalf("the first end, which the join has not waited out, is not found")
+	}
+	end(4)
+	if s := tr.Stats(); s.Entries != 4 || s.Evicted != 1 || s.EvictedEarly != 1 {
+		t.Fatalf("a fifth, past MaxWaited: %d held, %d evicted, %d early; want 4, 1, 1", s.Entries, s.Evicted, s.EvictedEarly)
+	}
+	tr.Progress(t0.Add(5500 * time.Millisecond)) // 1.5 s past the third end
+	end(5)
+	if s := tr.Stats(); s.Entries != 3 || s.Evicted != 3 || s.EvictedEarly != 1 {
+		t.Fatalf("the join's clock past the third end: %d held, %d evicted, %d early; want 3, 3, 1", s.Entries, s.Evicted, s.EvictedEarly)
+	}
+}

@@ -43,6 +43,10 @@ type table struct {
 	// it. Evicted younger, it counts in evictedEarly as well.
 	wait      time.Duration
 	maxWaited int
+	// progress is the join's clock (Tracker.Progress), zero when no join
+	// says it: ends are aged against it when it is behind, since a join
+	// that reads the kernel's events late asks for their entries late.
+	progress time.Time
 
 	evicted, evictedEarly uint64
 }
@@ -179,6 +183,15 @@ func (p *packedEnd) age(at time.Time) time.Duration { return at.Sub(time.Unix(0,
 
 func (t *table) young(p *packedEnd, now time.Time) bool { return p.age(now) <= t.retention }
 
+// waitedAt is the time against which an end's Wait is over: at, or the
+// join's clock when that is behind.
+func (t *table) waitedAt(at time.Time) time.Time {
+	if !t.progress.IsZero() && t.progress.Before(at) {
+		return t.progress
+	}
+	return at
+}
+
 // lookup is the newest ended entry that has tu as either tuple, within
 // the retention.
 func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
@@ -199,8 +212,9 @@ func (t *table) lookup(tu event.Tuple, now time.Time) (Entry, bool) {
 func (t *table) ended(e Entry) Entry {
 	e.Replied = e.Replied || e.Status&StatusSeenReply != 0
 	e.Destroyed = true
+	waited := t.waitedAt(e.Seen)
 	for t.len() >= t.maxEntries {
-		if t.at(t.oldest).age(e.Seen) < t.wait {
+		if t.at(t.oldest).age(waited) < t.wait {
 			if t.len() < t.maxWaited {
 				break
 			}
@@ -281,7 +295,7 @@ func (t *table) prune(now time.Time) int {
 		t.dropOldest()
 		pruned++
 	}
-	for t.len() > t.maxEntries && t.at(t.oldest).age(now) >= t.wait {
+	for waited := t.waitedAt(now); t.len() > t.maxEntries && t.at(t.oldest).age(waited) >= t.wait; {
 		t.dropOldest()
 		t.evicted++
 	}

@@ -56,7 +56,8 @@ type Stats struct {
 	// Evicted counts entries forgotten because the table was full.
 	Evicted uint64
 	// EvictedEarly counts those of them that had ended less than
-	// Options.Wait before: a flow finishing then may have gone without
+	// Options.Wait before (before the join's clock, when it said it and is
+	// behind: Progress): a flow finishing then may have gone without
 	// its entry. The others' flows had been written, unless an event after
 	// the connection's end (a late reset or ICMP error) started one.
 	EvictedEarly uint64
@@ -252,6 +253,20 @@ func pruneInterval(retention time.Duration) time.Duration {
 		d = 10 * time.Second
 	}
 	return d
+}
+
+// Progress tells the tracker the join's clock: it has read the kernel's
+// events made before at and finished the flows quiet since at less its
+// linger. An end is kept past MaxEntries until at is Wait past it, not
+// only the newest end: a join reading late (its ring buffer backed up
+// under a flood) asks for its flows' entries late. Without it, ends are
+// aged against the newest.
+func (t *Tracker) Progress(at time.Time) {
+	t.mu.Lock()
+	if at.After(t.tab.progress) {
+		t.tab.progress = at
+	}
+	t.mu.Unlock()
 }
 
 // prune forgets the ended entries past the retention.

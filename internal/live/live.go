@@ -425,6 +425,9 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 			st.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
 			st.Expire(clock.now)
+			for _, ct := range p.ct {
+				ct.Progress(clock.now)
+			}
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()
