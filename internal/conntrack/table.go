@@ -25,6 +25,7 @@ import (
 type table struct {
 	ring []packedEnd // a power of two long; end s is at s&(len-1)
 	idx  endIndex
+	mem  *tableMemory // where ring and idx live
 	// The ends held are the sequence numbers [oldest, next), those before
 	// indexed in idx. Most ends are of connections nobody asks about any
 	// more (a TCP entry ends two minutes after its connection's flow was
@@ -58,12 +59,14 @@ const maxTableEntries = 1 << 27
 func tableCap(n int) int { return min(max(n, 1), maxTableEntries) }
 
 func newTable(maxEntries int, retention time.Duration) *table {
-	return &table{
+	t := &table{
 		maxEntries: tableCap(maxEntries),
 		maxWaited:  tableCap(maxEntries),
 		retention:  retention,
 		states:     append([]string{""}, tcpStates[:]...),
 	}
+	t.mem = newTableMemory(t)
+	return t
 }
 
 // packedTuple is an event.Tuple as the table keeps and compares it.
@@ -274,12 +277,13 @@ func (t *table) dropOldest() {
 
 // resize moves the ends to a ring of n and rebuilds the index for it.
 func (t *table) resize(n int) {
-	ring := make([]packedEnd, n)
+	ring, ringMem := mapArray[packedEnd](n)
 	for s := t.oldest; s != t.next; s++ {
 		ring[s&uint32(n-1)] = *t.at(s)
 	}
-	t.ring = ring
-	t.idx = endIndex{slots: make([]uint64, 4*n), mask: uint64(4*n - 1)}
+	slots, slotsMem := mapArray[uint64](4 * n)
+	t.ring, t.idx = ring, endIndex{slots: slots, mask: uint64(4*n - 1)}
+	t.mem.replace(ringMem, slotsMem)
 	for s := t.oldest; s != t.indexed; s++ {
 		t.index(s)
 	}
