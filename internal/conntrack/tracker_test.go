@@ -335,6 +335,9 @@ func TestMemoryPerEntry(t *testing.T) {
 		if per > 256 {
 			t.Errorf("%s: %.0f bytes per entry, want at most 256", state, per)
 		}
+		if heap := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n; heap > 16 {
+			t.Errorf("%s: %.0f bytes per entry on the heap, want the ring and index off it", state, heap)
+		}
 	}
 	runtime.KeepAlive(tab)
 }
