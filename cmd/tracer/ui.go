@@ -135,16 +135,19 @@ func keepStatesFrom(store *trace.Store) time.Time {
 // and the tracer's share of a CPU, each over the last second or more.
 func rateOf(p *live.Pipeline) func() tui.Stats {
 	var mu sync.Mutex
-	last, lastCPU, lastAt := uint64(0), live.ReadSelfUsage().CPU, time.Now()
+	last, self, lastAt := uint64(0), live.ReadSelfUsage(), time.Now()
 	rate, cpu := 0.0, 0.0
 	return func() tui.Stats {
-		s, self := p.Stats(), live.ReadSelfUsage()
+		s := p.Stats()
 		mu.Lock()
 		defer mu.Unlock()
+		// The header is drawn many times a second; the process's usage
+		// is read once a window.
 		if dt := time.Since(lastAt); dt >= time.Second {
+			now := live.ReadSelfUsage()
 			rate = float64(s.Events-last) / dt.Seconds()
-			cpu = float64(self.CPU-lastCPU) / float64(dt)
-			last, lastCPU, lastAt = s.Events, self.CPU, time.Now()
+			cpu = float64(now.CPU-self.CPU) / float64(dt)
+			last, self, lastAt = s.Events, now, time.Now()
 		}
 		return tui.Stats{EventsPerSec: rate, LostEvents: s.Lost, ConntrackOverruns: s.ConntrackOverruns, ConntrackEndsEvicted: s.ConntrackEndsEvicted,
 			ConntrackDrops: s.ConntrackDrops, TracerCPU: cpu, TracerRSS: self.RSS}

@@ -299,7 +299,8 @@ func (t *table) prune(now time.Time) int {
 		t.dropOldest()
 		pruned++
 	}
-	for waited := t.waitedAt(now); t.len() > t.maxEntries && t.at(t.oldest).age(waited) >= t.wait; {
+	waited := t.waitedAt(now)
+	for t.len() > t.maxEntries && t.at(t.oldest).age(waited) >= t.wait {
 		t.dropOldest()
 		t.evicted++
 	}

@@ -42,6 +42,13 @@ type Destroyed interface {
 	Destroyed(event.Tuple) []conntrack.Entry
 }
 
+// Progress is told the join's clock after each Expire (conntrack's
+// Tracker.Progress): the flows quiet since then less the linger have
+// asked for their entries, and a join reading late asks late. Optional.
+type Progress interface {
+	Progress(now time.Time)
+}
+
 // ReadDestroyed is Destroyed, appended to dst, of a BatchConntrack whose
 // LookupAll reads the DESTROYs queued by the time it returns (conntrack's
 // Tracker.AppendDestroyedRead): the flows finished after it are answered
@@ -479,6 +486,9 @@ func (j *Joiner) Expire(now time.Time) {
 		}
 	}
 	j.finishAll(now)
+	if pr, ok := j.CT.(Progress); ok {
+		pr.Progress(now)
+	}
 }
 
 // Flush finishes every open flow (at exit), oldest deadline first.

@@ -229,3 +229,31 @@ func TestJoinFinishedFlowsLookedUpTogether(t *testing.T) {
 		t.Errorf("%d flows carry a conntrack state, want the 225 with an entry", withState)
 	}
 }
+
+// progressCT is a conntrack table that hears the join's clock.
+type progressCT struct {
+	fakeCT
+	told []time.Time
+}
+
+func (c *progressCT) Progress(now time.Time) { c.told = append(c.told, now) }
+
+// The join tells its conntrack its clock after each Expire, once the
+// flows due by then have asked for their entries: the tracker keeps the
+// ended entries the join has not waited out (conntrack's Tracker.Progress).
+func TestJoinTellsConntrackItsClock(t *testing.T) {
+	ct := &progressCT{}
+	toldBefore := -1 // how often the join had told its clock when the flow left
+	j := &Joiner{Linger: time.Second, CT: ct, Emit: func(*Flow) { toldBefore = len(ct.told) }}
+	t0 := time.Unix(1000, 0)
+	j.Add(event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter,
+		Orig: tuple(6, "10.244.1.7:40000", "10.96.0.20:3306"), Time: t0}, t0)
+	j.Expire(t0.Add(500 * time.Millisecond))
+	j.Expire(t0.Add(2 * time.Second))
+	if want := []time.Time{t0.Add(500 * time.Millisecond), t0.Add(2 * time.Second)}; !slices.EqualFunc(ct.told, want, time.Time.Equal) {
+		t.Errorf("told %v, want %v", ct.told, want)
+	}
+	if toldBefore != 1 {
+		t.Errorf("the flow finishing at the second Expire left after %d clocks told, want 1: the clock comes after the flows it lets go", toldBefore)
+	}
+}

@@ -425,9 +425,6 @@ func (p *Pipeline) Run(ctx context.Context, sink Sink) (trace.Summary, error) {
 			st.Add(d.ev, clock.event(d.ev.Time))
 		case now := <-tick.C:
 			st.Expire(clock.now)
-			for _, ct := range p.ct {
-				ct.Progress(clock.now)
-			}
 			if gone == nil && now.Sub(lastCheck) >= time.Second {
 				lastCheck = now
 				p.sampleCounters()
@@ -660,6 +657,13 @@ func (m multiConntrack) LookupAll(tus []event.Tuple, entries []conntrack.Entry, 
 		for n, i := range missed {
 			entries[i], found[i] = subEntries[n], subFound[n]
 		}
+	}
+}
+
+// Progress tells every tracker the join's clock.
+func (m multiConntrack) Progress(now time.Time) {
+	for _, t := range m {
+		t.Progress(now)
 	}
 }
 

@@ -99,19 +99,18 @@ func (m *Model) hooksLine() string {
 	if m.src.Stats != nil {
 		st = m.src.Stats()
 	}
-	rate, lost, overruns, evicted, ctDrops := st.EventsPerSec, st.LostEvents, st.ConntrackOverruns, st.ConntrackEndsEvicted, st.ConntrackDrops
-	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", rate, lost)
-	if lost > 0 {
+	stats := fmt.Sprintf(" · %.0f ev/s · lost %d", st.EventsPerSec, st.LostEvents)
+	if st.LostEvents > 0 {
 		stats = styleWarn.Render(stats)
 	}
-	if overruns > 0 {
-		stats += styleWarn.Render(fmt.Sprintf(" · conntrack overruns %d", overruns))
+	if st.ConntrackOverruns > 0 {
+		stats += styleWarn.Render(fmt.Sprintf(" · conntrack overruns %d", st.ConntrackOverruns))
 	}
-	if evicted > 0 {
-		stats += styleWarn.Render(fmt.Sprintf(" · conntrack ends evicted %d", evicted))
+	if st.ConntrackEndsEvicted > 0 {
+		stats += styleWarn.Render(fmt.Sprintf(" · conntrack ends evicted %d", st.ConntrackEndsEvicted))
 	}
-	if ctDrops > 0 {
-		stats += styleError.Render(fmt.Sprintf(" · conntrack dropped %d", ctDrops))
+	if st.ConntrackDrops > 0 {
+		stats += styleError.Render(fmt.Sprintf(" · conntrack dropped %d", st.ConntrackDrops))
 	}
 	if st.TracerRSS > 0 {
 		stats += fmt.Sprintf(" · tracer %.1f%% CPU %d MiB", 100*st.TracerCPU, st.TracerRSS>>20)

@@ -95,8 +95,8 @@ func (s *separate) stop() (observed, error) {
 	o := *r.Observed
 	o.SetupCPU, o.OwnCPU = s.setup, r.CPU-s.setup
 	if ru, ok := s.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		o.PeakRSS = uint64(ru.Maxrss) << 10 // Linux gives KiB
-		o.Extra = strings.TrimPrefix(o.Extra+fmt.Sprintf(", peak RSS %.0f MiB", mib(o.PeakRSS)), ", ")
+		peak := uint64(ru.Maxrss) << 10 // Linux gives KiB
+		o.Extra = strings.TrimPrefix(o.Extra+fmt.Sprintf(", peak RSS %.0f MiB", mib(peak)), ", ")
 	}
 	if r.Error != "" {
 		return o, fmt.Errorf("observer %s: %s", s.key, r.Error)

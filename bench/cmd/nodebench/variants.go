@@ -58,9 +58,6 @@ type observed struct {
 	// OwnCPU is the CPU time of the observer's own process over the
 	// window (0: it runs in this one).
 	OwnCPU time.Duration
-	// PeakRSS is the observer's own process's peak resident size (0: it
-	// runs in this one, whose size is the load generator's too).
-	PeakRSS uint64
 }
 
 // programRun is one program's runs and run time over a window.
