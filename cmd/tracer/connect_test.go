@@ -155,3 +155,35 @@ func TestConnectUIStatus(t *testing.T) {
 		t.Errorf("the UI's merge wrote to the terminal: %q %q", out.String(), errs.String())
 	}
 }
+
+// The title says what each agent's tracer costs its node: its resident
+// size from the first heartbeat, its share of a CPU from the next, over
+// the agent's own clock.
+func TestConnectUIStatusShowsAgentCost(t *testing.T) {
+	var out, errs lockedBuffer
+	m := newMerge(connectOptions{output: "ui"}, []mergeTarget{{addr: "a:1"}, {addr: "b:1"}}, &out, &errs)
+	m.store = trace.NewStore()
+	m.take(feedMsg{i: 0, header: &trace.Header{Node: "node-a"}})
+	m.take(feedMsg{i: 1, header: &trace.Header{Node: "node-b"}})
+	agentAt := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	// The client's clock runs apart from the agent's: the share is timed
+	// by the agent's.
+	beat := func(i int, after time.Duration, cpuMillis int64, rssKiB uint64) {
+		m.take(feedMsg{i: i, msg: agent.Message{Time: agentAt.Add(after), TracerCPUMillis: cpuMillis, TracerRSSKiB: rssKiB}, at: time.Now()})
+	}
+	beat(0, 0, 5000, 100<<10)
+	if line, _ := m.statusLine(); line != "node-a ok, tracer 100 MiB · node-b ok" {
+		t.Errorf("after one heartbeat: %q", line)
+	}
+	beat(0, 2*time.Second, 5084, 102<<10)
+	beat(1, 0, 100, 90<<10)
+	beat(1, 500*time.Millisecond, 101, 90<<10)
+	if line, _ := m.statusLine(); line != "node-a ok, tracer 4.2% CPU 102 MiB · node-b ok, tracer 0.2% CPU 90 MiB" {
+		t.Errorf("after two heartbeats each: %q", line)
+	}
+	// A heartbeat without the figures (an older agent) changes nothing.
+	m.take(feedMsg{i: 0, msg: agent.Message{Time: agentAt.Add(3 * time.Second)}, at: time.Now()})
+	if line, _ := m.statusLine(); line != "node-a ok, tracer 4.2% CPU 102 MiB · node-b ok, tracer 0.2% CPU 90 MiB" {
+		t.Errorf("after a heartbeat without figures: %q", line)
+	}
+}

@@ -41,6 +41,23 @@ type agentFeed struct {
 	warned   bool
 	ended    bool
 	messages int
+	cost     agentCost
+}
+
+// agentCost is the share of a CPU an agent's process used between its
+// last two heartbeats that said, timed by the agent's own clock.
+type agentCost struct {
+	cpuMillis int64
+	at        time.Time
+	share     float64 // -1 until two heartbeats have said
+}
+
+// observe takes a heartbeat's CPU time, sent at the agent's time at.
+func (c *agentCost) observe(cpuMillis int64, at time.Time) {
+	if dt := at.Sub(c.at); !c.at.IsZero() && dt > 0 && cpuMillis >= c.cpuMillis {
+		c.share = float64(cpuMillis-c.cpuMillis) * float64(time.Millisecond) / float64(dt)
+	}
+	c.cpuMillis, c.at = cpuMillis, at
 }
 
 // mergeTarget is an agent to follow: where to dial it, what to call it
@@ -71,7 +88,7 @@ func newMerge(o connectOptions, targets []mergeTarget, stdout, stderr io.Writer)
 		if name == "" {
 			name = t.addr
 		}
-		m.feeds = append(m.feeds, &agentFeed{target: t, status: trace.NodeStatus{Agent: name, Node: t.node}})
+		m.feeds = append(m.feeds, &agentFeed{target: t, status: trace.NodeStatus{Agent: name, Node: t.node}, cost: agentCost{share: -1}})
 	}
 	m.sum = trace.Summary{Type: trace.TypeSummary, Verdicts: map[string]int{}}
 	return m
@@ -212,6 +229,7 @@ func (m *merge) take(fm feedMsg) bool {
 	st.Dropped, st.LostEvents = msg.Dropped, msg.LostEvents
 	if msg.TracerRSSKiB != 0 {
 		st.TracerCPUMillis, st.TracerRSSKiB = msg.TracerCPUMillis, msg.TracerRSSKiB
+		f.cost.observe(msg.TracerCPUMillis, msg.Time)
 	}
 	f.skew.Observe(msg.Time, fm.at)
 	f.messages++

@@ -38,8 +38,8 @@ func (m *merge) runUI(ctx context.Context, title string) error {
 	return errors.Join(uiErr, followErr)
 }
 
-// statusLine is each node's health for the UI's title: an alert while
-// any node's stream has failed.
+// statusLine is each node's health for the UI's title, with what its
+// tracer costs the node: an alert while any node's stream has failed.
 func (m *merge) statusLine() (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -58,9 +58,9 @@ func (m *merge) statusLine() (string, bool) {
 		case f.ended:
 			parts = append(parts, name+" ended")
 		case st.Dropped > 0:
-			parts = append(parts, fmt.Sprintf("%s ok, %d dropped", name, st.Dropped))
+			parts = append(parts, fmt.Sprintf("%s ok, %d dropped", name, st.Dropped)+costText(f))
 		default:
-			parts = append(parts, name+" ok")
+			parts = append(parts, name+" ok"+costText(f))
 		}
 	}
 	return strings.Join(parts, " · "), alert
@@ -75,4 +75,19 @@ func (m *merge) stats() tui.Stats {
 		s.LostEvents += f.status.LostEvents
 	}
 	return s
+}
+
+// costText is what a following agent's process costs its node, as far as
+// its heartbeats have said: its share of a CPU over the last one, and its
+// resident size.
+func costText(f *agentFeed) string {
+	st := f.status
+	if st.TracerRSSKiB == 0 {
+		return ""
+	}
+	mib := fmt.Sprintf("%d MiB", st.TracerRSSKiB>>10)
+	if f.cost.share < 0 {
+		return ", tracer " + mib
+	}
+	return fmt.Sprintf(", tracer %.1f%% CPU %s", 100*f.cost.share, mib)
 }
