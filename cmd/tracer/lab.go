@@ -182,8 +182,9 @@ type labRun struct {
 
 // runScenario builds a scenario, traces its namespaces while its traffic
 // runs, waits for the last flows to be diagnosed, and checks them against
-// what the scenario expects. emit sees each flow as it is diagnosed.
-func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOptions, emit func(*trace.Flow)) (*labRun, error) {
+// what the scenario expects. emit sees each flow as it is diagnosed; st,
+// when not nil, counts the pipeline's events and losses for the UI.
+func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOptions, emit func(*trace.Flow), st *labStatus) (*labRun, error) {
 	run := &labRun{result: labResult{Type: "lab", Scenario: sc.Name}}
 	phases := &labPhases{}
 	mark := time.Now()
@@ -212,6 +213,10 @@ func runScenario(ctx context.Context, env *lab.Env, sc lab.Scenario, o labOption
 		return nil, err
 	}
 	defer p.Close()
+	if st != nil {
+		st.tracing(p)
+		defer st.traced(p)
+	}
 	run.header = p.Header()
 	run.result.Predictions, run.result.Audit = predictLab(run.header, built.Planned)
 	lap(&phases.AttachMS)
@@ -290,7 +295,7 @@ func labJSON(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions
 	rec := &labRecorder{path: o.record}
 	failed := 0
 	for _, sc := range scs {
-		run, err := runScenario(ctx, env, sc, o, nil)
+		run, err := runScenario(ctx, env, sc, o, nil, nil)
 		if err != nil {
 			return errors.Join(err, rec.close())
 		}
@@ -358,7 +363,8 @@ func labUI(ctx context.Context, env *lab.Env, scs []lab.Scenario, o labOptions, 
 		defer close(done)
 		labErr = runLabScenarios(ctx, env, scs, o, store, st)
 	}()
-	uiErr := tui.Run(ctx, tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true, Status: st.line}, tui.Options{})
+	src := tui.Source{Header: hdr, Title: "lab " + scenarioNames(scs), Store: store, Live: true, Status: st.line, Stats: headerStats(st.counters)}
+	uiErr := tui.Run(ctx, src, tui.Options{})
 	cancel()
 	<-done
 	if errors.Is(uiErr, tui.ErrNotTerminal) {
@@ -376,7 +382,7 @@ func runLabScenarios(ctx context.Context, env *lab.Env, scs []lab.Scenario, o la
 	var failed []string
 	for _, sc := range scs {
 		st.start(sc.Name)
-		run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) })
+		run, err := runScenario(ctx, env, sc, o, func(f *trace.Flow) { store.Append(f) }, st)
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			break
 		}
@@ -486,6 +492,50 @@ type labStatus struct {
 	total, passed, skipped int
 	failed                 []string
 	running, recordErr     string
+	// ended are the counters of the scenarios' pipelines that have ended,
+	// summed; current is the one tracing now (nil between scenarios).
+	ended   live.Stats
+	current counted
+}
+
+// counted is what counts a pipeline's events and losses: a live.Pipeline.
+type counted interface{ Stats() live.Stats }
+
+func (s *labStatus) tracing(p counted) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.current = p
+}
+
+// traced adds an ended pipeline's counters to the lab's; its tracer is
+// still open, so they are its last.
+func (s *labStatus) traced(p counted) {
+	last := p.Stats()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = addCounters(s.ended, last)
+	s.current = nil
+}
+
+// counters are the lab's pipelines' counters so far, the one tracing now
+// included: what the header shows.
+func (s *labStatus) counters() live.Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.current == nil {
+		return s.ended
+	}
+	return addCounters(s.ended, s.current.Stats())
+}
+
+// addCounters sums the counters the header shows.
+func addCounters(a, b live.Stats) live.Stats {
+	a.Events += b.Events
+	a.Lost += b.Lost
+	a.ConntrackOverruns += b.ConntrackOverruns
+	a.ConntrackEndsEvicted += b.ConntrackEndsEvicted
+	a.ConntrackDrops += b.ConntrackDrops
+	return a
 }
 
 func (s *labStatus) start(name string) {

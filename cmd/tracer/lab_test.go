@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tracer-dev/tracer/internal/lab"
+	"github.com/tracer-dev/tracer/internal/live"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
 
@@ -110,4 +111,33 @@ func TestVMLabGuests(t *testing.T) {
 		}
 	}
 	t.Logf("scenarios per guest: %v of %d", per, len(scs))
+}
+
+type fakeCounted struct{ s live.Stats }
+
+func (f *fakeCounted) Stats() live.Stats { return f.s }
+
+// The lab's header counts every scenario's pipeline: those that ended and
+// the one tracing now, so a scenario that lost events keeps saying so.
+func TestLabStatusCountsEveryPipeline(t *testing.T) {
+	st := &labStatus{total: 3}
+	first := &fakeCounted{live.Stats{Events: 10, Lost: 2, ConntrackDrops: 1}}
+	st.tracing(first)
+	if got := st.counters(); got.Events != 10 || got.Lost != 2 {
+		t.Errorf("while the first traces: %+v", got)
+	}
+	first.s.Events = 15
+	st.traced(first)
+	first.s.Events = 99 // its counters after it ended are not the lab's
+	second := &fakeCounted{live.Stats{Events: 4, ConntrackOverruns: 1, ConntrackEndsEvicted: 3}}
+	st.tracing(second)
+	got := st.counters()
+	want := live.Stats{Events: 19, Lost: 2, ConntrackOverruns: 1, ConntrackEndsEvicted: 3, ConntrackDrops: 1}
+	if got != want {
+		t.Errorf("while the second traces: %+v, want %+v", got, want)
+	}
+	st.traced(second)
+	if got := st.counters(); got != want {
+		t.Errorf("between scenarios: %+v, want %+v", got, want)
+	}
 }

@@ -133,12 +133,17 @@ func keepStatesFrom(store *trace.Store) time.Time {
 
 // rateOf turns the pipeline's counters into the header's events per second
 // and the tracer's share of a CPU, each over the last second or more.
-func rateOf(p *live.Pipeline) func() tui.Stats {
+func rateOf(p *live.Pipeline) func() tui.Stats { return headerStats(p.Stats) }
+
+// headerStats turns counters, read on every draw, into the header's
+// figures: events per second and the process's share of a CPU, each over
+// the last second or more, and its resident size.
+func headerStats(counters func() live.Stats) func() tui.Stats {
 	var mu sync.Mutex
 	last, self, lastAt := uint64(0), live.ReadSelfUsage(), time.Now()
 	rate, cpu := 0.0, 0.0
 	return func() tui.Stats {
-		s := p.Stats()
+		s := counters()
 		mu.Lock()
 		defer mu.Unlock()
 		// The header is drawn many times a second; the process's usage
