@@ -1,13 +1,14 @@
 package enrich
 
 import (
-	"bufio"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/enrich/node"
 	"github.com/tracer-dev/tracer/internal/nft"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -75,42 +76,48 @@ func NewSnapshotEnv(name string, snap *trace.Snapshot) (*NodeEnv, error) {
 	return NewNodeEnv(name, snap, NewSnapshotMetadata(snap.Pods, snap.Services))
 }
 
-// NewNodeEnv builds the Env of node name from snap; meta may be nil (no
-// metadata: pods and Services stay unnamed). A snapshot part that does not
-// parse is an error naming the part.
+// NewNodeEnv builds the Env of node name from snap, a trace header's
+// record of the node; meta may be nil (no metadata: pods and Services
+// stay unnamed). A snapshot part that does not parse is an error naming
+// the part.
 func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, error) {
-	if snap == nil {
-		snap = &trace.Snapshot{}
+	st, err := node.FromSnapshot(snap)
+	if err != nil {
+		return nil, err
 	}
+	return NewStateEnv(name, st, meta), nil
+}
+
+// NewStateEnv builds the Env of node name from its state as read: the
+// parsed rules and sets are the state's own, shared, not printed and
+// parsed again. meta may be nil, as for NewNodeEnv.
+func NewStateEnv(name string, st *node.State, meta Metadata) *NodeEnv {
 	if meta == nil {
 		meta = noMetadata{}
 	}
-	e := &NodeEnv{name: name, node: rules.NewMemNode(), kubeIPVS: map[netip.Addr]bool{},
-		svcPorts: map[netip.Addr][]string{}, ipvs: map[ipvsKey]trace.IPVSService{}, listeners: snap.Listeners, meta: meta,
-		attrs: newAttributionCache(), shared: newNameCache()}
-	if err := e.loadAddresses(snap); err != nil {
-		return nil, err
+	sets := st.IPSets()
+	if sets == nil {
+		sets = map[string]*rules.IPSet{}
 	}
-	if err := e.loadRules(snap.Rules); err != nil {
-		return nil, err
-	}
-	if snap.Ipsets != "" {
-		if err := e.node.LoadIPSetSave(strings.NewReader(snap.Ipsets)); err != nil {
-			return nil, fmt.Errorf("snapshot ipsets: %w", err)
-		}
-		e.svcPorts = servicePorts(snap.Ipsets)
-	}
-	for _, s := range snap.IPVS {
-		// An address that does not parse names no service a flow can reach.
-		if vip, err := netip.ParseAddrPort(s.Address); err == nil {
-			e.ipvs[ipvsKey{s.Proto, vip}] = s
+	e := &NodeEnv{name: name, rules4: st.Ruleset(rules.IPv4), rules6: st.Ruleset(rules.IPv6),
+		node:     &rules.MemNode{Local: slices.Concat(loopback, st.LocalRoutes()), Sets: sets},
+		kubeIPVS: map[netip.Addr]bool{}, svcPorts: servicePorts(sets), ipvs: map[ipvsKey]trace.IPVSService{},
+		meta: meta, attrs: newAttributionCache(), shared: newNameCache()}
+	for _, a := range st.Addresses() {
+		if a.Interface == "kube-ipvs0" {
+			e.kubeIPVS[a.Prefix.Addr()] = true
 		}
 	}
-	e.listenAt = make([]netip.AddrPort, len(snap.Listeners))
-	for i, l := range snap.Listeners {
-		e.listenAt[i], _ = netip.ParseAddrPort(l.Address) // invalid: never matches
+	for _, v := range st.IPVS() {
+		if v.VIP.IsValid() {
+			e.ipvs[ipvsKey{v.Proto, v.VIP}] = ipvsRecord(v)
+		}
 	}
-	if n := snap.NFTables; n != nil {
+	for _, l := range st.Listeners() {
+		e.listeners = append(e.listeners, trace.Listener{Proto: l.Proto, Address: l.Addr.String(), Process: l.Process, V6Only: l.V6Only})
+		e.listenAt = append(e.listenAt, l.Addr)
+	}
+	if n := st.NFTRuleset(); n != nil {
 		// A ruleset that does not parse leaves native attribution uncertain
 		// rather than failing the whole snapshot: the iptables side and
 		// everything else still stand.
@@ -119,7 +126,19 @@ func NewNodeEnv(name string, snap *trace.Snapshot, meta Metadata) (*NodeEnv, err
 			nftServicePorts(e.nft, e.svcPorts)
 		}
 	}
-	return e, nil
+	return e
+}
+
+// loopback is local to every env, whatever its routes say.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// ipvsRecord is a virtual server as the diagnosis quotes it.
+func ipvsRecord(v node.IPVSService) trace.IPVSService {
+	r := trace.IPVSService{Proto: v.Proto, Address: v.VIP.String(), Scheduler: v.Scheduler}
+	for _, real := range v.Reals {
+		r.Reals = append(r.Reals, real.Addr.String())
+	}
+	return r
 }
 
 // attributions is the env's cache of rule attributions: the env never
@@ -133,82 +152,24 @@ func (e *NodeEnv) names() *nameCache { return e.shared }
 // from its cache and how many it had to walk the rules for.
 func (e *NodeEnv) AttributionCacheStats() (hits, misses uint64) { return e.attrs.stats() }
 
-func (e *NodeEnv) loadAddresses(snap *trace.Snapshot) error {
-	locals := snap.LocalRoutes
-	if len(locals) == 0 {
-		locals = []string{"127.0.0.0/8", "::1/128"}
-		for _, a := range snap.Addresses {
-			locals = append(locals, a.Address)
-		}
-	}
-	for _, l := range locals {
-		p, err := netip.ParsePrefix(l)
-		if err != nil {
-			a, aerr := netip.ParseAddr(l)
-			if aerr != nil {
-				return fmt.Errorf("snapshot local address %q: %w", l, err)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		// An interface address is local as a single address, not its subnet.
-		if !slices.Contains(snap.LocalRoutes, l) && p.Addr() != netip.MustParseAddr("127.0.0.0") {
-			p = netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
-		}
-		e.node.Local = append(e.node.Local, p)
-	}
-	for _, a := range snap.Addresses {
-		if a.Interface != "kube-ipvs0" {
-			continue
-		}
-		p, err := netip.ParsePrefix(a.Address)
-		if err != nil {
-			return fmt.Errorf("snapshot address %q of kube-ipvs0: %w", a.Address, err)
-		}
-		e.kubeIPVS[p.Addr()] = true
-	}
-	return nil
-}
-
-func (e *NodeEnv) loadRules(tables map[string]string) error {
-	var v4, v6 strings.Builder
-	for name, text := range tables {
-		if strings.HasPrefix(name, "ip6/") {
-			v6.WriteString(text + "\n")
-		} else {
-			v4.WriteString(text + "\n")
-		}
-	}
-	var err error
-	if v4.Len() > 0 {
-		if e.rules4, err = rules.ParseSaveString(v4.String(), rules.IPv4); err != nil {
-			return fmt.Errorf("snapshot rules: %w", err)
-		}
-	}
-	if v6.Len() > 0 {
-		if e.rules6, err = rules.ParseSaveString(v6.String(), rules.IPv6); err != nil {
-			return fmt.Errorf("snapshot ip6 rules: %w", err)
-		}
-	}
-	return nil
-}
-
-// servicePorts reads kube-proxy's service ipsets' members ("IP,proto:port").
-func servicePorts(save string) map[netip.Addr][]string {
+// servicePorts are the "proto:port" pairs (ipset save's spelling)
+// kube-proxy's service ipsets hold for each address, sorted: a set's
+// members come in hash order.
+func servicePorts(sets map[string]*rules.IPSet) map[netip.Addr][]string {
 	out := map[netip.Addr][]string{}
-	sc := bufio.NewScanner(strings.NewReader(save))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 || f[0] != "add" || !slices.Contains(kubeProxyServiceSets, f[1]) {
+	for _, name := range kubeProxyServiceSets {
+		s := sets[name]
+		if s == nil {
 			continue
 		}
-		ip, port, ok := strings.Cut(f[2], ",")
-		a, err := netip.ParseAddr(ip)
-		if !ok || err != nil {
-			continue
-		}
-		if !slices.Contains(out[a], port) {
-			out[a] = append(out[a], port)
-		}
+		s.IPPorts(func(a netip.Addr, proto uint8, port uint16) {
+			if p := rules.ProtoName(proto) + ":" + strconv.FormatUint(uint64(port), 10); !slices.Contains(out[a], p) {
+				out[a] = append(out[a], p)
+			}
+		})
+	}
+	for _, ports := range out {
+		slices.Sort(ports)
 	}
 	return out
 }

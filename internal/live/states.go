@@ -189,16 +189,7 @@ func (s *states) envAfter(t time.Time) enrich.Env {
 	return nil
 }
 
-// build parses state i; the watcher's states always parse, but should
-// one not, the state before it stands in.
+// build is state i's environment, made from the state as read.
 func (s *states) build(i int) enrich.Env {
-	env, err := enrich.NewNodeEnv(s.node, s.list[i].st.Snapshot(), s.meta)
-	if err == nil {
-		return env
-	}
-	if i > 0 && s.list[i-1].env != nil {
-		return s.list[i-1].env
-	}
-	env, _ = enrich.NewNodeEnv(s.node, nil, s.meta)
-	return env
+	return enrich.NewStateEnv(s.node, s.list[i].st, s.meta)
 }

@@ -360,6 +360,23 @@ func (s *IPSet) Test(lookups []SetLookup) (bool, error) {
 	return found && best, nil
 }
 
+// IPPorts calls fn with each entry's address, protocol and port, in no
+// particular order (a map holds the exact ones), for a set of type
+// hash:ip,port; other types have none. nomatch entries are left out.
+func (s *IPSet) IPPorts(fn func(a netip.Addr, proto uint8, port uint16)) {
+	if s.Type != "hash:ip,port" {
+		return
+	}
+	for k := range s.exact {
+		fn(k.a1, k.proto, k.port)
+	}
+	for _, e := range s.entries {
+		if !e.nomatch {
+			fn(e.nets[0].Addr(), e.proto, e.port)
+		}
+	}
+}
+
 // ParseIPSetSave parses `ipset save` output ("create NAME TYPE opts...",
 // "add NAME ENTRY"). Sets of types it does not support are kept out of the
 // result, so a rule using them is uncertain rather than wrong.

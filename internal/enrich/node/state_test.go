@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/rules"
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -166,8 +165,9 @@ func TestListening(t *testing.T) {
 }
 
 // TestSnapshotReplays checks that a State's snapshot survives the trace
-// file's JSON and that the Env replay builds from it (enrich.NewNodeEnv, as
-// for the live pipeline) answers what the State answered.
+// file's JSON and that the State replay parses from it (FromSnapshot, what
+// enrich.NewNodeEnv builds its Env from) answers what the State answered
+// and records the same snapshot again.
 func TestSnapshotReplays(t *testing.T) {
 	st := sampleState(t)
 	snap := st.Snapshot()
@@ -182,39 +182,42 @@ func TestSnapshotReplays(t *testing.T) {
 	if !reflect.DeepEqual(&back, snap) {
 		t.Errorf("JSON round trip differs:\n%+v\n%+v", &back, snap)
 	}
-	env, err := enrich.NewNodeEnv("node-1", &back, nil)
+	replayed, err := FromSnapshot(&back)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if local, _ := env.IsLocal(netip.MustParseAddr("10.96.0.10")); !local {
+	if again := replayed.Snapshot(); !reflect.DeepEqual(again, snap) {
+		t.Errorf("the replayed state records another snapshot:\n%+v\n%+v", again, snap)
+	}
+	if !replayed.IsLocal(netip.MustParseAddr("10.96.0.10")) {
 		t.Error("10.96.0.10 is not local after replay")
 	}
-	if local, _ := env.IsLocal(netip.MustParseAddr("10.1.1.1")); local {
+	if replayed.IsLocal(netip.MustParseAddr("10.1.1.1")) {
 		t.Error("10.1.1.1 is local after replay")
 	}
-	if l, ok := env.Listener("tcp", netip.MustParseAddrPort("10.0.0.1:80")); !ok || l.Process != "nginx[12]" {
+	if l, ok := replayed.Listening("tcp", netip.MustParseAddrPort("10.0.0.1:80")); !ok || l.Process != "nginx[12]" {
 		t.Errorf("listener after replay %+v %v", l, ok)
 	}
 	if back.Listeners[3].Address != "[::]:8443" || !back.Listeners[3].V6Only {
 		t.Errorf("V6ONLY lost in the snapshot: %+v", back.Listeners[3])
 	}
 	for _, c := range listeningCases {
-		l, ok := env.Listener(c.proto, netip.MustParseAddrPort(c.dst))
+		l, ok := replayed.Listening(c.proto, netip.MustParseAddrPort(c.dst))
 		got := ""
 		if ok {
-			got = l.Address
+			got = l.Addr.String()
 		}
 		if got != c.want {
-			t.Errorf("after replay Listener(%s %s) = %q, want %q", c.proto, c.dst, got, c.want)
+			t.Errorf("after replay Listening(%s %s) = %q, want %q", c.proto, c.dst, got, c.want)
 		}
 	}
-	if v, ok := env.IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80")); !ok || len(v.Reals) != 2 {
+	if v, ok := replayed.IPVSService("tcp", netip.MustParseAddrPort("10.96.0.10:80")); !ok || len(v.Reals) != 2 {
 		t.Errorf("ipvs after replay %+v", v)
 	}
-	if env.Ruleset(rules.IPv4).Chain("filter", "INPUT") == nil || env.Ruleset(rules.IPv6).Chain("nat", "CNI-HOSTPORT-DNAT") == nil {
+	if replayed.Ruleset(rules.IPv4).Chain("filter", "INPUT") == nil || replayed.Ruleset(rules.IPv6).Chain("nat", "CNI-HOSTPORT-DNAT") == nil {
 		t.Error("rules lost")
 	}
-	if member, err := env.SetMember("KUBE-IPVS-IPS", []rules.SetLookup{{Addr: netip.MustParseAddr("10.96.0.10")}}); err != nil || !member {
+	if member, err := replayed.SetMember("KUBE-IPVS-IPS", []rules.SetLookup{{Addr: netip.MustParseAddr("10.96.0.10")}}); err != nil || !member {
 		t.Errorf("ipset membership after replay: %v %v", member, err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/tracer-dev/tracer/internal/enrich"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/rules"
 )
@@ -149,7 +148,7 @@ func TestPrivNodeState(t *testing.T) {
 		!strings.Contains(snap.Ipsets, "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80") {
 		t.Errorf("snapshot %+v", snap)
 	}
-	if _, err := enrich.NewNodeEnv("node", snap, nil); err != nil {
+	if _, err := FromSnapshot(snap); err != nil {
 		t.Errorf("live snapshot does not replay: %v", err)
 	}
 	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
