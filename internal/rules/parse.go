@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -16,6 +17,47 @@ import (
 // matches it does not understand is not an error, its matches are
 // MatchUnknown and the evaluator treats them as uncertain.
 func ParseSave(r io.Reader, family Family) (*Ruleset, error) {
+	return parseSave(r, family, nil)
+}
+
+// ParseSaveReusing is ParseSaveString sharing prev's rules (a parse of the
+// same family, nil for none): a rule line prev has in the same table and
+// chain is prev's rule, copied only where its position or its jump's
+// target chain differ. A node whose rules change a few at a time, as
+// kube-proxy's do, costs a parse and the memory of what changed.
+func ParseSaveReusing(s string, family Family, prev *Ruleset) (*Ruleset, error) {
+	return parseSave(strings.NewReader(s), family, rulesOf(prev))
+}
+
+// ruleLine is a rule as a line of its chain: what ParseSaveReusing finds
+// a prev rule by.
+type ruleLine struct{ table, chain, text string }
+
+// rulesOf indexes rs's rules that stand on their line alone. A jump that
+// finish made unknown (its chain was missing) depends on the rest of the
+// table, and is parsed again.
+func rulesOf(rs *Ruleset) map[ruleLine]*Rule {
+	if rs == nil {
+		return nil
+	}
+	out := map[ruleLine]*Rule{}
+	for _, t := range rs.Tables {
+		for _, c := range t.Chains {
+			for _, r := range c.Rules {
+				if r.Target.Kind == TargetUnknown {
+					continue
+				}
+				k := ruleLine{t.Name, c.Name, r.Text}
+				if _, ok := out[k]; !ok {
+					out[k] = r
+				}
+			}
+		}
+	}
+	return out
+}
+
+func parseSave(r io.Reader, family Family, prev map[ruleLine]*Rule) (*Ruleset, error) {
 	rs := &Ruleset{Family: family, Tables: map[string]*Table{}}
 	sc := bufio.NewScanner(r)
 	// kube-proxy comments and ipset names keep lines short, but bpf
@@ -64,7 +106,7 @@ func ParseSave(r io.Reader, family Family) (*Ruleset, error) {
 				err = errors.New("rule outside a table")
 				break
 			}
-			err = cur.addRule(line, family)
+			err = cur.addRule(line, family, prev)
 		default:
 			err = errors.New("unrecognised line")
 		}
@@ -138,7 +180,7 @@ func (rs *Ruleset) Rules() []*Rule {
 	return out
 }
 
-func (t *Table) addRule(line string, family Family) error {
+func (t *Table) addRule(line string, family Family, prev map[ruleLine]*Rule) error {
 	// iptables-save -c prefixes the counters: "[12:3456] -A ...".
 	if line[0] == '[' {
 		end := strings.IndexByte(line, ']')
@@ -146,6 +188,13 @@ func (t *Table) addRule(line string, family Family) error {
 			return errors.New("unterminated counter")
 		}
 		line = strings.TrimSpace(line[end+1:])
+	}
+	if chain, ok := appendedChain(line); ok && prev != nil {
+		if r := prev[ruleLine{t.Name, chain, line}]; r != nil {
+			c := t.chain(chain)
+			c.Rules = append(c.Rules, r)
+			return nil
+		}
 	}
 	toks, err := tokenize(line)
 	if err != nil {
@@ -159,51 +208,86 @@ func (t *Table) addRule(line string, family Family) error {
 	if err := parseRule(r, toks[2:], family); err != nil {
 		return err
 	}
+	// Kept for as long as the rules are: without the room append left.
+	r.Matches = slices.Clone(r.Matches)
 	if toks[0] == "-I" {
 		c.Rules = append([]*Rule{r}, c.Rules...)
 	} else {
 		c.Rules = append(c.Rules, r)
 	}
-	for i, cr := range c.Rules {
-		cr.Index = i + 1
-	}
 	return nil
+}
+
+// appendedChain is the chain of an "-A CHAIN ..." line whose chain name
+// needs no unquoting, as iptables-save prints them.
+func appendedChain(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(line, "-A ")
+	if !ok {
+		return "", false
+	}
+	chain, _, ok := strings.Cut(rest, " ")
+	if !ok || chain == "" || strings.ContainsAny(chain, "\"\\\t") {
+		return "", false
+	}
+	return chain, true
 }
 
 // tokenize splits a rule line the way iptables-restore does: on blanks,
 // with double-quoted words in which a backslash escapes the next byte.
 // iptables-save prints comments as "dnat name: \"cbr0\" id: \"...\"".
+// A word without quotes is a slice of line, which the rule keeps as its
+// text anyway: the matches' strings cost no memory of their own.
 func tokenize(line string) ([]string, error) {
 	var toks []string
-	var b strings.Builder
-	inWord, inQuote := false, false
-	for i := 0; i < len(line); i++ {
-		ch := line[i]
-		switch {
-		case inQuote && ch == '\\' && i+1 < len(line):
+	for i := 0; i < len(line); {
+		if line[i] == ' ' || line[i] == '\t' {
 			i++
-			b.WriteByte(line[i])
-		case ch == '"':
-			inQuote = !inQuote
-			inWord = true
-		case !inQuote && (ch == ' ' || ch == '\t'):
-			if inWord {
-				toks = append(toks, b.String())
-				b.Reset()
-				inWord = false
+			continue
+		}
+		start, quoted, inQuote := i, false, false
+		for ; i < len(line); i++ {
+			ch := line[i]
+			if inQuote && ch == '\\' && i+1 < len(line) {
+				i++
+				continue
 			}
-		default:
-			b.WriteByte(ch)
-			inWord = true
+			if ch == '"' {
+				inQuote, quoted = !inQuote, true
+				continue
+			}
+			if !inQuote && (ch == ' ' || ch == '\t') {
+				break
+			}
+		}
+		if inQuote {
+			return nil, errors.New("unterminated quote")
+		}
+		if quoted {
+			toks = append(toks, unquote(line[start:i]))
+		} else {
+			toks = append(toks, line[start:i])
 		}
 	}
-	if inQuote {
-		return nil, errors.New("unterminated quote")
-	}
-	if inWord {
-		toks = append(toks, b.String())
-	}
 	return toks, nil
+}
+
+// unquote is a word with its double quotes taken out and, inside them, a
+// backslash's escape.
+func unquote(word string) string {
+	var b strings.Builder
+	inQuote := false
+	for i := 0; i < len(word); i++ {
+		switch ch := word[i]; {
+		case inQuote && ch == '\\' && i+1 < len(word):
+			i++
+			b.WriteByte(word[i])
+		case ch == '"':
+			inQuote = !inQuote
+		default:
+			b.WriteByte(ch)
+		}
+	}
+	return b.String()
 }
 
 // isShortOpt reports whether tok is a built-in option such as -s or -p,
@@ -698,7 +782,8 @@ var knownContinue = map[string]bool{
 
 func parseTarget(t *Target, isGoto bool, name string, args []string, family Family) error {
 	t.Name = name
-	t.Args = args
+	// A copy: args is the end of the rule's tokens, which are not kept.
+	t.Args = slices.Clone(args)
 	if isGoto {
 		t.Kind, t.Chain = TargetGoto, name
 		return nil
@@ -781,10 +866,23 @@ func parseTarget(t *Target, isGoto bool, name string, args []string, family Fami
 
 // finish runs at COMMIT: a "jump" to a name that is not a chain of the
 // table is an extension target this package does not know.
+// finish numbers each chain's rules and makes a jump to a chain the table
+// lacks unknown. A rule parsed before (ParseSaveReusing) has its number
+// already, and is shared: it is copied where either would change it.
 func (t *Table) finish() {
 	for _, c := range t.Chains {
-		for _, r := range c.Rules {
-			if r.Target.Kind == TargetJump && t.Chains[r.Target.Chain] == nil {
+		for i, r := range c.Rules {
+			missing := r.Target.Kind == TargetJump && t.Chains[r.Target.Chain] == nil
+			if r.Index == i+1 && !missing {
+				continue
+			}
+			if r.Index != 0 {
+				copied := *r
+				r = &copied
+				c.Rules[i] = r
+			}
+			r.Index = i + 1
+			if missing {
 				r.Target.Kind, r.Target.Chain = TargetUnknown, ""
 			}
 		}

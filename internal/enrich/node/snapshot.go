@@ -26,7 +26,7 @@ func FromSnapshot(snap *trace.Snapshot) (*State, error) {
 		return nil, err
 	}
 	if len(snap.Rules) > 0 {
-		v4, v6, err := parseRulesText(snap.Rules)
+		v4, v6, err := parseRulesText(snap.Rules, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}

@@ -261,9 +261,10 @@ func (s *State) Snapshot() *trace.Snapshot {
 	return snap
 }
 
-// parseRulesText parses the per-table texts, IPv4 and IPv6 separately. The
-// tables are joined in a fixed order so a parse error is reproducible.
-func parseRulesText(texts map[string]string) (v4, v6 *rules.Ruleset, err error) {
+// parseRulesText parses the per-table texts, IPv4 and IPv6 separately,
+// sharing the rules prev4 and prev6 (the last parse, or nil) already have.
+// The tables are joined in a fixed order so a parse error is reproducible.
+func parseRulesText(texts map[string]string, prev4, prev6 *rules.Ruleset) (v4, v6 *rules.Ruleset, err error) {
 	keys := make([]string, 0, len(texts))
 	for k := range texts {
 		keys = append(keys, k)
@@ -280,12 +281,12 @@ func parseRulesText(texts map[string]string) (v4, v6 *rules.Ruleset, err error) 
 		}
 	}
 	if b4.Len() > 0 {
-		if v4, err = rules.ParseSaveString(b4.String(), rules.IPv4); err != nil {
+		if v4, err = rules.ParseSaveReusing(b4.String(), rules.IPv4, prev4); err != nil {
 			return nil, nil, fmt.Errorf("parse iptables rules: %w", err)
 		}
 	}
 	if b6.Len() > 0 {
-		if v6, err = rules.ParseSaveString(b6.String(), rules.IPv6); err != nil {
+		if v6, err = rules.ParseSaveReusing(b6.String(), rules.IPv6, prev6); err != nil {
 			return nil, nil, fmt.Errorf("parse ip6tables rules: %w", err)
 		}
 	}

@@ -42,7 +42,7 @@ func sampleState(t *testing.T) *State {
 	for k, v := range splitSave(strings.ReplaceAll(natSave, "10.244.1.5:3306", "[fd00::5]:3306"), "ip6/") {
 		texts[k] = v
 	}
-	v4, v6, err := parseRulesText(texts)
+	v4, v6, err := parseRulesText(texts, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -470,7 +470,8 @@ func (w *Watcher) pollRules(ctx context.Context, st *State) bool {
 	if !w.changedHash("rules", all.String()) {
 		return noteChanged
 	}
-	v4, v6, err := parseRulesText(texts)
+	// The rules parsed last time are shared where a line is unchanged.
+	v4, v6, err := parseRulesText(texts, st.rules4, st.rules6)
 	if err != nil {
 		// Text that does not parse is left out of the state and the
 		// snapshot: a trace must re-load, and attribution with half
