@@ -67,6 +67,9 @@ type WatchStats struct {
 	// LastPoll is how long the last polling round took (the commands
 	// and sock_diag).
 	LastPoll time.Duration
+	// Deferred counts the part reads put off because reading the part
+	// costs more than the tracer allows itself (readShare).
+	Deferred uint64
 }
 
 // Watcher keeps the State of one namespace current.
@@ -85,6 +88,9 @@ type Watcher struct {
 	// the current rules and native tables were read at.
 	nftGen                    func() (uint32, error)
 	gen, rulesRead, nftListed generation
+	// nftTables lists the namespace's nftables tables by netlink; nil
+	// with a test's own Runner, where nft lists them.
+	nftTables func() ([]string, error)
 	// legacyTables says whether the namespace has iptables-legacy
 	// tables, whose rules no nftables generation counts.
 	legacyTables func() (legacyTables, error)
@@ -107,6 +113,10 @@ type Watcher struct {
 	lastPoll                 atomic.Int64
 
 	builds, polls, ruleReads, linkEvents, subErrs atomic.Uint64
+	// paces are when each paced part may be read again (pollPaced), and
+	// deferred counts the reads they put off; under mu.
+	paces    map[string]pace
+	deferred atomic.Uint64
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -130,20 +140,15 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 		opts.Debounce = 20 * time.Millisecond
 	}
 	w := &Watcher{path: netnsPath, opts: opts, run: opts.Runner, nsh: netns.None(), ready: moduleReady,
-		changed: make(chan struct{}, 1), hashes: map[string][32]byte{}}
+		changed: make(chan struct{}, 1), hashes: map[string][32]byte{}, paces: map[string]pace{}}
 	if opts.moduleReady != nil {
 		w.ready = opts.moduleReady
 	}
 	if w.run == nil {
 		w.run = nsRunner(netnsPath)
 		w.tools = lookPath
-		w.nftGen = func() (uint32, error) {
-			fd := 0
-			if w.nsh.IsOpen() {
-				fd = int(w.nsh)
-			}
-			return nftGeneration(fd)
-		}
+		w.nftGen = func() (uint32, error) { return nftGeneration(w.nsFD()) }
+		w.nftTables = func() ([]string, error) { return nftTableNames(w.nsFD()) }
 		w.legacyTables = func() (legacyTables, error) { return legacyTablesIn(netnsPath) }
 	}
 	if opts.nftGen != nil {
@@ -176,6 +181,14 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 	w.wg.Add(1)
 	go w.pollLoop(ctx)
 	return w, nil
+}
+
+// nsFD is the watched namespace for a netlink socket; 0 is the caller's.
+func (w *Watcher) nsFD() int {
+	if w.nsh.IsOpen() {
+		return int(w.nsh)
+	}
+	return 0
 }
 
 func (w *Watcher) open() error {
@@ -357,7 +370,16 @@ func (w *Watcher) pollParts(ctx context.Context, st *State) bool {
 	defer func() { w.lastPoll.Store(int64(time.Since(start))) }()
 	w.gen = w.readGeneration()
 	changed := false
-	for _, p := range []func(context.Context, *State) bool{w.pollRules, w.pollIPSets, w.pollNFT, w.pollIPVS, w.pollListeners} {
+	for _, p := range []pacedPart{
+		{"rules", "iptables rules", w.pollRules},
+		{"ipsets", "ipsets", w.pollIPSets},
+		{"nft", "native nftables tables", w.pollNFT},
+	} {
+		if w.pollPaced(ctx, st, p) {
+			changed = true
+		}
+	}
+	for _, p := range []func(context.Context, *State) bool{w.pollIPVS, w.pollListeners} {
 		if p(ctx, st) {
 			changed = true
 		}
@@ -529,7 +551,7 @@ func (w *Watcher) pollNFT(ctx context.Context, st *State) bool {
 	}
 	loaded := w.ready("nf_tables")
 	if loaded {
-		tables, ruleset, err = readNFT(ctx, w.run, w.tools, w.nftBackend)
+		tables, ruleset, err = readNFT(ctx, w.run, w.tools, w.nftBackend, w.nftTables)
 	} else {
 		err = errors.New("module nf_tables is not loaded, so there are no nftables tables (not loading it)")
 	}
@@ -619,7 +641,7 @@ func (w *Watcher) Changed() <-chan struct{} { return w.changed }
 // Stats returns the counters.
 func (w *Watcher) Stats() WatchStats {
 	return WatchStats{Builds: w.builds.Load(), Polls: w.polls.Load(), RuleReads: w.ruleReads.Load(), LinkEvents: w.linkEvents.Load(), SubscribeErrors: w.subErrs.Load(),
-		LastPoll: time.Duration(w.lastPoll.Load())}
+		LastPoll: time.Duration(w.lastPoll.Load()), Deferred: w.deferred.Load()}
 }
 
 // Close stops refreshing and releases the sockets. Current keeps returning
