@@ -319,6 +319,36 @@ func (d *diagnosis) clientSideMismatch() (Result, bool) {
 	)}, true
 }
 
+// unansweredNeighbour is the address the kernel dropped a packet of the
+// flow for because no neighbour answered for it (kfree_skb's
+// NEIGH_FAILED): ARP or neighbour discovery went unanswered for 3 s, and
+// the kernel answered the sender with host-unreachable itself.
+func (d *diagnosis) unansweredNeighbour() (string, bool) {
+	for i := range d.f.Events {
+		e := &d.f.Events[i]
+		if e.Kind == trace.KindDrop && e.Reason == "NEIGH_FAILED" && e.Packet != nil {
+			if ap := trace.ParseEndpoint(e.Packet.Dst); ap.IsValid() {
+				return ap.Addr().String(), true
+			}
+		}
+	}
+	return "", false
+}
+
+// appendNeighbourFailed says no host answered at addr, and when the flow
+// was translated there, that its target is down or gone.
+func (d *diagnosis) appendNeighbourFailed(b []byte, addr string) []byte {
+	b = append(b, "the kernel sent it itself: nothing answered ARP or neighbour discovery for "...)
+	b = append(b, addr...)
+	if r := d.f.Reply; r != nil && r.Src != d.f.Orig.Dst && trace.ParseEndpoint(r.Src).Addr().String() == addr {
+		b = append(b, ", the address the connection was DNAT'd to ("...)
+		b = append(b, r.Src...)
+		b = append(b, "): the endpoint is down or gone, or its address is stale"...)
+		return b
+	}
+	return append(b, ": no host there is up"...)
+}
+
 // generic: any other REJECT, stack RST or drop, with the rule or reason.
 func (d *diagnosis) generic() (Result, bool) {
 	if ev := d.event(trace.KindReject); ev != nil {
@@ -328,7 +358,11 @@ func (d *diagnosis) generic() (Result, bool) {
 		p.begin()
 		n := len(p.b)
 		if p.b = d.appendRuleEvidence(p.b); len(p.b) == n {
-			p.b = append(p.b, "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"...)
+			if addr, ok := d.unansweredNeighbour(); ok {
+				p.b = d.appendNeighbourFailed(p.b, addr)
+			} else {
+				p.b = append(p.b, "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"...)
+			}
 		}
 		p.end()
 		return Result{trace.VerdictRejected, p.done()}, true

@@ -349,7 +349,15 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 		return nil, tu, reply
 	}
 	if j.CT != nil {
-		if e, ok := j.CT.Lookup(tu); ok {
+		e, ok := j.CT.Lookup(tu)
+		if !ok {
+			// A packet conntrack has translated carries the other
+			// direction's tuple reversed: a DNAT'd packet rejected on
+			// its way to the endpoint, seconds after the DNAT's flow
+			// was done.
+			e, ok = j.CT.Lookup(tu.Reverse())
+		}
+		if ok {
 			if p := j.byTuple.get(packTuple(e.Orig)); p != nil {
 				return p, p.key().tuple(), e.Reply
 			}

@@ -257,3 +257,33 @@ func TestJoinTellsConntrackItsClock(t *testing.T) {
 		t.Errorf("the flow finishing at the second Expire left after %d clocks told, want 1: the clock comes after the flows it lets go", toldBefore)
 	}
 }
+
+// A packet conntrack already translated (a DNAT'd SYN, rejected on its way
+// to the endpoint with host-unreachable when the endpoint's address does
+// not answer ARP, 3 s after the DNAT) carries the other direction's tuple
+// reversed: its connection is found by that, open or not, and the flow it
+// makes is the connection's, keyed by the address the client asked for.
+func TestJoinFindsTheConnectionOfATranslatedPacket(t *testing.T) {
+	orig := tuple(6, "10.0.0.1:55738", "10.96.1.2:80")
+	reply := tuple(6, "10.245.1.2:8080", "10.0.0.1:55738")
+	ct := &fakeCT{entries: []conntrack.Entry{{Orig: orig, Reply: reply}}}
+	reject := event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, Packet: reply.Reverse()}
+	dnat := dnatTo("10.0.0.1:55738", "10.96.1.2:80", "10.245.1.2:8080")
+
+	t.Run("in the flow's linger", func(t *testing.T) {
+		flows := joinWithCT(t, ct, dnat, reject)
+		if len(flows) != 1 || len(flows[0].Events) != 2 {
+			t.Fatalf("%d flows %+v, want the DNAT and the reject in one", len(flows), flows)
+		}
+	})
+	t.Run("after the flow", func(t *testing.T) {
+		flows := joinWithCT(t, ct, reject)
+		if len(flows) != 1 {
+			t.Fatalf("%d flows, want 1", len(flows))
+		}
+		f := flows[0]
+		if f.Orig.Dst != "10.96.1.2:80" || f.Reply == nil || f.Reply.Src != "10.245.1.2:8080" {
+			t.Errorf("the reject's flow is orig %+v reply %+v; want the connection's, to the Service address", f.Orig, f.Reply)
+		}
+	})
+}

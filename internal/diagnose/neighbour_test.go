@@ -1,0 +1,37 @@
+package diagnose
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/tracer-dev/tracer/internal/trace"
+)
+
+// A connection to a DNAT'd address whose endpoint does not answer ARP: the
+// kernel drops its SYN (NEIGH_FAILED) 3 s after the DNAT and answers the
+// client with host-unreachable itself. The flow, as the tracer recorded it
+// in a namespace whose DNAT target's address nothing held (the client got
+// "No route to host"), says so, and names the endpoint.
+func TestRejectForAnUnansweredNeighbour(t *testing.T) {
+	line, err := os.ReadFile("testdata/neigh-failed.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := trace.ParseFlow(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Diagnose(f, &fakeEnv{})
+	const want = "rejected: 10.96.0.10:80 from 10.0.0.1:43334 was answered with icmp-host-unreachable. the kernel sent it itself: nothing answered ARP or neighbour discovery for 10.245.0.9, the address the connection was DNAT'd to (10.245.0.9:8080): the endpoint is down or gone, or its address is stale."
+	if r.Verdict != trace.VerdictRejected || r.Explanation != want {
+		t.Errorf("got %s: %q\nwant %q", r.Verdict, r.Explanation, want)
+	}
+
+	// Not translated: the address itself has no host.
+	f.Orig.Dst, f.Reply = "10.245.0.9:8080", nil
+	r = Diagnose(f, &fakeEnv{})
+	if !strings.HasSuffix(r.Explanation, "nothing answered ARP or neighbour discovery for 10.245.0.9: no host there is up.") {
+		t.Errorf("untranslated: %q", r.Explanation)
+	}
+}
