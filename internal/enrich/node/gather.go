@@ -293,8 +293,8 @@ var compatTables = map[string]bool{
 // nft backend, its tables are left to iptables-save and only the native
 // tables are listed; with iptables-legacy every nftables table is native.
 // A rule in one listing and not the other means a change landed between
-// the two reads: they are read again, once.
-// tables lists the namespace's tables ("family name"); nil: nft does.
+// the two reads: they are read again, once. tables lists the namespace's
+// tables ("family name"); nil: nft does.
 func readNFT(ctx context.Context, run Runner, tools toolCheck, iptablesIsNFT bool, tables func() ([]string, error)) ([]NFTable, *trace.NFTRuleset, error) {
 	if err := tools.have("nft"); err != nil {
 		return nil, nil, err
@@ -337,10 +337,10 @@ func listNFT(ctx context.Context, run Runner, iptablesIsNFT bool, tables func() 
 	}
 	var docs [][]byte
 	for _, name := range names {
-		family, table, _ := strings.Cut(name, " ")
 		if compatTables[name] {
 			continue
 		}
+		family, table, _ := strings.Cut(name, " ")
 		l, j, err := listBoth(ctx, run, "table", family, table)
 		if err != nil {
 			return nil, nil, err
