@@ -129,14 +129,21 @@ func TestConnectAgentMissing(t *testing.T) {
 	}
 }
 
-// In the UI the merged flows go to its store, and the title says each
-// node's health: a dropped count, a failed stream as an alert.
-func TestConnectUIStatus(t *testing.T) {
-	var out, errs lockedBuffer
-	m := newMerge(connectOptions{output: "ui"}, []mergeTarget{{addr: "a:1"}, {addr: "b:1"}}, &out, &errs)
+// twoNodeUIMerge is the UI's merge of agents a:1 and b:1, whose headers
+// name node-a and node-b, and what it writes to the terminal.
+func twoNodeUIMerge() (m *merge, out, errs *lockedBuffer) {
+	out, errs = &lockedBuffer{}, &lockedBuffer{}
+	m = newMerge(connectOptions{output: "ui"}, []mergeTarget{{addr: "a:1"}, {addr: "b:1"}}, out, errs)
 	m.store = trace.NewStore()
 	m.take(feedMsg{i: 0, header: &trace.Header{Node: "node-a"}})
 	m.take(feedMsg{i: 1, header: &trace.Header{Node: "node-b"}})
+	return m, out, errs
+}
+
+// In the UI the merged flows go to its store, and the title says each
+// node's health: a dropped count, a failed stream as an alert.
+func TestConnectUIStatus(t *testing.T) {
+	m, out, errs := twoNodeUIMerge()
 	f := connectFlow("10.0.0.1:1", time.Now())
 	f.Node = "node-a"
 	m.take(feedMsg{i: 0, msg: agent.Message{Flow: f, Time: time.Now(), Dropped: 3, LostEvents: 2}, at: time.Now()})
@@ -160,11 +167,7 @@ func TestConnectUIStatus(t *testing.T) {
 // size from the first heartbeat, its share of a CPU from the next, over
 // the agent's own clock.
 func TestConnectUIStatusShowsAgentCost(t *testing.T) {
-	var out, errs lockedBuffer
-	m := newMerge(connectOptions{output: "ui"}, []mergeTarget{{addr: "a:1"}, {addr: "b:1"}}, &out, &errs)
-	m.store = trace.NewStore()
-	m.take(feedMsg{i: 0, header: &trace.Header{Node: "node-a"}})
-	m.take(feedMsg{i: 1, header: &trace.Header{Node: "node-b"}})
+	m, _, _ := twoNodeUIMerge()
 	agentAt := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	// The client's clock runs apart from the agent's: the share is timed
 	// by the agent's.

@@ -20,16 +20,7 @@ func TestNFTGenerationMoves(t *testing.T) {
 		t.Skip("nf_tables is not loaded and the test does not load it")
 	}
 	const name = "trnftgen"
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := scratchNetns(t, name)
 	hostBefore, err := nftGeneration(0)
 	if err != nil {
 		t.Fatal(err)
@@ -85,16 +76,7 @@ func TestNFTTableNamesAgreesWithNFT(t *testing.T) {
 		t.Skip("nft is not installed: nothing to compare with")
 	}
 	const name = "trnfttables"
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := scratchNetns(t, name)
 	if names, err := nftTableNames(int(h)); err != nil || len(names) != 0 {
 		t.Fatalf("a new namespace has tables %q (%v)", names, err)
 	}
@@ -127,4 +109,21 @@ func TestNFTTableNamesAgreesWithNFT(t *testing.T) {
 	if !maps.Equal(got, want) || len(names) != len(got) {
 		t.Errorf("netlink lists %q; nft lists %q", names, out)
 	}
+}
+
+// scratchNetns is a new network namespace called name, deleted when the
+// test ends.
+func scratchNetns(t *testing.T, name string) netns.NsHandle {
+	t.Helper()
+	_ = exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
 }

@@ -39,11 +39,7 @@ func TestWatcherPacesCostlyReads(t *testing.T) {
 		{"cheap", 0, 200, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := &fakeRunner{out: map[string]string{
-				"iptables-save":           natSave,
-				"ip6tables-save":          "",
-				"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
-			}, calls: map[string]int{}}
+			f := nftBackendRunner()
 			var gen atomic.Uint32
 			w, err := WatchWith(context.Background(), "", WatchOptions{Poll: 5 * time.Millisecond, Runner: slowRunner{f, c.save}.run,
 				nftGen:       func() (uint32, error) { return gen.Add(1), nil }, // a commit before every poll

@@ -139,16 +139,21 @@ func TestWatcherLoadsNoModules(t *testing.T) {
 	}
 }
 
+// nftBackendRunner answers for iptables-nft with natSave's rules.
+func nftBackendRunner() *fakeRunner {
+	return &fakeRunner{out: map[string]string{
+		"iptables-save":           natSave,
+		"ip6tables-save":          "",
+		"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
+	}, calls: map[string]int{}}
+}
+
 // TestWatcherReadsNFTRulesWhenTheGenerationMoves: under iptables-nft,
 // iptables-save runs again only when the nftables generation moved or
 // the namespace has iptables-legacy tables (whose rules the generation
 // does not count, and of which iptables-nft warns).
 func TestWatcherReadsNFTRulesWhenTheGenerationMoves(t *testing.T) {
-	f := &fakeRunner{out: map[string]string{
-		"iptables-save":           natSave,
-		"ip6tables-save":          "",
-		"iptables-save --version": "iptables-save v1.8.9 (nf_tables)",
-	}, calls: map[string]int{}}
+	f := nftBackendRunner()
 	var gen atomic.Uint32
 	var legacy atomic.Bool
 	gen.Store(7)
