@@ -46,12 +46,17 @@ func (w *Watcher) pollPaced(ctx context.Context, st *State, p pacedPart) bool {
 	return changed
 }
 
+// paceNoted is how many polls apart a part's reads must be for the
+// state to say so: a read a little slower than the poll is no news, a
+// change unseen for ten seconds and more is.
+const paceNoted = 5
+
 // notePace says in st's notes how often the part is read when that is
-// less often than every poll. The note changes only when the interval
+// paceNoted polls apart or more. The note changes only when the interval
 // doubles or halves, so a read that takes a little longer than the last
 // does not make a new state.
 func (w *Watcher) notePace(st *State, p pacedPart, pc *pace, every time.Duration) bool {
-	if every <= w.opts.Poll {
+	if every < paceNoted*w.opts.Poll {
 		pc.noted = 0
 		return w.setNote(st, "pace-"+p.name, "")
 	}
