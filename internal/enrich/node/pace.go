@@ -14,6 +14,11 @@ import (
 // commit, the tracer would take most of a core from the node it watches.
 const readShare = 10
 
+// pacedFrom is the shortest read that is paced: at any real poll
+// interval a quicker one costs nothing worth putting off, and under
+// emulation a test's fake reads take a few milliseconds.
+const pacedFrom = 20 * time.Millisecond
+
 // pace is when a part may be read again, and the interval the state's
 // note says.
 type pace struct {
@@ -37,9 +42,12 @@ func (w *Watcher) pollPaced(ctx context.Context, st *State, p pacedPart) bool {
 	}
 	start := time.Now()
 	changed := p.read(ctx, st)
-	took := time.Since(start)
-	pc.next = start.Add(readShare * took)
-	if w.notePace(st, p, &pc, readShare*took) {
+	var every time.Duration // 0: read again at the next poll
+	if took := time.Since(start); took >= pacedFrom {
+		every = readShare * took
+		pc.next = start.Add(every)
+	}
+	if w.notePace(st, p, &pc, every) {
 		changed = true
 	}
 	w.paces[p.name] = pc
