@@ -35,40 +35,59 @@ type idleResult struct {
 	CPU, Window time.Duration
 	Polls       uint64
 	RuleReads   uint64
-	Err         string
+	// Changes are the commits made to the rules during the window (0 for
+	// an idle node); Deferred the part reads the watcher put off as too
+	// costly to repeat so soon (node.WatchStats.Deferred).
+	Changes  int
+	Deferred uint64
+	Err      string
 }
 
 func (r idleResult) core() float64 { return r.CPU.Seconds() / r.Window.Seconds() }
 
 // idleModes are the rule sets: kube-proxy's iptables mode through
 // iptables-nft (iptables-restore), and its nftables mode (nft -f, the
-// table of internal/nft/nftgen).
+// table of internal/nft/nftgen); change commits one more rule, as
+// kube-proxy's sync does when a Service or endpoint changes.
 var idleModes = []struct {
-	mode string
-	load func(ns netlab.Namespace) (string, error)
+	mode   string
+	load   func(ns netlab.Namespace) (string, error)
+	change func(ns netlab.Namespace, k int) error
 }{
-	{"iptables (iptables-nft)", loadKubeProxyIPTables},
-	{"nftables", loadKubeProxyNFT},
+	{"iptables (iptables-nft)", loadKubeProxyIPTables, changeKubeProxyIPTables},
+	{"nftables", loadKubeProxyNFT, changeKubeProxyNFT},
 }
+
+// churnEvery is how often the rules change in the churning rows: a big
+// cluster's kube-proxy syncs about that often.
+const churnEvery = 2 * time.Second
 
 func measureIdle(ctx context.Context, window time.Duration, only []event.Via) []idleResult {
 	var out []idleResult
 	for _, m := range idleModes {
-		if ctx.Err() != nil {
-			break
+		for _, churn := range []bool{false, true} {
+			if ctx.Err() != nil {
+				return out
+			}
+			var change func(netlab.Namespace, int) error
+			if churn {
+				change = m.change
+			}
+			logf("idle: %d Services in kube-proxy's %s mode, %s, rules changing: %v", idleServices, m.mode, window, churn)
+			r, err := idleRun(ctx, m.load, change, window, only)
+			r.Mode = m.mode
+			if err != nil {
+				r.Err = err.Error()
+			}
+			out = append(out, r)
 		}
-		logf("idle: %d Services in kube-proxy's %s mode, %s", idleServices, m.mode, window)
-		r, err := idleRun(ctx, m.load, window, only)
-		r.Mode = m.mode
-		if err != nil {
-			r.Err = err.Error()
-		}
-		out = append(out, r)
 	}
 	return out
 }
 
-func idleRun(ctx context.Context, load func(netlab.Namespace) (string, error), window time.Duration, only []event.Via) (idleResult, error) {
+// idleRun measures the live pipeline on a namespace load fills, change
+// (when not nil) committing a rule every churnEvery.
+func idleRun(ctx context.Context, load func(netlab.Namespace) (string, error), change func(netlab.Namespace, int) error, window time.Duration, only []event.Via) (idleResult, error) {
 	var r idleResult
 	l, err := netlab.New(fmt.Sprintf("trbidle%d", os.Getpid()%10000))
 	if err != nil {
@@ -103,13 +122,29 @@ func idleRun(ctx context.Context, load func(netlab.Namespace) (string, error), w
 		done <- err
 	}()
 	cpu0, w0 := cpuTime(), time.Now()
-	select {
-	case <-ctx.Done():
-	case <-time.After(window):
+	end := time.After(window)
+	tick := time.NewTicker(churnEvery)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-end:
+			break wait
+		case <-tick.C:
+			if change == nil {
+				continue
+			}
+			if err := change(ns, r.Changes); err != nil {
+				return r, fmt.Errorf("change the rules: %w", err)
+			}
+			r.Changes++
+		}
 	}
 	r.CPU, r.Window = cpuTime()-cpu0, time.Since(w0)
 	st := p.Stats()
-	r.Polls, r.RuleReads = st.Node.Polls, st.Node.RuleReads
+	r.Polls, r.RuleReads, r.Deferred = st.Node.Polls, st.Node.RuleReads, st.Node.Deferred
 	cancel()
 	rerr := <-done
 	if err := p.Close(); err != nil {
@@ -164,6 +199,26 @@ func loadKubeProxyNFT(ns netlab.Namespace) (string, error) {
 	return fmt.Sprintf("table ip kube-proxy: %d Services of 3 endpoints (nft -f)", idleServices), nil
 }
 
+// changeKubeProxyIPTables commits one more rule to KUBE-SERVICES, at its
+// head, as a new Service's rule moves the rest down.
+func changeKubeProxyIPTables(ns netlab.Namespace, k int) error {
+	addr := fmt.Sprintf("10.99.%d.%d/32", k/250, k%250+1)
+	if out, err := ns.Run("iptables", "-t", "nat", "-I", "KUBE-SERVICES", "-d", addr, "-p", "tcp", "--dport", "80", "-j", "RETURN"); err != nil {
+		return fmt.Errorf("iptables -I: %w: %s", err, out)
+	}
+	return nil
+}
+
+// changeKubeProxyNFT commits one more rule to a chain of kube-proxy's
+// table (made at the first change).
+func changeKubeProxyNFT(ns netlab.Namespace, k int) error {
+	script := fmt.Sprintf("add rule ip kube-proxy nodebench-churn ip daddr 10.99.%d.%d tcp dport 80 return\n", k/250, k%250+1)
+	if k == 0 {
+		script = "add chain ip kube-proxy nodebench-churn\n" + script
+	}
+	return runStdin(ns, script, "nft", "-f", "-")
+}
+
 // runStdin runs a command in ns with input as its standard input.
 func runStdin(ns netlab.Namespace, input, name string, args ...string) error {
 	cmd := exec.Command(name, args...)
@@ -180,18 +235,19 @@ func (r *report) idleMarkdown(p printer) {
 	if len(r.idle) == 0 {
 		return
 	}
-	p("## 9. Idle cost on a node of 5,000 Services\n\n")
+	p("## 9. Watching a node of 5,000 Services: idle, and its rules changing\n\n")
 	p("A throwaway namespace holding kube-proxy's rules for 5,000 ClusterIP Services, no traffic, and the full live pipeline on it (`live.Start` + `Run`, as `tracer trace`): ")
 	p("the rules are read at the start and then polled every 2 s, with ipsets, native nftables tables, IPVS and listeners. ")
-	p("*CPU* is this process's and its waited-for children's (the watcher's commands) over the window after the start; *rule reads* are the polling rounds that ran iptables-save (the first reading included).\n\n")
-	p("| kube-proxy mode | rules | start | window | CPU | share of one core | polls | rule reads |\n|---|---|---|---|---|---|---|---|\n")
+	p("In the rows with *changes*, one more rule is committed every %s during the window (an `iptables -I` at the head of KUBE-SERVICES; an `nft add rule` in kube-proxy's table), as a big cluster's kube-proxy syncs: each commit moves the nftables generation, so each poll after one reads again, unless reading costs more than the tracer allows itself (a part is read again no sooner than ten times its last read took). ", churnEvery)
+	p("*CPU* is this process's and its waited-for children's (the watcher's commands) over the window after the start; *rule reads* are the polling rounds that ran iptables-save (the first reading included); *deferred* the part reads put off as too costly.\n\n")
+	p("| kube-proxy mode | rules | changes | start | window | CPU | share of one core | polls | rule reads | deferred |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.idle {
 		if x.Err != "" {
-			p("| %s | not measured: %s | | | | | | |\n", x.Mode, x.Err)
+			p("| %s | not measured: %s | | | | | | | | |\n", x.Mode, x.Err)
 			continue
 		}
-		p("| %s | %s | %s | %s | %s | %.1f%% | %d | %d |\n", x.Mode, x.Rules, x.Start.Round(time.Millisecond), x.Window.Round(time.Millisecond),
-			x.CPU.Round(time.Millisecond), 100*x.core(), x.Polls, x.RuleReads)
+		p("| %s | %s | %d | %s | %s | %s | %.1f%% | %d | %d | %d |\n", x.Mode, x.Rules, x.Changes, x.Start.Round(time.Millisecond), x.Window.Round(time.Millisecond),
+			x.CPU.Round(time.Millisecond), 100*x.core(), x.Polls, x.RuleReads, x.Deferred)
 	}
 	p("\n")
 }
