@@ -43,7 +43,7 @@ func (w *Watcher) pollPaced(ctx context.Context, st *State, p pacedPart) bool {
 	start := time.Now()
 	changed := p.read(ctx, st)
 	var every time.Duration // 0: read again at the next poll
-	if took := time.Since(start); took >= pacedFrom {
+	if took := time.Since(start); took >= w.pacedFrom {
 		every = readShare * took
 		pc.next = start.Add(every)
 	}

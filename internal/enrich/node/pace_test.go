@@ -37,14 +37,15 @@ func TestWatcherPacesCostlyReads(t *testing.T) {
 		// Each read of 40 ms puts the next 400 ms off: in 1.2 s of
 		// polls every 5 ms, 3 reads, not 240.
 		{"costly", 40 * time.Millisecond, 5 * time.Millisecond, 2, 4, true},
-		// A fake read takes a millisecond or so (a few under QEMU's
-		// emulation): every 50 ms poll reads.
-		{"cheap", 0, 50 * time.Millisecond, 15, 0, false},
+		// A fake read takes a millisecond or so (now and then tens
+		// under QEMU's emulation, which paces a few polls): nearly
+		// every 50 ms poll reads.
+		{"cheap", 0, 50 * time.Millisecond, 10, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := nftBackendRunner()
 			var gen atomic.Uint32
-			w, err := WatchWith(context.Background(), "", WatchOptions{Poll: c.poll, Runner: slowRunner{f, c.save}.run,
+			w, err := WatchWith(context.Background(), "", WatchOptions{Poll: c.poll, Runner: slowRunner{f, c.save}.run, pacedFrom: pacedFrom,
 				nftGen:       func() (uint32, error) { return gen.Add(1), nil }, // a commit before every poll
 				legacyTables: func() (legacyTables, error) { return legacyTables{}, nil }})
 			if err != nil {

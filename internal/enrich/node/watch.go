@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -44,6 +45,11 @@ type WatchOptions struct {
 	// generation and its iptables-legacy check (tests).
 	nftGen       func() (uint32, error)
 	legacyTables func() (legacyTables, error)
+	// pacedFrom replaces the shortest paced read (pacedFrom) for a
+	// test's own Runner, whose reads are otherwise never paced: under
+	// QEMU's emulation a fake read takes tens of milliseconds now and
+	// then, and would put off the read the test waits for.
+	pacedFrom time.Duration
 }
 
 // WatchStats count the Watcher's work.
@@ -115,8 +121,9 @@ type Watcher struct {
 	builds, polls, ruleReads, linkEvents, subErrs atomic.Uint64
 	// paces are when each paced part may be read again (pollPaced), and
 	// deferred counts the reads they put off; under mu.
-	paces    map[string]pace
-	deferred atomic.Uint64
+	paces     map[string]pace
+	pacedFrom time.Duration
+	deferred  atomic.Uint64
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -153,6 +160,13 @@ func WatchWith(ctx context.Context, netnsPath string, opts WatchOptions) (*Watch
 	}
 	if opts.nftGen != nil {
 		w.nftGen = opts.nftGen
+	}
+	w.pacedFrom = pacedFrom
+	if opts.Runner != nil {
+		w.pacedFrom = opts.pacedFrom
+		if w.pacedFrom == 0 {
+			w.pacedFrom = math.MaxInt64
+		}
 	}
 	if opts.legacyTables != nil {
 		w.legacyTables = opts.legacyTables
