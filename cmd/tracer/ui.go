@@ -105,7 +105,7 @@ func showLive(ctx context.Context, p *live.Pipeline, o traceOptions, caps trace.
 			}
 		}})
 	}()
-	src := tui.Source{Header: header, Title: title, Store: store, States: states, Live: true, Stats: rateOf(p)}
+	src := tui.Source{Header: header, Title: title, Store: store, States: states, Live: true, Stats: headerStats(p.Stats)}
 	uiErr := tui.Run(ctx, src, tui.Options{Filter: o.filter})
 	cancel()
 	wg.Wait()
@@ -130,10 +130,6 @@ func keepStatesFrom(store *trace.Store) time.Time {
 	}
 	return oldest.Add(-time.Minute)
 }
-
-// rateOf turns the pipeline's counters into the header's events per second
-// and the tracer's share of a CPU, each over the last second or more.
-func rateOf(p *live.Pipeline) func() tui.Stats { return headerStats(p.Stats) }
 
 // headerStats turns counters, read on every draw, into the header's
 // figures: events per second and the process's share of a CPU, each over

@@ -100,7 +100,8 @@ func NewStateEnv(name string, st *node.State, meta Metadata) *NodeEnv {
 		sets = map[string]*rules.IPSet{}
 	}
 	e := &NodeEnv{name: name, rules4: st.Ruleset(rules.IPv4), rules6: st.Ruleset(rules.IPv6),
-		node:     &rules.MemNode{Local: slices.Concat(loopback, st.LocalRoutes()), Sets: sets},
+		// Loopback is local to every env, whatever the routes read say.
+		node:     &rules.MemNode{Local: append(rules.Loopback(), st.LocalRoutes()...), Sets: sets},
 		kubeIPVS: map[netip.Addr]bool{}, svcPorts: servicePorts(sets), ipvs: map[ipvsKey]trace.IPVSService{},
 		meta: meta, attrs: newAttributionCache(), shared: newNameCache()}
 	for _, a := range st.Addresses() {
@@ -128,9 +129,6 @@ func NewStateEnv(name string, st *node.State, meta Metadata) *NodeEnv {
 	}
 	return e
 }
-
-// loopback is local to every env, whatever its routes say.
-var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
 // ipvsRecord is a virtual server as the diagnosis quotes it.
 func ipvsRecord(v node.IPVSService) trace.IPVSService {

@@ -49,10 +49,12 @@ type MemNode struct {
 // NewMemNode returns a MemNode with the loopback ranges every Linux node
 // has as local routes.
 func NewMemNode() *MemNode {
-	return &MemNode{
-		Local: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-		Sets:  map[string]*IPSet{},
-	}
+	return &MemNode{Local: Loopback(), Sets: map[string]*IPSet{}}
+}
+
+// Loopback are the loopback ranges, local on every node.
+func Loopback() []netip.Prefix {
+	return []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 }
 
 // AddLocal adds local addresses or prefixes ("172.18.0.2", "10.96.0.10/32").

@@ -36,11 +36,11 @@ type pacedPart struct {
 // budget; it reports whether st changed.
 func (w *Watcher) pollPaced(ctx context.Context, st *State, p pacedPart) bool {
 	pc := w.paces[p.name]
-	if time.Now().Before(pc.next) {
+	start := time.Now()
+	if start.Before(pc.next) {
 		w.deferred.Add(1)
 		return false
 	}
-	start := time.Now()
 	changed := p.read(ctx, st)
 	var every time.Duration // 0: read again at the next poll
 	if took := time.Since(start); took >= w.pacedFrom {

@@ -18,7 +18,7 @@ import (
 func FromSnapshot(snap *trace.Snapshot) (*State, error) {
 	st := &State{notes: map[string]string{}, facts: map[string]bool{}}
 	if snap == nil {
-		st.local = defaultLocal()
+		st.local = rules.Loopback()
 		st.finish()
 		return st, nil
 	}
@@ -54,12 +54,6 @@ func FromSnapshot(snap *trace.Snapshot) (*State, error) {
 	return st, nil
 }
 
-// defaultLocal is what a snapshot without local routes (traces older than
-// them) takes as local besides its addresses: the loopback ranges.
-func defaultLocal() []netip.Prefix {
-	return []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
-}
-
 // addressesFrom reads the interface addresses and the local routes. A
 // snapshot without local routes takes its addresses, each as a single
 // address, and the loopback ranges as local.
@@ -83,7 +77,7 @@ func (s *State) addressesFrom(snap *trace.Snapshot) error {
 		s.local = append(s.local, p)
 	}
 	if len(snap.LocalRoutes) == 0 {
-		s.local = defaultLocal()
+		s.local = rules.Loopback()
 		for _, a := range s.addrs {
 			s.local = append(s.local, netip.PrefixFrom(a.Prefix.Addr(), a.Prefix.Addr().BitLen()))
 		}
