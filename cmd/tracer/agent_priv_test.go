@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracer-dev/tracer/internal/join"
 	"github.com/tracer-dev/tracer/internal/lab"
 	"github.com/tracer-dev/tracer/internal/netlab"
 	"github.com/tracer-dev/tracer/internal/trace"
@@ -267,12 +268,16 @@ func TestAgentsJoinReturnPath(t *testing.T) {
 		cmd, addr, _ := startAgent(t, bin, node, "--listen", "127.0.0.1:0", "--metadata", metadata)
 		agents, addrs = append(agents, cmd), append(addrs, addr)
 	}
-	conn, out, connErr := startConnect(t, bin, append([]string{"--window", "2s"}, addrs...)...)
+	conn, out, connErr := startConnect(t, bin, addrs...) // the default window
 	exps, err := built.Traffic(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // the flows' linger, and the stream
+	// node-1's side of the return path is a SYN nothing answered: it
+	// leaves UnansweredLinger after the DNAT, the client's side at its
+	// linger after the last reset, and the attempt ended with the
+	// client's 3 s timeout.
+	time.Sleep(join.UnansweredLinger)
 	for _, a := range agents {
 		a.Process.Signal(syscall.SIGTERM)
 		a.Wait()

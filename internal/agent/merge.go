@@ -10,11 +10,13 @@ import (
 
 // DefaultWindow is how long a merged flow waits for flows of other nodes
 // that happened before it, or that are the same connection. A node emits a
-// flow once it has been quiet for its linger (1.5 s by default), or up to
-// a poll interval more when its rule needs the next reading of the node's
-// state: flows of one moment reach the client within about 3 s of each
-// other.
-const DefaultWindow = 3 * time.Second
+// flow once it has been quiet for its linger (1.5 s by default), a TCP
+// connection whose SYN nothing answered after 3.5 s (join.UnansweredLinger:
+// the return path's DNAT node has such a connection), either up to a poll
+// interval (2 s) more when its rule needs the next reading of the node's
+// state: parts of one connection reach the client within about 4 s of
+// each other.
+const DefaultWindow = 5 * time.Second
 
 // Merger orders the flows of several nodes by their time, and joins the
 // flows of one connection seen on several nodes into one. Each flow waits

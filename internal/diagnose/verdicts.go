@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tracer-dev/tracer/internal/trace"
 )
@@ -335,10 +336,30 @@ func (d *diagnosis) unansweredNeighbour() (string, bool) {
 	return "", false
 }
 
+// neighbourGaveUp is, without that drop (a tier without kfree_skb), the
+// rejected packet's destination and how long after the flow's first event
+// the kernel sent its host-unreachable: an unreachable route answers at
+// once, a neighbour nobody answers after its 3 s of solicitations.
+func (d *diagnosis) neighbourGaveUp(ev *trace.Event) (addr string, after time.Duration, ok bool) {
+	if ev.Reason != "icmp-host-unreachable" && ev.Reason != "icmp6-addr-unreachable" || ev.Packet == nil || len(d.f.Events) == 0 {
+		return "", 0, false
+	}
+	after = ev.Time.Sub(d.f.Events[0].Time)
+	ap := trace.ParseEndpoint(ev.Packet.Dst)
+	if after < neighbourTimeout || !ap.IsValid() {
+		return "", 0, false
+	}
+	return ap.Addr().String(), after, true
+}
+
+// neighbourTimeout is a little under the 3 s both families' neighbour
+// resolution takes to fail by default (3 solicitations a second apart).
+const neighbourTimeout = 2500 * time.Millisecond
+
 // appendNeighbourFailed says no host answered at addr, and when the flow
 // was translated there, that its target is down or gone.
 func (d *diagnosis) appendNeighbourFailed(b []byte, addr string) []byte {
-	b = append(b, "the kernel sent it itself: nothing answered ARP or neighbour discovery for "...)
+	b = append(b, "nothing answered ARP or neighbour discovery for "...)
 	b = append(b, addr...)
 	if r := d.f.Reply; r != nil && r.Src != d.f.Orig.Dst && trace.ParseEndpoint(r.Src).Addr().String() == addr {
 		b = append(b, ", the address the connection was DNAT'd to ("...)
@@ -359,6 +380,11 @@ func (d *diagnosis) generic() (Result, bool) {
 		n := len(p.b)
 		if p.b = d.appendRuleEvidence(p.b); len(p.b) == n {
 			if addr, ok := d.unansweredNeighbour(); ok {
+				p.b = d.appendNeighbourFailed(append(p.b, "the kernel sent it itself: "...), addr)
+			} else if addr, after, ok := d.neighbourGaveUp(ev); ok {
+				p.b = append(p.b, "the kernel sent it itself "...)
+				p.b = append(p.b, after.Round(10*time.Millisecond).String()...)
+				p.b = append(p.b, " after the connection's first packet, the time it takes to give up on a neighbour: most likely "...)
 				p.b = d.appendNeighbourFailed(p.b, addr)
 			} else {
 				p.b = append(p.b, "no netfilter rule explains it: the kernel itself sent the error (no listener, no route, or IPVS)"...)

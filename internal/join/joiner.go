@@ -62,6 +62,20 @@ type ReadDestroyed interface {
 // REJECT) and for a reply to show in conntrack, short enough to read live.
 const DefaultLinger = 1500 * time.Millisecond
 
+// UnansweredLinger is how long a connection nothing has answered (a TCP
+// one still at its SYN) stays open after its last event, while its events
+// say nothing else happened to it: NAT decisions, or the kernel giving up
+// on the next hop's neighbour. A packet DNAT'd to an address nothing
+// answers ARP or neighbour discovery for waits in the neighbour's queue
+// until the kernel gives up, 3 s after the first solicitation (3 probes a
+// second apart, both families' default), and is then dropped and
+// answered with host-unreachable, which fails a TCP client's connect (a
+// DNS query to a Service whose endpoint is gone fails the same way): that
+// belongs in the connection's one flow. A packet queued meanwhile (a
+// retransmitted SYN) starts the next resolution, and is rejected 3 s
+// after that.
+const UnansweredLinger = 3500 * time.Millisecond
+
 // Joiner groups events into flows by connection and hands each flow to
 // Emit once it has been quiet for Linger, with its conntrack entry: the
 // join stage, which knows nothing of rules (internal/enrich is the next).
@@ -113,6 +127,7 @@ type Joiner struct {
 	lookupTus  []event.Tuple
 	lookupCT   []conntrack.Entry
 	lookupOK   []bool
+	answers    []ctAnswer
 	// destroyed is entryOf's scratch: a replaced flow's destroyed entries.
 	destroyed []conntrack.Entry
 	// out is the flow being emitted: Emit's argument.
@@ -292,6 +307,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	}
 	j.addEvent(p, ev)
 	p.deadline = now.Sub(j.epoch) + j.linger()
+	p.held = false
 	if created {
 		j.due.push(p)
 	} else {
@@ -531,21 +547,8 @@ type ctAnswer struct {
 // BatchConntrack for the live entries of all of them that still hold
 // their tuple (entryOf reads a replaced flow's history), in that order.
 func (j *Joiner) finishAll(now time.Time) {
-	batch, batched := j.CT.(BatchConntrack)
-	if batched {
-		j.lookupTus = j.lookupTus[:0]
-		for _, p := range j.finishing {
-			if !p.replaced {
-				j.lookupTus = append(j.lookupTus, p.key().tuple())
-			}
-		}
-		n := len(j.lookupTus)
-		j.lookupCT = slices.Grow(j.lookupCT[:0], n)[:n]
-		j.lookupOK = slices.Grow(j.lookupOK[:0], n)[:n]
-		if len(j.finishing) > 0 {
-			batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
-		}
-	}
+	j.lookUpFinishing()
+	j.holdUnanswered(now)
 	j.unindexing = j.unindexing[:0]
 	for _, p := range j.finishing {
 		if !p.replaced {
@@ -553,17 +556,116 @@ func (j *Joiner) finishAll(now time.Time) {
 		}
 	}
 	j.byTuple.releaseAll(j.unindexing)
-	asked := 0
-	for _, p := range j.finishing {
-		live := ctAnswer{batched: batched}
-		if batched && !p.replaced {
-			live.entry, live.found, live.asked = j.lookupCT[asked], j.lookupOK[asked], true
-			asked++
-		}
-		j.finish(p, live, now)
+	for i, p := range j.finishing {
+		j.finish(p, j.answers[i], now)
 	}
 	clear(j.finishing)
 	j.finishing = j.finishing[:0]
+}
+
+// lookUpFinishing sets answers, one a finishing flow: from one LookupAll
+// of every flow that still holds its tuple when the conntrack answers
+// batches, else left for entryOf to ask.
+func (j *Joiner) lookUpFinishing() {
+	batch, batched := j.CT.(BatchConntrack)
+	j.answers = slices.Grow(j.answers[:0], len(j.finishing))[:len(j.finishing)]
+	if !batched {
+		clear(j.answers)
+		return
+	}
+	j.lookupTus = j.lookupTus[:0]
+	for _, p := range j.finishing {
+		if !p.replaced {
+			j.lookupTus = append(j.lookupTus, p.key().tuple())
+		}
+	}
+	n := len(j.lookupTus)
+	j.lookupCT = slices.Grow(j.lookupCT[:0], n)[:n]
+	j.lookupOK = slices.Grow(j.lookupOK[:0], n)[:n]
+	if n > 0 {
+		batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
+	}
+	asked := 0
+	for i, p := range j.finishing {
+		j.answers[i] = ctAnswer{batched: true}
+		if !p.replaced {
+			j.answers[i] = ctAnswer{entry: j.lookupCT[asked], found: j.lookupOK[asked], asked: true, batched: true}
+			asked++
+		}
+	}
+}
+
+// holdUnanswered takes out of finishing, and queues again until
+// UnansweredLinger after their last event, the flows whose connection
+// still waits for its first answer (awaitsAnswer); at Flush (now zero)
+// every flow finishes.
+func (j *Joiner) holdUnanswered(now time.Time) {
+	if now.IsZero() || j.CT == nil || UnansweredLinger <= j.linger() {
+		return
+	}
+	n := 0
+	for i, p := range j.finishing {
+		if j.awaitsAnswer(p, &j.answers[i]) {
+			p.held = true
+			p.deadline += UnansweredLinger - j.linger()
+			j.due.heap.push(p.deadline, p)
+			continue
+		}
+		j.finishing[n], j.answers[n] = p, j.answers[i]
+		n++
+	}
+	clear(j.finishing[n:])
+	j.finishing, j.answers = j.finishing[:n], j.answers[:n]
+}
+
+// awaitsAnswer says whether p's conntrack entry has seen no reply (a TCP
+// one is still SYN_SENT), and p's events have not told its story yet
+// (storyGoesOn). A flow is held once after its last event; the entry it
+// was judged by is kept in live for its finish when not held.
+func (j *Joiner) awaitsAnswer(p *pending, live *ctAnswer) bool {
+	if p.held || p.replaced || !j.storyGoesOn(p) {
+		return false
+	}
+	if !live.asked {
+		live.entry, live.found = j.CT.Lookup(p.key().tuple())
+		live.asked = true
+	}
+	e := live.entry
+	return live.found && !e.Replied && (p.key().proto != protoTCP || e.State == "SYN_SENT")
+}
+
+// storyGoesOn: p's events are NAT decisions, or the kernel giving up on
+// the next hop's neighbour: a host-unreachable and the packet's free.
+func (j *Joiner) storyGoesOn(p *pending) bool {
+	goesOn := true
+	var unreachable event.Tuple // the packet of the last host-unreachable
+	j.eachEvent(p, func(ev event.Event) bool {
+		_, nat := natDecisionOf(ev)
+		switch {
+		case nat:
+		case ev.Kind == event.KindReject && hostUnreachable(ev):
+			unreachable = ev.Packet
+		case ev.Kind == event.KindDrop:
+			// The free of the packet it answered: NEIGH_FAILED where
+			// the kernel says so (IPv4); IPv6 frees it without a
+			// reason (6.18).
+			goesOn = unreachable.Valid() && ev.Packet == unreachable || ev.HasReason && j.Names != nil && j.Names.DropReason(ev.Reason) == "NEIGH_FAILED"
+		default:
+			goesOn = false
+		}
+		return goesOn
+	})
+	return goesOn
+}
+
+// hostUnreachable: a reject's ICMP error is host-unreachable (IPv4) or
+// address-unreachable (IPv6), what the kernel answers a packet whose next
+// hop's neighbour never answered.
+func hostUnreachable(ev event.Event) bool {
+	if ev.Packet.Src.Is4() {
+		return ev.ICMPType == 3 && ev.ICMPCode == 1
+	}
+	return ev.ICMPType == 1 && ev.ICMPCode == 3
 }
 
 // Open is the number of flows still collecting events or waiting out
@@ -743,3 +845,5 @@ func (j *Joiner) strayReplyOwner(pkt event.Tuple) (conntrack.Entry, bool) {
 	}
 	return conntrack.Entry{}, false
 }
+
+const protoTCP = 6 // IPPROTO_TCP

@@ -56,6 +56,7 @@ func joinWithCT(t *testing.T, ct Conntrack, evs ...event.Event) []*trace.Flow {
 		j.Add(e, now)
 	}
 	j.Expire(now.Add(2 * time.Second))
+	j.Expire(now.Add(2*time.Second + UnansweredLinger))
 	return out
 }
 
@@ -210,8 +211,10 @@ func TestJoinFinishedFlowsLookedUpTogether(t *testing.T) {
 	alone := joinWithCT(t, &fakeCT{entries: entries}, evs...)
 	batch := &batchCT{fakeCT: &fakeCT{entries: entries}}
 	together := joinWithCT(t, batch, evs...)
-	if !slices.Equal(batch.batches, []int{256, 44}) || len(batch.lookups) != 0 {
-		t.Errorf("LookupAll of %v tuples and %d single lookups, want [256 44] and none", batch.batches, len(batch.lookups))
+	// The 75 SYN_SENT entries without a reply wait for their answer,
+	// and are asked for again when they finish.
+	if !slices.Equal(batch.batches, []int{256, 44, 75}) || len(batch.lookups) != 0 {
+		t.Errorf("LookupAll of %v tuples and %d single lookups, want [256 44 75] and none", batch.batches, len(batch.lookups))
 	}
 	if len(alone) != 300 || len(together) != 300 {
 		t.Fatalf("%d flows looked up alone, %d together; want 300", len(alone), len(together))
@@ -287,3 +290,187 @@ func TestJoinFindsTheConnectionOfATranslatedPacket(t *testing.T) {
 		}
 	})
 }
+
+// TestJoinHoldsAnUnansweredSYNForItsRejection: a SYN DNAT'd to an
+// endpoint that does not answer ARP is rejected with host-unreachable 3 s
+// later, when the kernel gives up on the neighbour. Its flow waits for
+// that past its linger, so the connection is one flow: the DNAT, the
+// rejection and the drop. A flow that has its answer, or an event besides
+// NAT, or is a TCP one past its SYN, finishes at its linger; a DNS query
+// nothing answers waits as the SYN does; Flush finishes a held one.
+func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
+	orig := tuple(6, "10.0.0.1:55738", "10.96.1.2:80")
+	reply := tuple(6, "10.245.1.2:8080", "10.0.0.1:55738")
+	synSent := conntrack.Entry{Orig: orig, Reply: reply, State: "SYN_SENT", Status: conntrack.StatusConfirmed | conntrack.StatusDstNAT}
+	dnat := dnatTo("10.0.0.1:55738", "10.96.1.2:80", "10.245.1.2:8080")
+	reject := event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, Packet: reply.Reverse(), ICMPType: 3, ICMPCode: 1}
+	drop := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: reply.Reverse(), Reason: reasonNeighFailed, HasReason: true}
+	ruleDrop := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: reply.Reverse(), Reason: reasonNeighFailed + 1, HasReason: true}
+	t0 := time.Unix(1700000000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	run := func(ct Conntrack, steps func(j *Joiner)) []*trace.Flow {
+		var out []*trace.Flow
+		j := &Joiner{CT: ct, Names: neighFailedNamer{}, Emit: func(f *Flow) { out = append(out, f.Record) }}
+		steps(j)
+		return out
+	}
+	add := func(j *Joiner, ev event.Event, d time.Duration) {
+		ev.Time = at(d)
+		j.Add(ev, at(d))
+	}
+	kinds := func(f *trace.Flow) []string {
+		var ks []string
+		for _, e := range f.Events {
+			ks = append(ks, e.Kind)
+		}
+		return ks
+	}
+
+	t.Run("rejected after 3 s, and a SYN sent meanwhile 3 s later", func(t *testing.T) {
+		var atLinger, atRejectsLinger int
+		flows := run(&fakeCT{entries: []conntrack.Entry{synSent}}, func(j *Joiner) {
+			add(j, dnat, 0)
+			j.Expire(at(1600 * time.Millisecond))
+			atLinger = j.Open()
+			add(j, reject, 3*time.Second)
+			add(j, drop, 3*time.Second)
+			j.Expire(at(4600 * time.Millisecond))
+			atRejectsLinger = j.Open()
+			add(j, reject, 6*time.Second)
+			add(j, drop, 6*time.Second)
+			j.Expire(at(9400 * time.Millisecond))
+			if j.Open() != 1 {
+				t.Errorf("%d flows open before UnansweredLinger after the last rejection, want 1", j.Open())
+			}
+			j.Expire(at(9500 * time.Millisecond))
+		})
+		if atLinger != 1 || atRejectsLinger != 1 {
+			t.Errorf("%d and %d flows open at the DNAT's and the first rejection's linger, want the unanswered one", atLinger, atRejectsLinger)
+		}
+		if len(flows) != 1 || !slices.Equal(kinds(flows[0]), []string{"dnat", "reject", "drop", "reject", "drop"}) {
+			t.Fatalf("%d flows %+v; want one: dnat, reject, drop, reject, drop", len(flows), flows)
+		}
+		if flows[0].Orig.Dst != "10.96.1.2:80" || flows[0].Conntrack == nil || flows[0].Conntrack.State != "SYN_SENT" {
+			t.Errorf("flow orig %+v conntrack %+v; want the Service connection's, SYN_SENT", flows[0].Orig, flows[0].Conntrack)
+		}
+	})
+	t.Run("never answered", func(t *testing.T) {
+		flows := run(&fakeCT{entries: []conntrack.Entry{synSent}}, func(j *Joiner) {
+			add(j, dnat, 0)
+			j.Expire(at(3400 * time.Millisecond))
+			if j.Open() != 1 {
+				t.Errorf("%d flows open before UnansweredLinger, want 1", j.Open())
+			}
+			j.Expire(at(3500 * time.Millisecond))
+		})
+		if len(flows) != 1 {
+			t.Fatalf("%d flows at UnansweredLinger, want the DNAT's", len(flows))
+		}
+	})
+	finishesAtLinger := func(t *testing.T, ct Conntrack, evs ...event.Event) {
+		t.Helper()
+		flows := run(ct, func(j *Joiner) {
+			for _, ev := range evs {
+				add(j, ev, 0)
+			}
+			j.Expire(at(1600 * time.Millisecond))
+		})
+		if len(flows) != 1 {
+			t.Errorf("%d flows at the linger, want 1", len(flows))
+		}
+	}
+	t.Run("answered", func(t *testing.T) {
+		replied := synSent
+		replied.State, replied.Replied = "ESTABLISHED", true
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{replied}}, dnat)
+	})
+	t.Run("dropped for another reason", func(t *testing.T) {
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{synSent}}, dnat, ruleDrop)
+	})
+	t.Run("refused", func(t *testing.T) {
+		portUnreachable := reject
+		portUnreachable.ICMPCode = 3
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{synSent}}, dnat, portUnreachable)
+	})
+	t.Run("no entry", func(t *testing.T) {
+		finishesAtLinger(t, &fakeCT{}, dnat)
+	})
+	t.Run("ipv6", func(t *testing.T) {
+		orig6 := tuple(6, "[fd00:a::2]:34117", "[fd00:96::10]:80")
+		reply6 := tuple(6, "[fd00:245::9]:8080", "[fd00:a::2]:34117")
+		dnat6 := event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: orig6, Reply: reply6}
+		// 6.18 frees the packet without a reason.
+		unreachable6 := event.Event{Kind: event.KindReject, Hook: event.HookICMP6Send, Via: event.ViaTracepoint, Packet: reply6.Reverse(), ICMPType: 1, ICMPCode: 3}
+		free6 := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: reply6.Reverse(), Reason: 2, HasReason: true}
+		entry := conntrack.Entry{Orig: orig6, Reply: reply6, State: "SYN_SENT"}
+		flows := run(&fakeCT{entries: []conntrack.Entry{entry}}, func(j *Joiner) {
+			add(j, dnat6, 0)
+			add(j, unreachable6, 3*time.Second)
+			add(j, free6, 3*time.Second)
+			j.Expire(at(6400 * time.Millisecond))
+			if j.Open() != 1 {
+				t.Errorf("%d flows open before UnansweredLinger after the rejection, want 1", j.Open())
+			}
+			j.Expire(at(6500 * time.Millisecond))
+		})
+		if len(flows) != 1 {
+			t.Fatalf("%d flows, want one", len(flows))
+		}
+		// Another packet's free, without a reason, tells the story.
+		other := free6
+		other.Packet = tuple(6, "[fd00:a::2]:40000", "[fd00:245::9]:8080")
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{entry}}, dnat6, other)
+	})
+	t.Run("tcp past its SYN", func(t *testing.T) {
+		closed := synSent
+		closed.State = "CLOSE"
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{closed}}, dnat)
+	})
+	uOrig := tuple(17, "10.0.0.1:55738", "10.96.1.2:53")
+	uReply := tuple(17, "10.245.1.2:53", "10.0.0.1:55738")
+	query := event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: uOrig, Reply: uReply}
+	t.Run("udp answered", func(t *testing.T) {
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{{Orig: uOrig, Reply: uReply, Replied: true}}}, query)
+	})
+	t.Run("udp unanswered", func(t *testing.T) {
+		unreachable := event.Event{Kind: event.KindReject, Hook: event.HookICMPSend, Via: event.ViaTracepoint, Packet: uReply.Reverse(), ICMPType: 3, ICMPCode: 1}
+		flows := run(&fakeCT{entries: []conntrack.Entry{{Orig: uOrig, Reply: uReply}}}, func(j *Joiner) {
+			add(j, query, 0)
+			j.Expire(at(1600 * time.Millisecond))
+			add(j, unreachable, 3*time.Second)
+			j.Expire(at(4600 * time.Millisecond))
+			if j.Open() != 1 {
+				t.Errorf("%d flows open at the rejection's linger, want the unanswered query's", j.Open())
+			}
+			j.Expire(at(6500 * time.Millisecond))
+		})
+		if len(flows) != 1 || !slices.Equal(kinds(flows[0]), []string{"dnat", "reject"}) {
+			t.Fatalf("%d flows %+v; want one: dnat, reject", len(flows), flows)
+		}
+	})
+	t.Run("flushed", func(t *testing.T) {
+		flows := run(&fakeCT{entries: []conntrack.Entry{synSent}}, func(j *Joiner) {
+			add(j, dnat, 0)
+			j.Expire(at(1600 * time.Millisecond))
+			j.Flush()
+		})
+		if len(flows) != 1 {
+			t.Errorf("%d flows after Flush, want the held one", len(flows))
+		}
+	})
+}
+
+const reasonNeighFailed = 90
+
+// neighFailedNamer names drop reason reasonNeighFailed as the kernel
+// names the drop of a packet whose next hop never answered.
+type neighFailedNamer struct{}
+
+func (neighFailedNamer) DropReason(r uint32) string {
+	if r == reasonNeighFailed {
+		return "NEIGH_FAILED"
+	}
+	return fmt.Sprintf("reason-%d", r)
+}
+
+func (neighFailedNamer) ResetReason(r uint32) string { return fmt.Sprintf("reset-%d", r) }

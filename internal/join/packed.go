@@ -415,6 +415,9 @@ type pending struct {
 	// moved: an event came after the flow was queued, so its deadline
 	// is later than the one it was queued at (dueQueue).
 	moved bool
+	// held: the flow was kept open past its linger since its last
+	// event, its SYN not yet answered (holdUnanswered).
+	held bool
 	// inline is the key's slot, the reply's, then the events; once they
 	// outgrow it they move to rare.spill.
 	inline [pendingInline]byte

@@ -86,7 +86,7 @@ func TestClusterMode(t *testing.T) {
 	oncall := c.cp.KubeconfigFor(c.cp.OnCallToken())
 	checkDoctor(t, plugin, oncall, built.NodeName)
 	checkClusterAudit(t, tracer, plugin, oncall, metadata, netnsOf)
-	kc := exec.Command(plugin, "--kubeconfig", oncall, "--all-nodes", "-o", "json", "--window", "2s")
+	kc := exec.Command(plugin, "--kubeconfig", oncall, "--all-nodes", "-o", "json")
 	var out, errb lockedBuffer
 	kc.Stdout, kc.Stderr = &out, &errb
 	if err := kc.Start(); err != nil {
