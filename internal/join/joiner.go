@@ -618,9 +618,11 @@ func (j *Joiner) holdUnanswered(now time.Time) {
 	j.finishing, j.answers = j.finishing[:n], j.answers[:n]
 }
 
-// awaitsAnswer says whether p's conntrack entry has seen no reply (a TCP
-// one is still SYN_SENT), and p's events have not told its story yet
-// (storyGoesOn). A flow is held once after its last event; the entry it
+// awaitsAnswer says whether p's conntrack entry is in the table and has
+// seen no reply (a TCP one is still SYN_SENT), and p's events have not
+// told its story yet (storyGoesOn). An entry that ended (a one-way UDP
+// flood's, on a short timeout) has no more to say, and its end may not be
+// kept past the flow's linger for a second lookup. A flow is held once after its last event; the entry it
 // was judged by is kept in live for its finish when not held.
 func (j *Joiner) awaitsAnswer(p *pending, live *ctAnswer) bool {
 	if p.held || p.replaced || !j.storyGoesOn(p) {
@@ -631,7 +633,7 @@ func (j *Joiner) awaitsAnswer(p *pending, live *ctAnswer) bool {
 		live.asked = true
 	}
 	e := live.entry
-	return live.found && !e.Replied && (p.key().proto != protoTCP || e.State == "SYN_SENT")
+	return live.found && !e.Destroyed && !e.Replied && (p.key().proto != protoTCP || e.State == "SYN_SENT")
 }
 
 // storyGoesOn: p's events are NAT decisions, or the kernel giving up on

@@ -429,6 +429,10 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 	uOrig := tuple(17, "10.0.0.1:55738", "10.96.1.2:53")
 	uReply := tuple(17, "10.245.1.2:53", "10.0.0.1:55738")
 	query := event.Event{Kind: event.KindDNAT, Hook: event.HookNFNat, Via: event.ViaNetfilter, Orig: uOrig, Reply: uReply}
+	t.Run("udp ended", func(t *testing.T) {
+		ended := conntrack.Entry{Orig: uOrig, Reply: uReply, Destroyed: true}
+		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{ended}}, query)
+	})
 	t.Run("udp answered", func(t *testing.T) {
 		finishesAtLinger(t, &fakeCT{entries: []conntrack.Entry{{Orig: uOrig, Reply: uReply, Replied: true}}}, query)
 	})
