@@ -15,14 +15,7 @@ import (
 // in a namespace whose DNAT target's address nothing held (the client got
 // "No route to host"), says so, and names the endpoint.
 func TestRejectForAnUnansweredNeighbour(t *testing.T) {
-	line, err := os.ReadFile("testdata/neigh-failed.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := trace.ParseFlow(line)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := recordedFlow(t, "testdata/neigh-failed.json")
 	r := Diagnose(f, &fakeEnv{})
 	const want = "rejected: 10.96.0.10:80 from 10.0.0.1:43334 was answered with icmp-host-unreachable. the kernel sent it itself: nothing answered ARP or neighbour discovery for 10.245.0.9, the address the connection was DNAT'd to (10.245.0.9:8080): the endpoint is down or gone, or its address is stale."
 	if r.Verdict != trace.VerdictRejected || r.Explanation != want {
@@ -44,14 +37,7 @@ func TestRejectForAnUnansweredNeighbour(t *testing.T) {
 // points at the neighbour; a host-unreachable at once (an unreachable
 // route) does not.
 func TestRejectForAnUnansweredNeighbourHeld(t *testing.T) {
-	line, err := os.ReadFile("testdata/neigh-failed-held.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := trace.ParseFlow(line)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := recordedFlow(t, "testdata/neigh-failed-held.json")
 	r := Diagnose(f, &fakeEnv{})
 	const sure = "rejected: 10.96.0.10:80 from 10.0.0.2:23224 was answered with icmp-host-unreachable. the kernel sent it itself: nothing answered ARP or neighbour discovery for 10.245.0.9, the address the connection was DNAT'd to (10.245.0.9:8080): the endpoint is down or gone, or its address is stale."
 	if r.Verdict != trace.VerdictRejected || r.Explanation != sure {
@@ -78,4 +64,18 @@ func TestRejectForAnUnansweredNeighbourHeld(t *testing.T) {
 	if strings.Contains(r.Explanation, "neighbour") || !strings.Contains(r.Explanation, "no netfilter rule explains it") {
 		t.Errorf("host-unreachable at once: %q", r.Explanation)
 	}
+}
+
+// recordedFlow is the flow the tracer recorded in path (one trace line).
+func recordedFlow(t *testing.T, path string) *trace.Flow {
+	t.Helper()
+	line, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := trace.ParseFlow(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

@@ -318,6 +318,16 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 		ev.Time = at(d)
 		j.Add(ev, at(d))
 	}
+	// leavesAt expires j just before d, when the flow must still be
+	// open, and at d.
+	leavesAt := func(t *testing.T, j *Joiner, d time.Duration) {
+		t.Helper()
+		j.Expire(at(d - 100*time.Millisecond))
+		if j.Open() != 1 {
+			t.Errorf("%d flows open %s before %s, want the held one", j.Open(), 100*time.Millisecond, d)
+		}
+		j.Expire(at(d))
+	}
 	kinds := func(f *trace.Flow) []string {
 		var ks []string
 		for _, e := range f.Events {
@@ -338,11 +348,7 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 			atRejectsLinger = j.Open()
 			add(j, reject, 6*time.Second)
 			add(j, drop, 6*time.Second)
-			j.Expire(at(9400 * time.Millisecond))
-			if j.Open() != 1 {
-				t.Errorf("%d flows open before UnansweredLinger after the last rejection, want 1", j.Open())
-			}
-			j.Expire(at(9500 * time.Millisecond))
+			leavesAt(t, j, 6*time.Second+UnansweredLinger)
 		})
 		if atLinger != 1 || atRejectsLinger != 1 {
 			t.Errorf("%d and %d flows open at the DNAT's and the first rejection's linger, want the unanswered one", atLinger, atRejectsLinger)
@@ -357,11 +363,7 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 	t.Run("never answered", func(t *testing.T) {
 		flows := run(&fakeCT{entries: []conntrack.Entry{synSent}}, func(j *Joiner) {
 			add(j, dnat, 0)
-			j.Expire(at(3400 * time.Millisecond))
-			if j.Open() != 1 {
-				t.Errorf("%d flows open before UnansweredLinger, want 1", j.Open())
-			}
-			j.Expire(at(3500 * time.Millisecond))
+			leavesAt(t, j, UnansweredLinger)
 		})
 		if len(flows) != 1 {
 			t.Fatalf("%d flows at UnansweredLinger, want the DNAT's", len(flows))
@@ -407,11 +409,7 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 			add(j, dnat6, 0)
 			add(j, unreachable6, 3*time.Second)
 			add(j, free6, 3*time.Second)
-			j.Expire(at(6400 * time.Millisecond))
-			if j.Open() != 1 {
-				t.Errorf("%d flows open before UnansweredLinger after the rejection, want 1", j.Open())
-			}
-			j.Expire(at(6500 * time.Millisecond))
+			leavesAt(t, j, 3*time.Second+UnansweredLinger)
 		})
 		if len(flows) != 1 {
 			t.Fatalf("%d flows, want one", len(flows))
@@ -443,10 +441,7 @@ func TestJoinHoldsAnUnansweredSYNForItsRejection(t *testing.T) {
 			j.Expire(at(1600 * time.Millisecond))
 			add(j, unreachable, 3*time.Second)
 			j.Expire(at(4600 * time.Millisecond))
-			if j.Open() != 1 {
-				t.Errorf("%d flows open at the rejection's linger, want the unanswered query's", j.Open())
-			}
-			j.Expire(at(6500 * time.Millisecond))
+			leavesAt(t, j, 3*time.Second+UnansweredLinger)
 		})
 		if len(flows) != 1 || !slices.Equal(kinds(flows[0]), []string{"dnat", "reject"}) {
 			t.Fatalf("%d flows %+v; want one: dnat, reject", len(flows), flows)
