@@ -567,10 +567,10 @@ func (j *Joiner) finishAll(now time.Time) {
 // of every flow that still holds its tuple when the conntrack answers
 // batches, else left for entryOf to ask.
 func (j *Joiner) lookUpFinishing() {
-	batch, batched := j.CT.(BatchConntrack)
 	j.answers = slices.Grow(j.answers[:0], len(j.finishing))[:len(j.finishing)]
-	if !batched {
-		clear(j.answers)
+	clear(j.answers)
+	batch, batched := j.CT.(BatchConntrack)
+	if !batched || len(j.finishing) == 0 {
 		return
 	}
 	j.lookupTus = j.lookupTus[:0]
@@ -582,9 +582,9 @@ func (j *Joiner) lookUpFinishing() {
 	n := len(j.lookupTus)
 	j.lookupCT = slices.Grow(j.lookupCT[:0], n)[:n]
 	j.lookupOK = slices.Grow(j.lookupOK[:0], n)[:n]
-	if n > 0 {
-		batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
-	}
+	// Even with no tuple: the replaced flows' ends are read from the
+	// DESTROYs LookupAll drains (ReadDestroyed).
+	batch.LookupAll(j.lookupTus, j.lookupCT, j.lookupOK)
 	asked := 0
 	for i, p := range j.finishing {
 		j.answers[i] = ctAnswer{batched: true}

@@ -320,3 +320,33 @@ func TestJoinRecycledState(t *testing.T) {
 		t.Errorf("second flow %+v", out[1])
 	}
 }
+
+// TestJoinReplacedFlowAloneStillDrainsDestroys: an Expire that finishes
+// only a replaced connection (its deadline comes before its newer one's)
+// asks a batch conntrack's LookupAll all the same, with no tuple: that
+// call drains the DESTROYs the replaced flow's own entry is read from.
+func TestJoinReplacedFlowAloneStillDrainsDestroys(t *testing.T) {
+	first, second := reusedPortNAT(7, "10.0.2.2:8080"), reusedPortNAT(7, "10.0.2.3:8080")
+	orig := first[0].Orig
+	b := &batchHistoryCT{historyCT: historyCT{orig: {
+		{Orig: orig, Reply: second[1].Reply, State: "ESTABLISHED"},
+		{Orig: orig, Reply: first[1].Reply, State: "TIME_WAIT", Destroyed: true},
+	}}}
+	var out []*trace.Flow
+	j := &Joiner{CT: b, Emit: func(f *Flow) { out = append(out, f.Record) }}
+	t0 := time.Unix(1700000000, 0)
+	for i, evs := range [][]event.Event{first, second} {
+		at := t0.Add(time.Duration(i) * time.Second)
+		for _, e := range evs {
+			e.Time = at
+			j.Add(e, at)
+		}
+	}
+	j.Expire(t0.Add(1600 * time.Millisecond)) // the first's linger, not the second's
+	if len(out) != 1 || b.lookupAlls != 1 {
+		t.Fatalf("%d flows and %d LookupAll calls, want the replaced one and one call", len(out), b.lookupAlls)
+	}
+	if ct := out[0].Conntrack; ct == nil || ct.State != "TIME_WAIT" {
+		t.Errorf("the replaced flow's conntrack %+v, want its own ended entry (TIME_WAIT)", ct)
+	}
+}
