@@ -104,8 +104,9 @@ func TestPrivUnansweredEndpointIsOneFlow(t *testing.T) {
 			for slices.ContainsFunc(attempts, func(a *attempt) bool { return !seen(a.src) }) && time.Now().Before(deadline) {
 				time.Sleep(100 * time.Millisecond)
 			}
+			// A flow split off would have come first: the rejection
+			// 6.1 s in, at its linger, or the DNAT's at 1.5 s.
 			t.Logf("every attempt's first flow came within %s of the attempts' start", time.Since(began).Round(100*time.Millisecond))
-			time.Sleep(join.UnansweredLinger) // room for a second one
 			tr.Stop(t)
 			checkOneRejectedFlow(t, tr.All(), "tcp", attempts[0].src, "10.96.0.10:80", "10.245.0.9")
 			checkOneRejectedFlow(t, tr.All(), "udp", attempts[1].src, "10.96.0.10:53", "10.245.0.9")
