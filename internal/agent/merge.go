@@ -10,12 +10,11 @@ import (
 
 // DefaultWindow is how long a merged flow waits for flows of other nodes
 // that happened before it, or that are the same connection. A node emits a
-// flow once it has been quiet for its linger (1.5 s by default), a TCP
-// connection whose SYN nothing answered after 3.5 s (join.UnansweredLinger:
-// the return path's DNAT node has such a connection), either up to a poll
-// interval (2 s) more when its rule needs the next reading of the node's
-// state: parts of one connection reach the client within about 4 s of
-// each other.
+// flow once it has been quiet for its linger (1.5 s by default; 3.5 s,
+// join.UnansweredLinger, for a connection nothing answered yet, which the
+// return path's DNAT node has), and up to a poll interval (2 s) more when
+// its rule needs the next reading of the node's state: parts of one
+// connection reach the client within about 4 s of each other.
 const DefaultWindow = 5 * time.Second
 
 // Merger orders the flows of several nodes by their time, and joins the

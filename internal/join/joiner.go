@@ -622,10 +622,12 @@ func (j *Joiner) holdUnanswered(now time.Time) {
 // seen no reply (a TCP one is still SYN_SENT), and p's events have not
 // told its story yet (storyGoesOn). An entry that ended (a one-way UDP
 // flood's, on a short timeout) has no more to say, and its end may not be
-// kept past the flow's linger for a second lookup. A flow is held once after its last event; the entry it
-// was judged by is kept in live for its finish when not held.
+// kept past the flow's linger for a second lookup. A flow is held once
+// after its last event. The entry is asked for first, and kept in live
+// for the flow's finish when it is not held: most flows are answered, and
+// leave before their events are read again.
 func (j *Joiner) awaitsAnswer(p *pending, live *ctAnswer) bool {
-	if p.held || p.replaced || !j.storyGoesOn(p) {
+	if p.held || p.replaced {
 		return false
 	}
 	if !live.asked {
@@ -633,7 +635,10 @@ func (j *Joiner) awaitsAnswer(p *pending, live *ctAnswer) bool {
 		live.asked = true
 	}
 	e := live.entry
-	return live.found && !e.Destroyed && !e.Replied && (p.key().proto != protoTCP || e.State == "SYN_SENT")
+	if !live.found || e.Destroyed || e.Replied || p.key().proto == protoTCP && e.State != "SYN_SENT" {
+		return false
+	}
+	return j.storyGoesOn(p)
 }
 
 // storyGoesOn: p's events are NAT decisions, or the kernel giving up on
@@ -664,10 +669,11 @@ func (j *Joiner) storyGoesOn(p *pending) bool {
 // address-unreachable (IPv6), what the kernel answers a packet whose next
 // hop's neighbour never answered.
 func hostUnreachable(ev event.Event) bool {
-	if ev.Packet.Src.Is4() {
-		return ev.ICMPType == 3 && ev.ICMPCode == 1
+	switch event.ICMPName(ev.Packet.Src.Is4(), ev.ICMPType, ev.ICMPCode) {
+	case "icmp-host-unreachable", "icmp6-addr-unreachable":
+		return true
 	}
-	return ev.ICMPType == 1 && ev.ICMPCode == 3
+	return false
 }
 
 // Open is the number of flows still collecting events or waiting out
