@@ -1129,6 +1129,18 @@ static __always_inline int on_kfree_skb(struct sk_buff *skb, __u32 reason, bool 
 	 * -200): a packet netfilter dropped without one was dropped by a raw
 	 * table rule or by conntrack itself (its table full). */
 	e->no_ct = nfct == 0;
+	/* The entry conntrack gave the packet names its connection: the
+	 * join then needs no lookup in the kernel's table, where a new
+	 * entry, dropped before it was confirmed, never is (a drop storm of
+	 * new connections made two failed lookups a packet). A template
+	 * (the raw table's CT target) has no tuples yet. */
+	__u8 ctinfo;
+	struct nf_conn *ct = nfct_ct(nfct, &ctinfo);
+	if (ct && !(BPF_CORE_READ(ct, status) & IPS_TEMPLATE)) {
+		read_ct(e, ct);
+		e->ctinfo = ctinfo;
+		e->netns = ns;
+	}
 	if (!wanted(e)) {
 		bpf_ringbuf_discard(e, 0);
 		return 0;

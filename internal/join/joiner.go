@@ -364,6 +364,14 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	if (ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT) && reply.Valid() {
 		return nil, tu, reply
 	}
+	// So does a drop of a packet that had an entry: a new one, which
+	// conntrack's table never held, or its confirmed connection's.
+	if ev.Kind == event.KindDrop && ev.Orig.Valid() && reply.Valid() {
+		if p := j.byTuple.get(packTuple(ev.Orig)); p != nil {
+			return p, p.key().tuple(), reply
+		}
+		return nil, ev.Orig, reply
+	}
 	if j.CT != nil {
 		e, ok := j.CT.Lookup(tu)
 		if !ok {

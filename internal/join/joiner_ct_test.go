@@ -291,6 +291,65 @@ func TestJoinFindsTheConnectionOfATranslatedPacket(t *testing.T) {
 	})
 }
 
+// TestJoinDropWithItsEntryAsksNothing: a drop whose packet had a
+// conntrack entry carries the entry's tuples (the kfree_skb program reads
+// them), so the join keys it by the connection without asking conntrack
+// when it arrives: a new connection's entry, dropped before it was
+// confirmed, is in no table (a drop storm of them made two failed lookups
+// a packet). A translated packet's drop after its flow is done names the
+// connection as the client made it. A drop without an entry still asks.
+func TestJoinDropWithItsEntryAsksNothing(t *testing.T) {
+	orig := tuple(6, "10.0.0.1:55738", "10.96.1.2:53")
+	reply := tuple(6, "10.245.1.2:5353", "10.0.0.1:55738")
+	drop := func(pkt event.Tuple, withEntry bool) event.Event {
+		e := event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: pkt}
+		if withEntry {
+			e.Orig, e.Reply = orig, reply
+		}
+		return e
+	}
+	for _, c := range []struct {
+		name       string
+		ev         event.Event
+		atArrival  int // lookups before the finish's one
+		wantOrig   string
+		wantReply  string
+		wantEvents int
+	}{
+		{"new connection", drop(orig, true), 0, "10.96.1.2:53", "10.245.1.2:5353", 1},
+		{"translated packet", drop(reply.Reverse(), true), 0, "10.96.1.2:53", "10.245.1.2:5353", 1},
+		{"reply direction", drop(reply, true), 0, "10.96.1.2:53", "10.245.1.2:5353", 1},
+		{"no entry", drop(reply.Reverse(), false), 2, "10.245.1.2:5353", "", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ct := &fakeCT{}
+			flows := joinWithCT(t, ct, c.ev)
+			if len(flows) != 1 || len(flows[0].Events) != c.wantEvents {
+				t.Fatalf("%d flows %+v", len(flows), flows)
+			}
+			f := flows[0]
+			// The finish asks once for the flow's entry, by its key.
+			if got := len(ct.lookups) - 1; got != c.atArrival {
+				t.Errorf("lookups %v: %d when the drop arrived, want %d", ct.lookups, got, c.atArrival)
+			}
+			gotReply := ""
+			if f.Reply != nil {
+				gotReply = f.Reply.Src
+			}
+			if f.Orig.Dst != c.wantOrig || gotReply != c.wantReply {
+				t.Errorf("flow orig %+v reply %+v, want to %s, answered from %q", f.Orig, f.Reply, c.wantOrig, c.wantReply)
+			}
+		})
+	}
+	t.Run("joins its open flow", func(t *testing.T) {
+		ct := &fakeCT{}
+		flows := joinWithCT(t, ct, dnatTo("10.0.0.1:55738", "10.96.1.2:53", "10.245.1.2:5353"), drop(reply.Reverse(), true))
+		if len(flows) != 1 || len(flows[0].Events) != 2 {
+			t.Fatalf("%d flows %+v, want the DNAT and the drop in one", len(flows), flows)
+		}
+	})
+}
+
 // TestJoinHoldsAnUnansweredSYNForItsRejection: a SYN DNAT'd to an
 // endpoint that does not answer ARP is rejected with host-unreachable 3 s
 // later, when the kernel gives up on the neighbour. Its flow waits for

@@ -511,6 +511,33 @@ func scenarios() []scenario {
 			},
 		},
 		{
+			// A firewall's DROP of a new connection's packet (its
+			// conntrack match runs conntrack here): the entry, new and
+			// never confirmed, is in no table to look up, so the event
+			// carries it.
+			name:    "drop-new-connection",
+			observe: router,
+			setup: func(t *testing.T, tp *topology) {
+				run(t, tp.r, "iptables", "-A", "FORWARD", "-p", "udp", "--dport", "10", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")
+			},
+			needs: func(Plan) string {
+				if !slices.Contains(slices.Collect(maps.Values(LoadReasonNames().drop)), "NETFILTER_DROP") {
+					return "this kernel gives the drop no reason (no SKB_DROP_REASON_NETFILTER_DROP), and a free without one is reported only for a packet the kernel answered"
+				}
+				return ""
+			},
+			traffic: func(t *testing.T, tp *topology) string {
+				client, err := sendUDP(tp.c, sAddr+":10")
+				must(t, err)
+				return client
+			},
+			kinds: []event.Kind{event.KindDrop},
+			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
+				checkDrop(t, evs[event.KindDrop], client, sAddr+":10", "NETFILTER_DROP")
+				checkDropEntry(t, evs[event.KindDrop], client, sAddr+":10", sAddr+":10")
+			},
+		},
+		{
 			name:    "reject-icmp-port-unreachable",
 			observe: router,
 			setup: func(t *testing.T, tp *topology) {
@@ -597,6 +624,7 @@ func scenarios() []scenario {
 			check: func(t *testing.T, client string, evs map[event.Kind]event.Event) {
 				checkEq(t, "dnat to", evs[event.KindDNAT].To.String(), sAddr+":8080")
 				checkDrop(t, evs[event.KindDrop], client, sAddr+":8080", "IP_INADDRERRORS")
+				checkDropEntry(t, evs[event.KindDrop], client, rAddrC+":81", sAddr+":8080")
 			},
 		},
 		// The host's own packet rejected in OUTPUT (kube-proxy's
@@ -959,6 +987,19 @@ func checkDrop(t *testing.T, e event.Event, src, dst, reason string) {
 	if e.HasReason {
 		checkEq(t, "drop reason", LoadReasonNames().DropReason(e.Reason), reason)
 	}
+}
+
+// checkDropEntry: a dropped packet that had a conntrack entry carries its
+// tuples, as the client made the connection (origDst: where it sent it)
+// and as the kernel would answer it (replySrc: where it went).
+func checkDropEntry(t *testing.T, e event.Event, client, origDst, replySrc string) {
+	t.Helper()
+	if !e.Orig.Valid() || !e.Reply.Valid() {
+		t.Errorf("dropped packet's conntrack entry: not reported (orig %v, reply %v, no_ct %v)", e.Orig, e.Reply, e.NoCT)
+		return
+	}
+	checkTuple(t, "dropped packet's entry orig", e.Orig, client, origDst)
+	checkTuple(t, "dropped packet's entry reply", e.Reply, replySrc, client)
 }
 
 func TestCapture(t *testing.T) {
