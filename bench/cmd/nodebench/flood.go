@@ -75,7 +75,13 @@ func (b *lab) udpDNATCount() (uint64, error) {
 // cannot keep the rate. OK is the DNAT rule's count over the window: the
 // NAT decisions the kernel made, whatever the senders believe they sent.
 func (b *lab) flood(ctx context.Context, rate int, d time.Duration) (load, error) {
-	before, err := b.udpDNATCount()
+	return b.floodCounted(ctx, rate, d, b.udpDNATCount)
+}
+
+// floodCounted is flood whose OK is count's rise over the window: the
+// packets a rule of R's matched.
+func (b *lab) floodCounted(ctx context.Context, rate int, d time.Duration, count func() (uint64, error)) (load, error) {
+	before, err := count()
 	if err != nil {
 		return load{}, err
 	}
@@ -99,25 +105,25 @@ func (b *lab) flood(ctx context.Context, rate int, d time.Duration) (load, error
 			return load{}, err
 		}
 	}
-	after, err := b.settledDNATCount()
+	after, err := settledCount(count)
 	if err != nil {
 		return load{}, err
 	}
 	return load{OK: after - before, Failed: failed.Load(), Elapsed: elapsed}, nil
 }
 
-// settledDNATCount is the UDP DNAT rule's count once it stops rising: a
-// busy machine leaves datagrams in its backlog queues (softirq deferred
-// to ksoftirqd) after the senders return.
-func (b *lab) settledDNATCount() (uint64, error) {
-	last, err := b.udpDNATCount()
+// settledCount is a rule's count once it stops rising: a busy machine
+// leaves datagrams in its backlog queues (softirq deferred to ksoftirqd)
+// after the senders return.
+func settledCount(count func() (uint64, error)) (uint64, error) {
+	last, err := count()
 	for range 50 {
 		if err != nil {
 			return 0, err
 		}
 		time.Sleep(100 * time.Millisecond)
 		var n uint64
-		if n, err = b.udpDNATCount(); err == nil && n == last {
+		if n, err = count(); err == nil && n == last {
 			return n, nil
 		}
 		last = n

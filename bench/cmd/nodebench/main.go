@@ -52,6 +52,7 @@ type config struct {
 	workers   int
 	ramp      []int
 	flood     []int // the flood ramp's rates, one-datagram connections a second
+	drops     []int // the drop storms' rates, datagrams a second
 	rampStep  time.Duration
 	attach    int
 	mem       []int
@@ -70,12 +71,13 @@ type config struct {
 
 func main() {
 	var cfg config
-	var ramp, flood, mem, obs, childSpec, vmKernels, only string
+	var ramp, flood, drops, mem, obs, childSpec, vmKernels, only string
 	flag.IntVar(&cfg.rounds, "rounds", 6, "interleaved rounds of every variant")
 	flag.DurationVar(&cfg.round, "round", 5*time.Second, "traffic per variant per round")
 	flag.IntVar(&cfg.workers, "workers", 8, "client workers in the overhead rounds")
 	flag.StringVar(&ramp, "ramp", "1,2,4,8,16,32", "client worker counts of the loss ramp")
 	flag.StringVar(&flood, "flood", "20000,40000,60000,80000", "rates (one-datagram UDP connections a second) of the flood ramp, which then doubles while the tracer loses nothing and the machine keeps up (\"\" to skip)")
+	flag.StringVar(&drops, "drops", "20000", "rates (datagrams a second) of the drop storms, the flood dropped before its DNAT, with and without a conntrack entry (\"\" to skip)")
 	flag.DurationVar(&cfg.rampStep, "ramp-step", 5*time.Second, "traffic per ramp step")
 	flag.IntVar(&cfg.attach, "attach", 5, "attach+detach repetitions")
 	flag.DurationVar(&cfg.idle, "idle", 20*time.Second, "window of the idle cost on a namespace of 5,000 Services' rules, per kube-proxy mode (0 to skip)")
@@ -134,6 +136,10 @@ func main() {
 	}
 	if cfg.flood, err = ints(flood); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench: -flood:", err)
+		os.Exit(2)
+	}
+	if cfg.drops, err = ints(drops); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench: -drops:", err)
 		os.Exit(2)
 	}
 	if cfg.mem, err = ints(mem); err != nil {
@@ -196,6 +202,7 @@ type report struct {
 	rounds []roundResult // overhead rounds, in run order
 	ramp   []rampStep
 	flood  []rampStep
+	storms []dropStorm
 
 	throughput childResult
 	stages     []goBench
@@ -394,7 +401,8 @@ func kernelSide(ctx context.Context, rep *report) error {
 			step.Tracer.NAT, step.Tracer.Lost, step.CT.NAT, step.CT.Extra, live)
 		time.Sleep(1500 * time.Millisecond)
 	}
-	return nil
+	rep.storms, err = dropStorms(ctx, b, cfg.drops, cfg.rampStep)
+	return err
 }
 
 // observeAlone runs traffic with one observer attached.

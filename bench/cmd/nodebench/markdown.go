@@ -76,6 +76,7 @@ func (r *report) markdown() string {
 		r.roundsMarkdown(p)
 		r.rampMarkdown(p)
 		r.floodMarkdown(p)
+		r.stormMarkdown(p)
 		r.attachMarkdown(p)
 	}
 	if r.cfg.userside {
