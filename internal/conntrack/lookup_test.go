@@ -389,3 +389,34 @@ func TestTrackerKeepsEndsTheJoinHasNotReached(t *testing.T) {
 		t.Fatalf("the join's clock past the third end: %d held, %d evicted, %d early; want 3, 3, 1", s.Entries, s.Evicted, s.EvictedEarly)
 	}
 }
+
+// TestBySourceRefusedWalksRecentEnds: a refused BySource (the dumps' time
+// spent) answers from the newest recentEnds ends only: an end behind that
+// many newer ones is found again once a dump may run. Every drop of a
+// storm may ask, and walking every end kept after a flood cost 238 µs a
+// drop.
+func TestBySourceRefusedWalksRecentEnds(t *testing.T) {
+	owner := dnatEntry(40140, 0)
+	src := newFake()
+	c := &clock{t: time.Unix(1700000000, 0)}
+	src.onSourceDump = func() { c.add(100 * time.Millisecond) }
+	tr := startFake(t, src, Options{MaxEntries: 2 * recentEnds}, c.now)
+	ends := []Entry{owner}
+	for i := range recentEnds {
+		ends = append(ends, dnatEntry(uint16(1024+i), 0))
+	}
+	src.events <- fakeRecv{ch: ends}
+	waitFor(t, "destroys applied", func() bool { return tr.Stats().Entries == len(ends) })
+	for range 3 { // the credit: 250 ms
+		if got := tr.BySource(6, owner.Orig.SrcAddrPort()); len(got) != 1 {
+			t.Fatalf("a dump's answer: %+v", got)
+		}
+	}
+	if got := tr.BySource(6, owner.Orig.SrcAddrPort()); len(got) != 0 {
+		t.Errorf("refused, it walked past the newest %d ends: %+v", recentEnds, got)
+	}
+	c.add(2 * time.Second)
+	if got := tr.BySource(6, owner.Orig.SrcAddrPort()); len(got) != 1 {
+		t.Errorf("a dump again: %+v", got)
+	}
+}

@@ -329,12 +329,16 @@ func (t *table) appendDestroyed(dst []Entry, tu event.Tuple, now time.Time) []En
 }
 
 // bySource lists the ended entries within the retention whose original
-// tuple leaves from src, newest first. It walks the whole table: it
-// serves the rare question "which of my connections does this stray
-// packet answer?", never the per-event path.
-func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time) []Entry {
+// tuple leaves from src, newest first, among the newest limit ends (0:
+// all). It walks them: it serves the question "which of my connections
+// does this stray packet answer?", which Tracker.BySource bounds.
+func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time, limit int) []Entry {
 	var out []Entry
-	for s := t.next; s != t.oldest; {
+	stop := t.oldest
+	if limit > 0 && t.len() > limit {
+		stop = t.next - uint32(limit)
+	}
+	for s := t.next; s != stop; {
 		s--
 		p := t.at(s)
 		if p.orig.proto == proto && p.orig.valid() && t.young(p, now) {

@@ -64,9 +64,9 @@ type Stats struct {
 	// QueryErrors counts the kernel queries of lookups that failed (the
 	// lookup then answered from the ended entries).
 	QueryErrors uint64
-	// SourceDumpsSkipped counts BySource calls answered from the ended
-	// entries alone, because the kernel dumps
-	// had taken their share of the time (dumpBudget).
+	// SourceDumpsSkipped counts BySource calls answered from the newest
+	// ended entries alone, because the kernel dumps and the walks of
+	// every end had taken their share of the time (dumpBudget).
 	SourceDumpsSkipped uint64
 	// DecodeErrors counts event messages that could not be parsed.
 	DecodeErrors uint64
@@ -428,21 +428,33 @@ func (t *Tracker) Close() error {
 
 // BySource lists the connections whose original direction leaves from src:
 // how a reply from the wrong five-tuple is tied to the client connection it
-// was meant for.
+// was meant for. Its search, the kernel's table dumped and every end kept
+// walked, spends the dumps' share of the time; refused, it walks only the
+// newest ends (recentEnds). Every drop of a storm may ask it, and after a
+// flood the ends kept number hundreds of thousands: walking them all for
+// each drop cost 238 µs a drop.
 func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
-	var live []Entry
-	if start := t.now(); t.sourceDumps.take(start) {
-		live = t.dumpSource(proto, src)
-		t.sourceDumps.spend(t.now().Sub(start))
-	} else {
+	start := t.now()
+	if !t.sourceDumps.take(start) {
 		t.sourceDumpsSkipped.Add(1)
+		t.drain()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.tab.bySource(proto, src, t.now(), recentEnds)
 	}
+	live := t.dumpSource(proto, src)
 	t.drain()
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append(live, t.tab.bySource(proto, src, t.now())...)
+	out := append(live, t.tab.bySource(proto, src, t.now(), 0)...)
+	t.mu.Unlock()
+	t.sourceDumps.spend(t.now().Sub(start))
+	return out
 }
+
+// recentEnds is how many of the newest ends BySource walks when the dumps
+// have used their share: 4,096 are about 40 µs.
+const recentEnds = 1 << 12
 
 // dumpBudget keeps the kernel's dumps by source to a share of the time: a
 // dump walks the namespace's whole table, so on a node whose table is

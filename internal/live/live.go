@@ -77,8 +77,9 @@ type Stats struct {
 	// may still have asked for them (conntrack.Stats.EvictedEarly).
 	ConntrackEndsEvicted uint64
 	// ConntrackSourceDumpsSkipped counts stray replies whose client
-	// connection was not looked for: the kernel dumps it takes had used
-	// their share of the time.
+	// connection was looked for among the newest ended entries only: the
+	// full searches (the kernel's table dumped, every end kept walked)
+	// had used their share of the time.
 	ConntrackSourceDumpsSkipped uint64
 	// ConntrackDrops counts packets conntrack itself dropped in the
 	// observed namespace since the start (its "drop" counter).

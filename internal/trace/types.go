@@ -425,8 +425,9 @@ type Summary struct {
 	ConntrackEndsEvicted uint64 `json:"conntrack_ends_evicted,omitempty"`
 	// ConntrackSourceDumpsSkipped counts flows that may be stray replies
 	// (a reset or a drop without a conntrack entry) whose client
-	// connection was not looked for: that lookup is a dump of the whole
-	// conntrack table, and the dumps had used their 5% of the time.
+	// connection was looked for among the newest ended entries only: the
+	// full search, a dump of the whole conntrack table and a walk of every
+	// ended entry kept, had used its 5% of the time.
 	ConntrackSourceDumpsSkipped uint64 `json:"conntrack_source_dumps_skipped,omitempty"`
 	// ConntrackBPFLookups counts the entries asked for by BPF rather
 	// than netlink GETs; ConntrackLookupsOff says why the lookups are
