@@ -64,6 +64,9 @@ func dropStorms(ctx context.Context, b *lab, rates []int, d time.Duration) ([]dr
 }
 
 func (b *lab) dropStorm(ctx context.Context, k stormKind, rate int, d time.Duration) (dropStorm, error) {
+	if err := b.settleConntrack(ctx); err != nil {
+		return dropStorm{}, err
+	}
 	if err := nsRun(b.r, k.rule("-I")...); err != nil {
 		return dropStorm{}, err
 	}
@@ -75,6 +78,30 @@ func (b *lab) dropStorm(ctx context.Context, k stormKind, rate int, d time.Durat
 	}
 	return dropStorm{Kind: k.name, Rate: rate, Load: l, Live: live}, nil
 }
+
+// settleConntrack waits, up to a minute, until R's conntrack table holds
+// fewer than settledEntries: a flood before leaves hundreds of thousands
+// of entries that end over the next seconds, whose ends would be the
+// storm's load too.
+func (b *lab) settleConntrack(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err := b.r.Run("cat", "/proc/sys/net/netfilter/nf_conntrack_count")
+		if err != nil {
+			return fmt.Errorf("read R's conntrack count: %w", err)
+		}
+		var n int
+		if _, err := fmt.Sscan(out, &n); err != nil {
+			return fmt.Errorf("read R's conntrack count %q: %w", out, err)
+		}
+		if n < settledEntries || time.Now().After(deadline) || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+const settledEntries = 1000
 
 // ownPerDrop is the live pipeline's own CPU per drop, in µs.
 func (s dropStorm) ownPerDrop() float64 {

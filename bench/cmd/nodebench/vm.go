@@ -135,7 +135,7 @@ func buildVMRun(root, cache string) (string, error) {
 // overhead rounds only, the attach plan recorded by one attach.
 func guestArgs(cfg vmConfig, only string) []string {
 	args := []string{"-rounds", fmt.Sprint(cfg.rounds), "-round", cfg.round.String(), "-observers", cfg.observers,
-		"-ramp", "", "-flood", "", "-attach", "1", "-idle", "0", "-userside=false", "-out", "", "-json", "/vmresults/" + guestResultFile}
+		"-ramp", "", "-flood", "", "-drops", "", "-attach", "1", "-idle", "0", "-userside=false", "-out", "", "-json", "/vmresults/" + guestResultFile}
 	if only != "" {
 		args = append(args, "-only", only)
 	}

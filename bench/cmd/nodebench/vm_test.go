@@ -124,7 +124,7 @@ func TestVMMarkdownSkippedGuest(t *testing.T) {
 func TestGuestCommand(t *testing.T) {
 	cfg := vmConfig{rounds: 3, round: 3 * time.Second, observers: "none,kernel"}
 	c := guestCommand(cfg, "6.12", "")
-	want := `-kernels 6.12 -- /tmp/nodebench -rounds 3 -round 3s -observers "none,kernel" -ramp "" -flood "" -attach 1 -idle 0 -userside=false -out "" -json /vmresults/nodebench.json`
+	want := `-kernels 6.12 -- /tmp/nodebench -rounds 3 -round 3s -observers "none,kernel" -ramp "" -flood "" -drops "" -attach 1 -idle 0 -userside=false -out "" -json /vmresults/nodebench.json`
 	if !strings.HasSuffix(c, want) {
 		t.Errorf("guestCommand = %s\nwant it to end in %s", c, want)
 	}
