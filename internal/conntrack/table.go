@@ -338,13 +338,14 @@ func (t *table) bySource(proto uint8, src netip.AddrPort, now time.Time, limit i
 	if limit > 0 && t.len() > limit {
 		stop = t.next - uint32(limit)
 	}
+	// The source is compared packed, so an end from elsewhere costs a
+	// few loads, not an unpacking.
+	key := packTuple(event.Tuple{Src: src.Addr(), SrcPort: src.Port(), Proto: proto})
 	for s := t.next; s != stop; {
 		s--
 		p := t.at(s)
-		if p.orig.proto == proto && p.orig.valid() && t.young(p, now) {
-			if e := t.unpack(p); e.Orig.SrcAddrPort() == src {
-				out = append(out, e)
-			}
+		if p.orig.srcPort == key.srcPort && p.orig.proto == proto && p.orig.form&3 == key.form&3 && p.orig.src == key.src && t.young(p, now) {
+			out = append(out, t.unpack(p))
 		}
 	}
 	return out

@@ -57,3 +57,18 @@ func TestBySourceLimit(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBySourceRecent is a refused BySource's walk: the newest
+// recentEnds of a table that holds twice as many, none from the source.
+func BenchmarkBySourceRecent(b *testing.B) {
+	now := time.Unix(1000, 0)
+	tab := newTable(2*recentEnds, time.Minute)
+	for i := range 2 * recentEnds {
+		o := event.Tuple{Src: netip.MustParseAddr("10.244.1.2"), Dst: netip.MustParseAddr("10.96.0.10"), SrcPort: uint16(1024 + i), DstPort: 53, Proto: 17}
+		tab.ended(Entry{Orig: o, Reply: o.Reverse(), Seen: now})
+	}
+	src := netip.MustParseAddrPort("10.244.1.3:53000")
+	for b.Loop() {
+		tab.bySource(17, src, now, recentEnds)
+	}
+}

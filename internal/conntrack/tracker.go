@@ -453,7 +453,7 @@ func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 }
 
 // recentEnds is how many of the newest ends BySource walks when the dumps
-// have used their share: 4,096 are about 40 µs.
+// have used their share: 4,096 take about 3 µs (BenchmarkBySourceRecent).
 const recentEnds = 1 << 12
 
 // dumpBudget keeps the kernel's dumps by source to a share of the time: a
