@@ -428,27 +428,28 @@ func (t *Tracker) Close() error {
 
 // BySource lists the connections whose original direction leaves from src:
 // how a reply from the wrong five-tuple is tied to the client connection it
-// was meant for. Its search, the kernel's table dumped and every end kept
-// walked, spends the dumps' share of the time; refused, it walks only the
-// newest ends (recentEnds). Every drop of a storm may ask it, and after a
-// flood the ends kept number hundreds of thousands: walking them all for
-// each drop cost 238 µs a drop.
+// was meant for. The full search, the kernel's table dumped and every end
+// kept walked, spends the dumps' share of the time; refused, it walks only
+// the newest ends (recentEnds). Every drop of a storm may ask, and after a
+// flood the ends kept number hundreds of thousands.
 func (t *Tracker) BySource(proto uint8, src netip.AddrPort) []Entry {
 	src = netip.AddrPortFrom(unmap(src.Addr()), src.Port())
 	start := t.now()
-	if !t.sourceDumps.take(start) {
+	full := t.sourceDumps.take(start)
+	var out []Entry
+	limit := recentEnds
+	if full {
+		out, limit = t.dumpSource(proto, src), 0
+	} else {
 		t.sourceDumpsSkipped.Add(1)
-		t.drain()
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		return t.tab.bySource(proto, src, t.now(), recentEnds)
 	}
-	live := t.dumpSource(proto, src)
 	t.drain()
 	t.mu.Lock()
-	out := append(live, t.tab.bySource(proto, src, t.now(), 0)...)
+	out = append(out, t.tab.bySource(proto, src, t.now(), limit)...)
 	t.mu.Unlock()
-	t.sourceDumps.spend(t.now().Sub(start))
+	if full {
+		t.sourceDumps.spend(t.now().Sub(start))
+	}
 	return out
 }
 

@@ -364,31 +364,32 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 	if (ev.Kind == event.KindDNAT || ev.Kind == event.KindSNAT) && reply.Valid() {
 		return nil, tu, reply
 	}
-	// So does a drop of a packet that had an entry: a new one, which
-	// conntrack's table never held, or its confirmed connection's.
-	if ev.Kind == event.KindDrop && ev.Orig.Valid() && reply.Valid() {
-		if p := j.byTuple.get(packTuple(ev.Orig)); p != nil {
-			return p, p.key().tuple(), reply
+	if e, ok := j.entryHolding(tu, ev); ok {
+		if p := j.byTuple.get(packTuple(e.Orig)); p != nil {
+			return p, p.key().tuple(), e.Reply
 		}
-		return nil, ev.Orig, reply
-	}
-	if j.CT != nil {
-		e, ok := j.CT.Lookup(tu)
-		if !ok {
-			// A packet conntrack has translated carries the other
-			// direction's tuple reversed: a DNAT'd packet rejected on
-			// its way to the endpoint, seconds after the DNAT's flow
-			// was done.
-			e, ok = j.CT.Lookup(tu.Reverse())
-		}
-		if ok {
-			if p := j.byTuple.get(packTuple(e.Orig)); p != nil {
-				return p, p.key().tuple(), e.Reply
-			}
-			return nil, e.Orig, e.Reply
-		}
+		return nil, e.Orig, e.Reply
 	}
 	return nil, tu, reply
+}
+
+// entryHolding is the conntrack entry of tu's connection. A drop carries
+// the entry its packet had (a new one, dropped before it was confirmed,
+// is in no table); else conntrack is asked for tu.
+func (j *Joiner) entryHolding(tu event.Tuple, ev event.Event) (conntrack.Entry, bool) {
+	if ev.Kind == event.KindDrop && ev.Orig.Valid() && ev.Reply.Valid() {
+		return conntrack.Entry{Orig: ev.Orig, Reply: ev.Reply}, true
+	}
+	if j.CT == nil {
+		return conntrack.Entry{}, false
+	}
+	if e, ok := j.CT.Lookup(tu); ok {
+		return e, true
+	}
+	// A packet conntrack has translated carries the other direction's
+	// tuple reversed: a DNAT'd packet rejected on its way to the
+	// endpoint, seconds after the DNAT's flow was done.
+	return j.CT.Lookup(tu.Reverse())
 }
 
 // flowOf is p in the trace format, its events in time order; they stay

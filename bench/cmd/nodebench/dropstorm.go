@@ -19,8 +19,7 @@ type dropStorm struct {
 }
 
 // stormKind is where R drops the storm: a table and the DROP rule's
-// matches beyond the flood's address and port. rule is the iptables
-// command that adds (-I) or deletes (-D) it.
+// matches beyond the flood's address and port.
 type stormKind struct {
 	name, table string
 	match       []string
@@ -35,6 +34,7 @@ var stormKinds = []stormKind{
 	{"packets without a conntrack entry (raw PREROUTING, `-j DROP`)", "raw", nil},
 }
 
+// rule is the iptables command that adds (-I) or deletes (-D) k's rule.
 func (k stormKind) rule(op string) []string {
 	r := append([]string{"iptables", "-t", k.table, op, "PREROUTING", "-d", vip, "-p", "udp", "--dport", fmt.Sprint(uport)}, k.match...)
 	return append(r, "-j", "DROP")
@@ -56,13 +56,13 @@ func dropStorms(ctx context.Context, b *lab, rates []int, d time.Duration) ([]dr
 			out = append(out, s)
 			logf("drop storm %-6s %6d/s: %d drops at %.0f/s, live saw %d events, lost %d, own CPU %s (%.1f µs a drop; %s)",
 				k.table, rate, s.Load.OK, s.Load.rate(), s.Live.Events, s.Live.Lost, s.Live.OwnCPU.Round(time.Millisecond), s.ownPerDrop(), s.Live.Extra)
-			// R's UDP entries time out after floodUDPTimeout.
-			time.Sleep(1500 * time.Millisecond)
 		}
 	}
 	return out, nil
 }
 
+// dropStorm runs one storm once R's table is empty (settleConntrack: the
+// flood's entries, and a storm's before it).
 func (b *lab) dropStorm(ctx context.Context, k stormKind, rate int, d time.Duration) (dropStorm, error) {
 	if err := b.settleConntrack(ctx); err != nil {
 		return dropStorm{}, err
