@@ -298,6 +298,32 @@ func TestStackResetAndDrop(t *testing.T) {
 	check(t, f, trace.VerdictDropped, "NETFILTER_DROP", "-A INPUT -p tcp --dport 22 -j DROP")
 }
 
+// A connection every packet of which a rule dropped before conntrack
+// confirmed its entry is in no conntrack table: the explanation says so,
+// for whoever looks there next. DNAT'd to a pod on another node and never
+// answered, it is still the drop, not a return path: its packets never
+// left.
+func TestDropOfUnconfirmedConnection(t *testing.T) {
+	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:22", "", trace.KindDrop)
+	f.Rule = &trace.Rule{Table: "filter", Chain: "INPUT", Text: "-A INPUT -p tcp --dport 22 -m conntrack --ctstate NEW -j DROP"}
+	f.Conntrack = &trace.Conntrack{Unconfirmed: true}
+	check(t, f, trace.VerdictDropped, "--ctstate NEW -j DROP", "never confirmed", "conntrack -L and conntrack -E do not show it")
+	f.Conntrack = &trace.Conntrack{State: "ESTABLISHED", Replied: true}
+	if r := Diagnose(f, newEnv()); strings.Contains(r.Explanation, "never confirmed") {
+		t.Errorf("a confirmed connection's drop names its entry: %s", r.Explanation)
+	}
+
+	f = flow("tcp", "172.18.0.99:40000", "192.168.1.200:80", "10.244.2.7:8080", trace.KindDNAT)
+	f.Events[0].To = "10.244.2.7:8080"
+	drop := f.Events[0]
+	drop.Kind, drop.To, drop.Reason = trace.KindDrop, "", "NETFILTER_DROP"
+	f.Events = append(f.Events, drop)
+	f.DstPod = &trace.PodRef{Namespace: "ns-a", Name: "mysql-a"}
+	f.Rule = &trace.Rule{Table: "filter", Chain: "FORWARD", Text: "-A FORWARD -d 10.244.2.7/32 -j DROP"}
+	f.Conntrack = &trace.Conntrack{Status: []string{"DST_NAT"}, Unconfirmed: true}
+	check(t, f, trace.VerdictDropped, "-A FORWARD -d 10.244.2.7/32 -j DROP", "never confirmed")
+}
+
 func TestNetfilterResetIsRejected(t *testing.T) {
 	f := flow("tcp", "10.0.0.1:40000", "10.0.0.2:81", "", trace.KindReset)
 	f.Events[0].By = "netfilter"

@@ -94,7 +94,8 @@ func dnatWithoutSNAT(f *trace.Flow) (string, bool) {
 			to = e.To
 		}
 	}
-	if to == "" || f.Conntrack == nil || f.Conntrack.Replied {
+	// An entry never confirmed is a drop's, of packets that went nowhere.
+	if to == "" || f.Conntrack == nil || f.Conntrack.Replied || f.Conntrack.Unconfirmed {
 		return "", false
 	}
 	if f.Reply != nil {

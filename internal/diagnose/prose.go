@@ -183,6 +183,9 @@ func (d *diagnosis) appendConntrackEvidence(b []byte) []byte {
 	if ct == nil {
 		return b
 	}
+	if ct.Unconfirmed {
+		return append(b, "Conntrack never confirmed the connection's entry: its packets were dropped before that, so the connection is in no conntrack table (conntrack -L and conntrack -E do not show it)"...)
+	}
 	b = append(b, "Conntrack entry "...)
 	if ct.Replied {
 		b = append(b, "replied"...)

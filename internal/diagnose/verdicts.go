@@ -267,7 +267,8 @@ func (d *diagnosis) returnPathMismatch() (Result, bool) {
 		return Result{}, false
 	}
 	ct := d.f.Conntrack
-	if ct == nil || ct.Replied || d.f.Proto != "tcp" {
+	// An entry never confirmed is a drop's: the packets never left.
+	if ct == nil || ct.Replied || ct.Unconfirmed || d.f.Proto != "tcp" {
 		return Result{}, false
 	}
 	remote := d.f.DstPod != nil && d.env.PodNode(*d.f.DstPod) != "" && d.env.PodNode(*d.f.DstPod) != d.env.NodeName()
@@ -407,7 +408,13 @@ func (d *diagnosis) generic() (Result, bool) {
 		}
 		p := d.openedBy("dropped: a packet of ", " was dropped, reason ")
 		p.b = append(p.b, orDefault(ev.Reason, "unknown (this kernel gives none)")...)
-		return Result{trace.VerdictDropped, d.withRule(p)}, true
+		p.end()
+		p.add(d.appendRuleEvidence)
+		if ct := d.f.Conntrack; ct != nil && ct.Unconfirmed {
+			// Whoever checks conntrack next finds nothing: say why.
+			p.add(d.appendConntrackEvidence)
+		}
+		return Result{trace.VerdictDropped, p.done()}, true
 	}
 	return Result{}, false
 }

@@ -258,6 +258,27 @@ func (j *Joiner) decided(p *pending, d natDecision) bool {
 	return found
 }
 
+// droppedUnconfirmed says whether p's last decision d was followed by a
+// drop of the connection's packet with the entry it made, unconfirmed:
+// that entry went with the packet, so the same decision again is for the
+// connection's next packet (a retransmitted SYN, a resent datagram), to
+// which conntrack gives a new entry, not a new connection. A reused
+// source port's connection follows one whose entry was confirmed.
+func (j *Joiner) droppedUnconfirmed(p *pending, d natDecision) bool {
+	key := p.key().tuple()
+	var decidedAt, droppedAt time.Time
+	j.eachEvent(p, func(ev event.Event) bool {
+		if got, ok := natDecisionOf(ev); ok && got == d && ev.Time.After(decidedAt) {
+			decidedAt = ev.Time
+		}
+		if ev.Kind == event.KindDrop && ev.Orig == key && ev.CTStatus&conntrack.StatusConfirmed == 0 && ev.Time.After(droppedAt) {
+			droppedAt = ev.Time
+		}
+		return true
+	})
+	return !droppedAt.IsZero() && !droppedAt.Before(decidedAt)
+}
+
 // answer is what p's NAT decisions say of its reply tuple.
 func (j *Joiner) answer(p *pending) answerOf {
 	var a answerOf
@@ -286,7 +307,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	p, key, reply := j.resolve(tu, ev)
 	unseen := p == nil && key == tu // no open flow holds tu
 	d, isNAT := natDecisionOf(ev)
-	if p != nil && isNAT && j.decided(p, d) {
+	if p != nil && isNAT && j.decided(p, d) && !j.droppedUnconfirmed(p, d) {
 		// The same decision twice for one tuple: the client reused its
 		// source port, and the kernel made a new connection of it.
 		j.retire(p)
@@ -825,7 +846,31 @@ func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAn
 	case p.reply().valid():
 		setReply(p.reply().tuple())
 	}
+	if !ok {
+		if ev, dropped := unconfirmedDrop(j.joined); dropped {
+			status := ev.CTStatus
+			*in.ct = trace.Conntrack{Status: conntrack.FormatStatus(status), Mark: ev.CTMark, Unconfirmed: true,
+				Replied: status&conntrack.StatusSeenReply != 0}
+			f.Conntrack = in.ct
+		}
+	}
 	return orig, reply, f.Reply != nil
+}
+
+// unconfirmedDrop is the last drop of events whose packet carried an
+// entry conntrack had not confirmed. A connection none of whose entries
+// is in the table (asked when it finished, and among the ended ones), and
+// whose packet was dropped with such an entry, never had its entry
+// confirmed: the drop's entry is the only one it had, gone with the
+// packet.
+func unconfirmedDrop(events []event.Event) (event.Event, bool) {
+	for i := len(events) - 1; i >= 0; i-- {
+		ev := events[i]
+		if ev.Kind == event.KindDrop && ev.Orig.Valid() && ev.Reply.Valid() && ev.CTStatus&conntrack.StatusConfirmed == 0 {
+			return ev, true
+		}
+	}
+	return event.Event{}, false
 }
 
 // mayBeStrayReply says whether a flow without a conntrack entry may be a

@@ -350,6 +350,92 @@ func TestJoinDropWithItsEntryAsksNothing(t *testing.T) {
 	})
 }
 
+// TestJoinUnconfirmedEntryOfADrop: a connection whose packets were all
+// dropped with a new entry conntrack never confirmed has that entry as its
+// conntrack state, marked unconfirmed: none is in the table, and the
+// drop's is the only one it had. A connection whose entry the table holds
+// at the finish (a retransmission got through after the first packet was
+// dropped) has the table's; a drop of a confirmed connection's packet
+// whose entry has gone, or a drop without an entry, has none.
+func TestJoinUnconfirmedEntryOfADrop(t *testing.T) {
+	orig := tuple(17, "10.0.0.1:55738", "10.96.1.2:53")
+	reply := tuple(17, "10.245.1.2:5353", "10.0.0.1:55738")
+	drop := func(status uint32, mark uint32) event.Event {
+		return event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint,
+			Packet: orig, Orig: orig, Reply: reply, CTStatus: status, CTMark: mark}
+	}
+	confirmed := conntrack.Entry{Orig: orig, Reply: reply, Status: conntrack.StatusConfirmed | conntrack.StatusDstNAT | conntrack.StatusSeenReply, Replied: true}
+	for _, c := range []struct {
+		name  string
+		table []conntrack.Entry
+		evs   []event.Event
+		want  *trace.Conntrack
+	}{
+		{"every packet dropped", nil, []event.Event{drop(conntrack.StatusDstNAT, 0), drop(conntrack.StatusDstNAT, 7)},
+			&trace.Conntrack{Status: []string{"DST_NAT"}, Mark: 7, Unconfirmed: true}},
+		{"a later packet got through", []conntrack.Entry{confirmed}, []event.Event{drop(conntrack.StatusDstNAT, 0)},
+			&trace.Conntrack{Status: conntrack.FormatStatus(confirmed.Status), Replied: true}},
+		{"confirmed connection's entry gone", nil, []event.Event{drop(conntrack.StatusConfirmed|conntrack.StatusDstNAT, 0)}, nil},
+		{"no entry", nil, []event.Event{{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint, Packet: orig, NoCT: true}}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			flows := joinWithCT(t, &fakeCT{entries: c.table}, c.evs...)
+			if len(flows) != 1 {
+				t.Fatalf("%d flows %+v, want one", len(flows), flows)
+			}
+			if got := flows[0].Conntrack; !reflect.DeepEqual(got, c.want) {
+				t.Errorf("conntrack %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestJoinRetransmissionAfterUnconfirmedDrop: a client's SYN is DNAT'd
+// and dropped before conntrack confirms its entry; its retransmission
+// gets a new entry and a new DNAT (to another endpoint, kube-proxy's
+// random pick) and is dropped too. That is one connection, one flow. The
+// same DNAT after a drop of a confirmed connection's packet, or with no
+// drop between, is a new connection of a reused source port: two flows.
+func TestJoinRetransmissionAfterUnconfirmedDrop(t *testing.T) {
+	dnat := func(to string) event.Event { return dnatTo("10.0.0.1:55738", "10.96.1.2:80", to) }
+	first, again := dnat("10.245.1.2:8080"), dnat("10.245.1.3:8080")
+	drop := func(after event.Event, status uint32) event.Event {
+		return event.Event{Kind: event.KindDrop, Hook: event.HookKfreeSkb, Via: event.ViaTracepoint,
+			Packet: after.Reply.Reverse(), Orig: after.Orig, Reply: after.Reply, CTStatus: status}
+	}
+	const unconfirmed, confirmed = conntrack.StatusDstNAT, conntrack.StatusDstNAT | conntrack.StatusConfirmed
+	for _, c := range []struct {
+		name      string
+		evs       []event.Event
+		wantFlows []int // events of each flow
+	}{
+		{"every packet dropped unconfirmed", []event.Event{first, drop(first, unconfirmed), again, drop(again, unconfirmed)}, []int{4}},
+		{"the retransmission got through", []event.Event{first, drop(first, unconfirmed), again}, []int{3}},
+		{"a confirmed connection's drop", []event.Event{first, drop(first, confirmed), again}, []int{2, 1}},
+		{"no drop: a reused port", []event.Event{first, again}, []int{1, 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out []*trace.Flow
+			j := &Joiner{CT: &fakeCT{}, Emit: func(f *Flow) { out = append(out, f.Record) }}
+			t0 := time.Unix(1700000000, 0)
+			for i, ev := range c.evs {
+				ev.Time = t0.Add(time.Duration(i) * 500 * time.Millisecond)
+				j.Add(ev, ev.Time)
+			}
+			j.Flush()
+			var got []int
+			for _, f := range out {
+				got = append(got, len(f.Events))
+			}
+			slices.Sort(got)
+			slices.Reverse(got)
+			if !slices.Equal(got, c.wantFlows) {
+				t.Errorf("flows of %v events, want %v", got, c.wantFlows)
+			}
+		})
+	}
+}
+
 // TestJoinHoldsAnUnansweredSYNForItsRejection: a SYN DNAT'd to an
 // endpoint that does not answer ARP is rejected with host-unreachable 3 s
 // later, when the kernel gives up on the neighbour. Its flow waits for

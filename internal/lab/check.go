@@ -155,6 +155,9 @@ func compareFlow(e Expectation, f *trace.Flow) []string {
 		replied := f.Conntrack != nil && f.Conntrack.Replied
 		differ("conntrack replied", fmt.Sprint(replied), fmt.Sprint(!ct.Unreplied))
 	}
+	if f.Conntrack != nil && f.Conntrack.Unconfirmed && p.Conntrack != nil {
+		wrong = append(wrong, fmt.Sprintf("conntrack: tracer says the entry was never confirmed, the node lists it (%s)", describeCT(p.Conntrack)))
+	}
 	if p.IPVS != nil {
 		wrong = append(wrong, compareIPVS(p.IPVS, f)...)
 	}

@@ -253,3 +253,18 @@ func TestCheckFalseAlarmAndUnobservableDrop(t *testing.T) {
 		t.Errorf("a REJECT without its flow must fail on every kernel")
 	}
 }
+
+// TestCompareFlowUnconfirmed: the tracer's word that a connection's entry
+// was never confirmed holds only where the node's conntrack -L has none.
+func TestCompareFlowUnconfirmed(t *testing.T) {
+	f := &trace.Flow{Verdict: trace.VerdictDropped, Conntrack: &trace.Conntrack{Unconfirmed: true}}
+	e := Expectation{Verdict: trace.VerdictDropped}
+	if wrong := compareFlow(e, f); len(wrong) != 0 {
+		t.Errorf("no entry on the node: %v", wrong)
+	}
+	e.Proof.Conntrack = &CTEntry{State: "SYN_SENT", ReplySrc: "10.244.1.2:80", ReplyDst: "10.0.0.2:4000", Unreplied: true}
+	f.Reply = &trace.Tuple{Src: "10.244.1.2:80", Dst: "10.0.0.2:4000"}
+	if wrong := compareFlow(e, f); len(wrong) != 1 || !strings.Contains(wrong[0], "never confirmed") {
+		t.Errorf("the node lists an entry: %v, want the unconfirmed claim wrong", wrong)
+	}
+}

@@ -50,6 +50,17 @@ func enumNames(spec *btf.Spec, name, prefix string) map[uint32]string {
 // DropReason names a drop reason, e.g. NETFILTER_DROP.
 func (n *ReasonNames) DropReason(r uint32) string { return name(n.drop, r) }
 
+// KnowsDropReason says whether this kernel has the drop reason name, e.g.
+// NETFILTER_DROP (5.17 and later).
+func (n *ReasonNames) KnowsDropReason(name string) bool {
+	for _, v := range n.drop {
+		if v == name {
+			return true
+		}
+	}
+	return false
+}
+
 // ResetReason names an RST reason, e.g. NO_SOCKET.
 func (n *ReasonNames) ResetReason(r uint32) string { return name(n.reset, r) }
 

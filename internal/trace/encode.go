@@ -98,6 +98,11 @@ func (e *FlowEncoder) AppendFlow(b []byte, f *Flow) ([]byte, error) {
 			b = strconv.AppendUint(b, uint64(c.Mark), 10)
 			comma = true
 		}
+		if c.Unconfirmed {
+			b = appendKey(b, "unconfirmed", comma)
+			b = append(b, "true"...)
+			comma = true
+		}
 		b = appendKey(b, "replied", comma)
 		b = strconv.AppendBool(b, c.Replied)
 		b = append(b, '}')

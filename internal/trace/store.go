@@ -119,6 +119,7 @@ type ctKey struct {
 	state, status string
 	mark          uint32
 	replied       bool
+	unconfirmed   bool
 }
 
 // NewStore returns an empty store without caps.
@@ -593,19 +594,19 @@ func (s *Store) newRule(r *Rule, a *arena) *Rule {
 }
 
 func (s *Store) conntrack(ct *Conntrack, a *arena) *Conntrack {
-	key := ctKey{state: ct.State, status: strings.Join(ct.Status, "\x00"), mark: ct.Mark, replied: ct.Replied}
+	key := ctKey{state: ct.State, status: strings.Join(ct.Status, "\x00"), mark: ct.Mark, replied: ct.Replied, unconfirmed: ct.Unconfirmed}
 	if out, ok := s.cts[key]; ok && (out.Status == nil) == (ct.Status == nil) {
 		return out
 	}
 	if s.intern(len(s.cts), mapEntry(int64(unsafe.Sizeof(key)), sizePointer)+sizeCT+int64(len(key.status))) {
 		a := &s.tableArena
-		out := &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Replied: ct.Replied}
+		out := &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Unconfirmed: ct.Unconfirmed, Replied: ct.Replied}
 		key.state = out.State
 		s.cts[key] = out
 		return out
 	}
 	*a.charged += sizeCT
-	return &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Replied: ct.Replied}
+	return &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Unconfirmed: ct.Unconfirmed, Replied: ct.Replied}
 }
 
 func (s *Store) copyEvent(dst, e *Event, flow *Flow, a *arena) {

@@ -377,10 +377,15 @@ type Owner struct {
 
 // Conntrack is the connection's conntrack entry.
 type Conntrack struct {
-	State   string   `json:"state,omitempty"`
-	Status  []string `json:"status,omitempty"`
-	Mark    uint32   `json:"mark,omitempty"`
-	Replied bool     `json:"replied"`
+	State  string   `json:"state,omitempty"`
+	Status []string `json:"status,omitempty"`
+	Mark   uint32   `json:"mark,omitempty"`
+	// Unconfirmed: the entry is the one a dropped packet carried, which
+	// conntrack never confirmed: every packet of the connection was
+	// dropped before that, so the entry was in no table (conntrack -L and
+	// conntrack -E never show it), and its status is from the drop.
+	Unconfirmed bool `json:"unconfirmed,omitempty"`
+	Replied     bool `json:"replied"`
 }
 
 // PodRef names a pod.

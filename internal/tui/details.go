@@ -157,6 +157,9 @@ func conntrackLines(f *trace.Flow) []string {
 			replied = "replied"
 		}
 		line := "  state " + state + "  " + replied
+		if ct.Unconfirmed {
+			line += "  never confirmed (in no conntrack table)"
+		}
 		if ct.Mark != 0 {
 			line += fmt.Sprintf("  mark 0x%x", ct.Mark)
 		}

@@ -37,3 +37,18 @@ func TestRuleLinesIP6Tables(t *testing.T) {
 		t.Errorf("rule lines lack %q:\n%s", want, got)
 	}
 }
+
+// A connection whose entry conntrack never confirmed says so where its
+// conntrack state is shown: whoever looks in conntrack finds nothing.
+func TestConntrackLinesUnconfirmed(t *testing.T) {
+	f := &trace.Flow{Orig: trace.Tuple{Src: "10.0.0.2:4000", Dst: "10.96.0.10:80"},
+		Conntrack: &trace.Conntrack{Status: []string{"DST_NAT"}, Unconfirmed: true}}
+	got := ansi.Strip(strings.Join(conntrackLines(f), "\n"))
+	if want := "state -  UNREPLIED  never confirmed (in no conntrack table)"; !strings.Contains(got, want) {
+		t.Errorf("conntrack lines lack %q:\n%s", want, got)
+	}
+	f.Conntrack.Unconfirmed = false
+	if got := ansi.Strip(strings.Join(conntrackLines(f), "\n")); strings.Contains(got, "confirmed") {
+		t.Errorf("a confirmed entry's lines say otherwise:\n%s", got)
+	}
+}
