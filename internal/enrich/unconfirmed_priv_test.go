@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +36,8 @@ func TestPrivDroppedConnectionNeverConfirmed(t *testing.T) {
 	must(t, n.Sysctl("net.ipv4.ip_forward", "1"))
 	run(t, n, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", "10.96.0.10", "-p", "tcp", "--dport", "80",
 		"-j", "DNAT", "--to-destination", "10.245.0.2:8080")
-	const dropRule = "-A FORWARD -d 10.245.0.2/32 -p tcp -m tcp --dport 8080 -m conntrack --ctstate NEW -j DROP"
-	run(t, n, append([]string{"iptables"}, strings.Fields(dropRule)...)...)
+	run(t, n, "iptables", "-A", "FORWARD", "-d", "10.245.0.2", "-p", "tcp", "--dport", "8080", "-m", "conntrack", "--ctstate", "NEW",
+		"-m", "comment", "--comment", "node firewall", "-j", "DROP")
 	tr := livetest.Start(t, n, livetest.Config{})
 
 	// The SYN at once and its retransmission a second later.
@@ -50,7 +49,7 @@ func TestPrivDroppedConnectionNeverConfirmed(t *testing.T) {
 	if out := run(t, n, "conntrack", "-L", "-p", "tcp", "--orig-port-src", port); strings.Contains(out, "sport="+port) {
 		t.Fatalf("conntrack -L lists the client's connection, which the node dropped before confirming it:\n%s", out)
 	}
-	drops := ruleCount(t, n, dropRule)
+	dropRule, drops := savedRule(t, n, "node firewall", "-j DROP")
 	if drops < 2 {
 		t.Fatalf("the DROP rule counted %d packets; want the SYN and its retransmission", drops)
 	}
@@ -87,30 +86,4 @@ func TestPrivDroppedConnectionNeverConfirmed(t *testing.T) {
 	if !strings.Contains(f.Explanation, "conntrack -L and conntrack -E do not show it") {
 		t.Errorf("the explanation does not say conntrack will not show the connection: %s", f.Explanation)
 	}
-}
-
-// ruleCount is the packet counter of the filter table's rule whose
-// iptables-save text is rule.
-func ruleCount(t *testing.T, ns interface {
-	Run(string, ...string) (string, error)
-}, rule string) int64 {
-	t.Helper()
-	out, err := ns.Run("iptables-save", "-c", "-t", "filter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(out) {
-		counters, text, ok := strings.Cut(strings.TrimSpace(line), "] ")
-		if !ok || text != rule {
-			continue
-		}
-		pkts, _, _ := strings.Cut(strings.TrimPrefix(counters, "["), ":")
-		n, err := strconv.ParseInt(pkts, 10, 64)
-		if err != nil {
-			t.Fatalf("counters of %q: %v", line, err)
-		}
-		return n
-	}
-	t.Fatalf("iptables-save -c has no rule %q:\n%s", rule, out)
-	return 0
 }
