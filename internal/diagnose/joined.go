@@ -94,8 +94,7 @@ func dnatWithoutSNAT(f *trace.Flow) (string, bool) {
 			to = e.To
 		}
 	}
-	// An entry never confirmed is a drop's, of packets that went nowhere.
-	if to == "" || f.Conntrack == nil || f.Conntrack.Replied || f.Conntrack.Unconfirmed {
+	if to == "" || !f.Conntrack.Unreplied() {
 		return "", false
 	}
 	if f.Reply != nil {

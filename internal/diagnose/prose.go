@@ -176,6 +176,15 @@ func appendChainPath(b []byte, r *trace.Rule) []byte {
 	return append(b, r.Chain...)
 }
 
+// appendUnconfirmed appends that conntrack never had the connection, when
+// its entry is a dropped packet's, unconfirmed; nothing otherwise.
+func (d *diagnosis) appendUnconfirmed(b []byte) []byte {
+	if ct := d.f.Conntrack; ct == nil || !ct.Unconfirmed {
+		return b
+	}
+	return append(b, "Conntrack never confirmed the connection's entry: its packets were dropped before that, so the connection is in no conntrack table (conntrack -L and conntrack -E do not show it)"...)
+}
+
 // appendConntrackEvidence appends what the conntrack entry said; nothing
 // without one.
 func (d *diagnosis) appendConntrackEvidence(b []byte) []byte {
@@ -184,7 +193,7 @@ func (d *diagnosis) appendConntrackEvidence(b []byte) []byte {
 		return b
 	}
 	if ct.Unconfirmed {
-		return append(b, "Conntrack never confirmed the connection's entry: its packets were dropped before that, so the connection is in no conntrack table (conntrack -L and conntrack -E do not show it)"...)
+		return d.appendUnconfirmed(b)
 	}
 	b = append(b, "Conntrack entry "...)
 	if ct.Replied {

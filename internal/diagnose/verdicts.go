@@ -266,9 +266,7 @@ func (d *diagnosis) returnPathMismatch() (Result, bool) {
 	if !d.has(trace.KindDNAT, trace.KindIPVS) || d.has(trace.KindSNAT) {
 		return Result{}, false
 	}
-	ct := d.f.Conntrack
-	// An entry never confirmed is a drop's: the packets never left.
-	if ct == nil || ct.Replied || ct.Unconfirmed || d.f.Proto != "tcp" {
+	if !d.f.Conntrack.Unreplied() || d.f.Proto != "tcp" {
 		return Result{}, false
 	}
 	remote := d.f.DstPod != nil && d.env.PodNode(*d.f.DstPod) != "" && d.env.PodNode(*d.f.DstPod) != d.env.NodeName()
@@ -408,13 +406,8 @@ func (d *diagnosis) generic() (Result, bool) {
 		}
 		p := d.openedBy("dropped: a packet of ", " was dropped, reason ")
 		p.b = append(p.b, orDefault(ev.Reason, "unknown (this kernel gives none)")...)
-		p.end()
-		p.add(d.appendRuleEvidence)
-		if ct := d.f.Conntrack; ct != nil && ct.Unconfirmed {
-			// Whoever checks conntrack next finds nothing: say why.
-			p.add(d.appendConntrackEvidence)
-		}
-		return Result{trace.VerdictDropped, p.done()}, true
+		// Whoever checks conntrack next may find nothing: say why.
+		return Result{trace.VerdictDropped, d.withRule(p, d.appendUnconfirmed)}, true
 	}
 	return Result{}, false
 }
@@ -430,11 +423,15 @@ func (d *diagnosis) openedBy(lead, then string) *prose {
 	return p
 }
 
-// withRule closes p's open sentence, adds the rule's evidence and returns
+// withRule closes p's open sentence, adds the rule's evidence and then
+// each of more (a sentence each, none when it writes nothing), and returns
 // the text.
-func (d *diagnosis) withRule(p *prose) string {
+func (d *diagnosis) withRule(p *prose, more ...func([]byte) []byte) string {
 	p.end()
 	p.add(d.appendRuleEvidence)
+	for _, write := range more {
+		p.add(write)
+	}
 	return p.done()
 }
 

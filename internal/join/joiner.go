@@ -247,36 +247,43 @@ func natDecisionOf(ev event.Event) (natDecision, bool) {
 	return natDecision{}, false
 }
 
-// decided says whether p's events hold decision d already.
-func (j *Joiner) decided(p *pending, d natDecision) bool {
-	found := false
-	j.eachEvent(p, func(ev event.Event) bool {
-		got, ok := natDecisionOf(ev)
-		found = ok && got == d
-		return !found
-	})
-	return found
-}
-
-// droppedUnconfirmed says whether p's last decision d was followed by a
-// drop of the connection's packet with the entry it made, unconfirmed:
-// that entry went with the packet, so the same decision again is for the
+// newConnection says whether decision d, made again for p's tuple, is a
+// new connection's: the client reused its source port, and the kernel made
+// a new connection of it. It is not when p's last decision d was followed
+// by a drop of the connection's packet with the entry that decision made,
+// unconfirmed: that entry went with the packet, so d is for the
 // connection's next packet (a retransmitted SYN, a resent datagram), to
-// which conntrack gives a new entry, not a new connection. A reused
-// source port's connection follows one whose entry was confirmed.
-func (j *Joiner) droppedUnconfirmed(p *pending, d natDecision) bool {
+// which conntrack gives a new entry. A reused source port's connection
+// follows one whose entry was confirmed.
+func (j *Joiner) newConnection(p *pending, d natDecision) bool {
 	key := p.key().tuple()
 	var decidedAt, droppedAt time.Time
+	decided := false
 	j.eachEvent(p, func(ev event.Event) bool {
-		if got, ok := natDecisionOf(ev); ok && got == d && ev.Time.After(decidedAt) {
-			decidedAt = ev.Time
+		if got, ok := natDecisionOf(ev); ok && got == d {
+			decided = true
+			if ev.Time.After(decidedAt) {
+				decidedAt = ev.Time
+			}
 		}
-		if ev.Kind == event.KindDrop && ev.Orig == key && ev.CTStatus&conntrack.StatusConfirmed == 0 && ev.Time.After(droppedAt) {
+		if unconfirmedEntry(ev) && ev.Orig == key && ev.Time.After(droppedAt) {
 			droppedAt = ev.Time
 		}
 		return true
 	})
-	return !droppedAt.IsZero() && !droppedAt.Before(decidedAt)
+	return decided && (droppedAt.IsZero() || droppedAt.Before(decidedAt))
+}
+
+// carriesEntry: ev is a drop of a packet that had a conntrack entry, whose
+// tuples (and status) the drop program read from it.
+func carriesEntry(ev event.Event) bool {
+	return ev.Kind == event.KindDrop && ev.Orig.Valid() && ev.Reply.Valid()
+}
+
+// unconfirmedEntry: ev is a drop of a packet whose entry conntrack had not
+// confirmed; it went with the packet and was in no table.
+func unconfirmedEntry(ev event.Event) bool {
+	return carriesEntry(ev) && ev.CTStatus&conntrack.StatusConfirmed == 0
 }
 
 // answer is what p's NAT decisions say of its reply tuple.
@@ -307,9 +314,7 @@ func (j *Joiner) Add(ev event.Event, now time.Time) {
 	p, key, reply := j.resolve(tu, ev)
 	unseen := p == nil && key == tu // no open flow holds tu
 	d, isNAT := natDecisionOf(ev)
-	if p != nil && isNAT && j.decided(p, d) && !j.droppedUnconfirmed(p, d) {
-		// The same decision twice for one tuple: the client reused its
-		// source port, and the kernel made a new connection of it.
+	if p != nil && isNAT && j.newConnection(p, d) {
 		j.retire(p)
 		p = nil
 	}
@@ -398,7 +403,7 @@ func (j *Joiner) resolve(tu event.Tuple, ev event.Event) (p *pending, key, reply
 // the entry its packet had (a new one, dropped before it was confirmed,
 // is in no table); else conntrack is asked for tu.
 func (j *Joiner) entryHolding(tu event.Tuple, ev event.Event) (conntrack.Entry, bool) {
-	if ev.Kind == event.KindDrop && ev.Orig.Valid() && ev.Reply.Valid() {
+	if carriesEntry(ev) {
 		return conntrack.Entry{Orig: ev.Orig, Reply: ev.Reply}, true
 	}
 	if j.CT == nil {
@@ -865,9 +870,8 @@ func (j *Joiner) addConntrack(f *trace.Flow, in flowSlots, p *pending, live ctAn
 // packet.
 func unconfirmedDrop(events []event.Event) (event.Event, bool) {
 	for i := len(events) - 1; i >= 0; i-- {
-		ev := events[i]
-		if ev.Kind == event.KindDrop && ev.Orig.Valid() && ev.Reply.Valid() && ev.CTStatus&conntrack.StatusConfirmed == 0 {
-			return ev, true
+		if unconfirmedEntry(events[i]) {
+			return events[i], true
 		}
 	}
 	return event.Event{}, false

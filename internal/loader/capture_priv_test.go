@@ -521,7 +521,7 @@ func scenarios() []scenario {
 				run(t, tp.r, "iptables", "-A", "FORWARD", "-p", "udp", "--dport", "10", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")
 			},
 			needs: func(Plan) string {
-				if !slices.Contains(slices.Collect(maps.Values(LoadReasonNames().drop)), "NETFILTER_DROP") {
+				if !LoadReasonNames().KnowsDropReason("NETFILTER_DROP") {
 					return "this kernel gives the drop no reason (no SKB_DROP_REASON_NETFILTER_DROP), and a free without one is reported only for a packet the kernel answered"
 				}
 				return ""

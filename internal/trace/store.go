@@ -599,14 +599,20 @@ func (s *Store) conntrack(ct *Conntrack, a *arena) *Conntrack {
 		return out
 	}
 	if s.intern(len(s.cts), mapEntry(int64(unsafe.Sizeof(key)), sizePointer)+sizeCT+int64(len(key.status))) {
-		a := &s.tableArena
-		out := &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Unconfirmed: ct.Unconfirmed, Replied: ct.Replied}
+		out := s.copyConntrack(ct, &s.tableArena)
 		key.state = out.State
 		s.cts[key] = out
 		return out
 	}
 	*a.charged += sizeCT
-	return &Conntrack{State: s.str(ct.State, a), Status: s.strSlice(ct.Status, a), Mark: ct.Mark, Unconfirmed: ct.Unconfirmed, Replied: ct.Replied}
+	return s.copyConntrack(ct, a)
+}
+
+// copyConntrack is ct with its strings in a.
+func (s *Store) copyConntrack(ct *Conntrack, a *arena) *Conntrack {
+	out := *ct
+	out.State, out.Status = s.str(ct.State, a), s.strSlice(ct.Status, a)
+	return &out
 }
 
 func (s *Store) copyEvent(dst, e *Event, flow *Flow, a *arena) {

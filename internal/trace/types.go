@@ -388,6 +388,11 @@ type Conntrack struct {
 	Replied     bool `json:"replied"`
 }
 
+// Unreplied reports whether c is an entry conntrack confirmed that never
+// saw a reply, what conntrack -L shows as [UNREPLIED]: the connection's
+// packets left, and no answer came back the way conntrack expects.
+func (c *Conntrack) Unreplied() bool { return c != nil && !c.Replied && !c.Unconfirmed }
+
 // PodRef names a pod.
 type PodRef struct {
 	Namespace string `json:"namespace"`
